@@ -1,0 +1,301 @@
+//! Connections: options, first contact with clear errors, the dedicated lock sessions, the
+//! transaction-pooler check, and FORGE's migrations.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, Row, SqlSafeStr};
+use tokio::time::Instant;
+
+use crate::config::{Config, LeaderElectionConfig};
+use crate::error::{Error, Result, redact_url};
+
+/// FORGE's migrations, embedded. Applied in the `forge` schema with their own bookkeeping
+/// table (`forge._sqlx_migrations`), so they never clash with the host application's.
+const MIGRATIONS: &[(i64, &str, &str)] = &[(
+    1,
+    "leaders",
+    include_str!("../../migrations/0001_leaders.sql"),
+)];
+
+/// The parsed connection options for `config`, with `application_name` set (PostgreSQL truncates
+/// it to 63 bytes).
+pub(crate) fn connect_options(config: &Config, application_name: &str) -> Result<PgConnectOptions> {
+    let url = config.database_url()?;
+    let options: PgConnectOptions = url.parse().map_err(|err: sqlx::Error| Error::Config {
+        path: None,
+        line: None,
+        key: "database.url".into(),
+        message: format!(
+            "cannot parse {:?}: {err}; use postgres://user:password@host:port/database",
+            redact_url(url)
+        ),
+    })?;
+    Ok(options
+        .application_name(&truncate(application_name, 63))
+        .log_statements(tracing::log::LevelFilter::Trace)
+        // Lock sessions wait inside PostgreSQL on purpose; that is not a slow statement.
+        .log_slow_statements(tracing::log::LevelFilter::Off, Duration::from_secs(3600)))
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+fn describe_target(options: &PgConnectOptions) -> String {
+    let database = options.get_database().unwrap_or("(default database)");
+    match options.get_socket() {
+        Some(socket) => format!(
+            "database {database:?} as user {:?} via socket {}",
+            options.get_username(),
+            socket.display()
+        ),
+        None => format!(
+            "database {database:?} as user {:?} at {}:{}",
+            options.get_username(),
+            options.get_host(),
+            options.get_port()
+        ),
+    }
+}
+
+/// Whether a connection failure may go away by itself (server starting, restarting, briefly
+/// unreachable) as opposed to a mistake that needs a human (bad password, missing database).
+pub(crate) fn is_transient(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => matches!(
+            db.code().as_deref(),
+            // cannot_connect_now, admin_shutdown, crash_shutdown, too_many_connections,
+            // connection_exception class
+            Some(
+                "57P03"
+                    | "57P01"
+                    | "57P02"
+                    | "53300"
+                    | "08000"
+                    | "08003"
+                    | "08006"
+                    | "08001"
+                    | "08004"
+            )
+        ),
+        _ => false,
+    }
+}
+
+fn connect_error(options: &PgConnectOptions, err: sqlx::Error, waited: Duration) -> Error {
+    let target = describe_target(options);
+    let hint = match &err {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            "connection refused: is PostgreSQL running there? check DATABASE_URL / [database] url"
+                .to_owned()
+        }
+        sqlx::Error::Io(io) => format!(
+            "{io}: check the host and port in DATABASE_URL / [database] url and that PostgreSQL is reachable"
+        ),
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("28P01" | "28000") => format!(
+                "authentication failed ({}): check the user and password in DATABASE_URL",
+                db.message()
+            ),
+            Some("3D000") => format!(
+                "{}: create it (createdb) or fix the database name in DATABASE_URL",
+                db.message()
+            ),
+            Some("53300") => format!(
+                "{}: the server is out of connections; raise its max_connections or lower [database] max_connections",
+                db.message()
+            ),
+            Some("57P03") => format!(
+                "{}: the server is starting up or shutting down",
+                db.message()
+            ),
+            _ => db.message().to_owned(),
+        },
+        sqlx::Error::Tls(tls) => format!("TLS failed ({tls}): check sslmode in DATABASE_URL"),
+        other => other.to_string(),
+    };
+    let waited = if waited >= Duration::from_millis(500) {
+        format!(
+            " (kept trying for {})",
+            humantime::format_duration(round_ms(waited))
+        )
+    } else {
+        String::new()
+    };
+    Error::Connect {
+        message: format!("cannot connect to PostgreSQL, {target}{waited}: {hint}"),
+        source: err,
+    }
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
+}
+
+/// Opens one connection, retrying transient failures until `patience` has passed; fails at once
+/// on mistakes (bad password, unknown database, bad URL).
+pub(crate) async fn connect_patiently(
+    options: &PgConnectOptions,
+    patience: Duration,
+) -> Result<PgConnection> {
+    let started = Instant::now();
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let remaining = patience.saturating_sub(started.elapsed());
+        let attempt =
+            tokio::time::timeout(remaining.max(Duration::from_millis(100)), options.connect())
+                .await;
+        let err = match attempt {
+            Ok(Ok(conn)) => return Ok(conn),
+            Ok(Err(err)) => err,
+            Err(_) => sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connection attempt timed out",
+            )),
+        };
+        if !is_transient(&err) || started.elapsed() + delay >= patience {
+            return Err(connect_error(options, err, started.elapsed()));
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// One connection attempt with a bound, for reconnect loops (which do their own backoff).
+pub(crate) async fn connect_once(
+    options: &PgConnectOptions,
+    bound: Duration,
+) -> Result<PgConnection> {
+    match tokio::time::timeout(bound, options.connect()).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(err)) => Err(connect_error(options, err, Duration::ZERO)),
+        Err(_) => Err(connect_error(
+            options,
+            sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connection attempt timed out",
+            )),
+            bound,
+        )),
+    }
+}
+
+/// The node's pool (fenced writes, job claims, the application's own queries).
+pub(crate) fn pool(config: &Config, options: PgConnectOptions) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(config.database.max_connections)
+        .acquire_timeout(config.database.connect_timeout)
+        .connect_lazy_with(options)
+}
+
+/// Refuses transaction-mode poolers. Over a direct connection a session keeps one backend pid
+/// for its life, and two concurrent sessions never share a backend. Behind PgBouncer in
+/// transaction mode either can break: the pid can change between statements (round robin), or
+/// two idle clients are served by the same backend (LIFO reuse). Simple-protocol statements are
+/// used so that the check runs before prepared statements could fail confusingly.
+pub(crate) async fn check_not_pooled(options: &PgConnectOptions, patience: Duration) -> Result<()> {
+    async fn pid(conn: &mut PgConnection) -> Result<i32> {
+        let row = sqlx::raw_sql("SELECT pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+    let mut a = connect_patiently(options, patience).await?;
+    let mut b = connect_patiently(options, patience).await?;
+    let a1 = pid(&mut a).await?;
+    let b1 = pid(&mut b).await?;
+    let a2 = pid(&mut a).await?;
+    let _ = a.close().await;
+    let _ = b.close().await;
+    if a1 != a2 {
+        return Err(Error::TransactionPooler {
+            evidence: format!("one connection was served by backend {a1}, then by backend {a2}"),
+        });
+    }
+    if a1 == b1 {
+        return Err(Error::TransactionPooler {
+            evidence: format!("two open connections were both served by backend {a1}"),
+        });
+    }
+    Ok(())
+}
+
+/// Applies FORGE's migrations. Several nodes may run this at once: sqlx serializes migrators
+/// on an advisory lock, and the schema is created under that lock.
+pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<()> {
+    let migrations = MIGRATIONS
+        .iter()
+        .map(|(version, description, sql)| {
+            Migration::new(
+                *version,
+                Cow::Borrowed(*description),
+                MigrationType::Simple,
+                sql.into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.create_schema("forge");
+    migrator.dangerous_set_table_name("forge._sqlx_migrations");
+    migrator.run(conn).await?;
+    Ok(())
+}
+
+/// Checks that FORGE's schema is there (for nodes started with `migrate = false`).
+pub(crate) async fn check_schema(conn: &mut PgConnection) -> Result<()> {
+    let present: bool = sqlx::query_scalar("SELECT to_regprocedure('forge.campaign(text,text,bigint,text,bigint,boolean)') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await?;
+    if present {
+        Ok(())
+    } else {
+        Err(Error::Config {
+            path: None,
+            line: None,
+            key: "database.migrate".into(),
+            message: "FORGE's tables are missing from this database (schema `forge`): set [database] migrate = true for one start, or apply the files in migrations/".into(),
+        })
+    }
+}
+
+/// Session settings of a lock session, so PostgreSQL itself ends a leader that stops renewing.
+///
+/// * `idle_session_timeout` (PostgreSQL 14+) = the lease: a holder that stays silent that long
+///   (SIGSTOP, a long pause, a partition) is disconnected and its lock granted to a waiter.
+/// * `tcp_user_timeout` and keepalives end a session whose client host vanished.
+/// * `client_connection_check_interval` (14+) lets a backend notice a vanished client while it
+///   waits for the lock.
+/// * `lock_timeout` bounds the follower's wait inside `pg_advisory_lock`.
+/// * `synchronous_commit = on` makes every epoch durable before it is used.
+pub(crate) async fn setup_lock_session(
+    conn: &mut PgConnection,
+    election: &LeaderElectionConfig,
+) -> Result<()> {
+    let lease_ms = election.lease_duration.as_millis();
+    let lock_ms = election.lock_timeout.as_millis();
+    let keepalive_idle = (election.lease_duration.as_secs() / 3).max(1);
+    let mut sql = format!(
+        "SET lock_timeout = {lock_ms}; SET statement_timeout = 0; \
+         SET idle_in_transaction_session_timeout = {lease_ms}; SET synchronous_commit = on; \
+         SET tcp_keepalives_idle = {keepalive_idle}; SET tcp_keepalives_interval = 1; \
+         SET tcp_keepalives_count = 3; SET tcp_user_timeout = {lease_ms};"
+    );
+    if conn.server_version_num().unwrap_or(0) >= 140000 {
+        sql.push_str(&format!(
+            " SET idle_session_timeout = {lease_ms}; SET client_connection_check_interval = 1000;"
+        ));
+    }
+    sqlx::raw_sql(AssertSqlSafe(sql))
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,272 @@
+//! A tenure: one node's leadership of one role at one epoch, handed to leader-only work.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::role::{Epoch, LockNamespace, NodeId, Role};
+
+/// This node's leadership of a role, valid for one epoch.
+///
+/// Leader-only work receives it when the node wins the role and must stop when it is lost:
+/// the task registered with `NodeBuilder::leader_task` is dropped the moment the leadership is
+/// lost, and long-running work should also check [`Leadership::is_valid`] before each
+/// leader-only action. Writes that must never be applied by a deposed leader go through
+/// [`Leadership::fenced_transaction`], which PostgreSQL checks against the current epoch.
+///
+/// ```no_run
+/// # async fn demo(leadership: forge_core::Leadership) -> forge_core::Result<()> {
+/// let mut tx = leadership.fenced_transaction().await?;
+/// sqlx::query("UPDATE accounts SET balance = balance * 1.01")
+///     .execute(&mut *tx)
+///     .await?;
+/// tx.commit().await?; // a newer leader cannot have started in between
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Leadership {
+    tenure: Arc<Tenure>,
+}
+
+pub(crate) struct Tenure {
+    pub(crate) role: Role,
+    pub(crate) namespace: LockNamespace,
+    pub(crate) node_id: NodeId,
+    pub(crate) epoch: Epoch,
+    pub(crate) acquired_at: DateTime<Utc>,
+    pub(crate) lease: Duration,
+    pub(crate) pool: PgPool,
+    /// Cancelled when the leadership is over (lost, or released after a handoff).
+    pub(crate) lost: CancellationToken,
+    /// Cancelled when the node asks leader-only work to wind down before a handoff.
+    pub(crate) draining: CancellationToken,
+    /// The local deadline, in nanoseconds after `base`: the leader trusts its leadership until
+    /// the send time of its last successful renewal plus the lease minus a safety margin,
+    /// measured on the monotonic clock.
+    deadline_nanos: AtomicU64,
+    base: Instant,
+}
+
+impl Tenure {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        role: Role,
+        namespace: LockNamespace,
+        node_id: NodeId,
+        epoch: Epoch,
+        acquired_at: DateTime<Utc>,
+        lease: Duration,
+        pool: PgPool,
+        deadline: Instant,
+    ) -> Tenure {
+        let base = Instant::now();
+        let tenure = Tenure {
+            role,
+            namespace,
+            node_id,
+            epoch,
+            acquired_at,
+            lease,
+            pool,
+            lost: CancellationToken::new(),
+            draining: CancellationToken::new(),
+            deadline_nanos: AtomicU64::new(0),
+            base,
+        };
+        tenure.extend_to(deadline);
+        tenure
+    }
+
+    pub(crate) fn extend_to(&self, deadline: Instant) {
+        let nanos = deadline.saturating_duration_since(self.base).as_nanos() as u64;
+        self.deadline_nanos.store(nanos, Ordering::Release);
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        self.base + Duration::from_nanos(self.deadline_nanos.load(Ordering::Acquire))
+    }
+}
+
+/// The serializable part of a [`Leadership`]: enough to check, in any process, that a write
+/// is still made under the role's current epoch.
+///
+/// Hand it to work done on the leader's behalf elsewhere (a job, another service) so that
+/// work can fence its own writes. Unlike [`Leadership::fence`], it has no local deadline to
+/// consult: only PostgreSQL decides.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FenceToken {
+    /// The lock namespace.
+    pub namespace: String,
+    /// The role's name.
+    pub role: String,
+    /// The epoch the writes are made under.
+    pub epoch: i64,
+}
+
+impl FenceToken {
+    /// Checks, inside the caller's open transaction, that `epoch` is still the role's current,
+    /// unreleased and unexpired leadership, and holds a `FOR KEY SHARE` lock on the role's row
+    /// until the transaction ends (a newer leader's epoch bump waits for it). Outside a
+    /// transaction the check protects nothing.
+    pub async fn check(&self, conn: &mut PgConnection, lease: Duration) -> Result<()> {
+        // set_config(.., true) is SET LOCAL: a deposed leader frozen inside this transaction
+        // must not block its successor's epoch bump for long.
+        let current: Option<i32> = sqlx::query_scalar(
+            "SELECT 1
+               FROM forge.leaders l,
+                    set_config('idle_in_transaction_session_timeout', $4, true) AS timeout
+              WHERE l.namespace = $1 AND l.role = $2 AND l.epoch = $3
+                AND l.released_at IS NULL AND l.lease_until > clock_timestamp()
+                FOR KEY SHARE OF l",
+        )
+        .bind(&self.namespace)
+        .bind(&self.role)
+        .bind(self.epoch)
+        .bind(lease.as_millis().to_string())
+        .fetch_optional(&mut *conn)
+        .await?;
+        match current {
+            Some(_) => Ok(()),
+            None => Err(Error::Fenced {
+                role: self.role.clone(),
+                epoch: self.epoch,
+            }),
+        }
+    }
+}
+
+impl Leadership {
+    pub(crate) fn new(tenure: Tenure) -> Leadership {
+        Leadership {
+            tenure: Arc::new(tenure),
+        }
+    }
+
+    pub(crate) fn tenure(&self) -> &Tenure {
+        &self.tenure
+    }
+
+    /// The role led.
+    pub fn role(&self) -> &Role {
+        &self.tenure.role
+    }
+
+    /// The epoch of this tenure (the fencing token).
+    pub fn epoch(&self) -> Epoch {
+        self.tenure.epoch
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &NodeId {
+        &self.tenure.node_id
+    }
+
+    /// When PostgreSQL granted this leadership.
+    pub fn acquired_at(&self) -> DateTime<Utc> {
+        self.tenure.acquired_at
+    }
+
+    /// The node's pool, for the leader's own queries.
+    pub fn pool(&self) -> &PgPool {
+        &self.tenure.pool
+    }
+
+    /// Whether this node may still act as leader: the leadership was not lost and its local
+    /// deadline (last renewal + lease - margin, monotonic clock) has not passed. Cheap; call it
+    /// before every leader-only action. It stays true while draining for a handoff.
+    pub fn is_valid(&self) -> bool {
+        !self.tenure.lost.is_cancelled() && Instant::now() < self.tenure.deadline()
+    }
+
+    /// Whether a graceful handoff has begun (finish the current unit of work, start no new one).
+    pub fn is_draining(&self) -> bool {
+        self.tenure.draining.is_cancelled() || self.tenure.lost.is_cancelled()
+    }
+
+    /// Resolves when the leadership is over.
+    pub async fn lost(&self) {
+        self.tenure.lost.cancelled().await
+    }
+
+    /// Resolves when leader-only work should wind down: a handoff began or the leadership is
+    /// over.
+    pub async fn stopping(&self) {
+        tokio::select! {
+            _ = self.tenure.draining.cancelled() => {}
+            _ = self.tenure.lost.cancelled() => {}
+        }
+    }
+
+    /// Runs `work` until it completes or the leadership is lost (then `None`; the future is
+    /// dropped at its next `.await`).
+    pub async fn run<F: Future>(&self, work: F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            _ = self.tenure.lost.cancelled() => None,
+            output = work => Some(output),
+        }
+    }
+
+    /// Begins a transaction on the node's pool in which this leadership is checked by
+    /// PostgreSQL (see [`Leadership::fence`]). Commit it to apply the leader-only writes; when
+    /// it fails with [`Error::Fenced`] this node is no longer the leader.
+    pub async fn fenced_transaction(&self) -> Result<Transaction<'static, Postgres>> {
+        self.check_local()?;
+        let mut tx = self.tenure.pool.begin().await?;
+        self.fence(&mut tx).await?;
+        Ok(tx)
+    }
+
+    /// Checks, inside the caller's open transaction, that this leadership is still the role's
+    /// current one: first locally (not lost, deadline not passed), then in PostgreSQL with
+    /// [`FenceToken::check`], which holds a `FOR KEY SHARE` lock on the role's row until the
+    /// transaction ends. A newer leader's epoch bump takes `FOR UPDATE` on that row, so it
+    /// waits for this transaction: every write in it either commits before a newer leader
+    /// exists or is refused here.
+    pub async fn fence(&self, conn: &mut PgConnection) -> Result<()> {
+        self.check_local()?;
+        self.fence_token().check(conn, self.tenure.lease).await
+    }
+
+    /// The token to fence writes made on this leadership's behalf elsewhere.
+    pub fn fence_token(&self) -> FenceToken {
+        FenceToken {
+            namespace: self.tenure.namespace.name().to_owned(),
+            role: self.tenure.role.name().to_owned(),
+            epoch: self.tenure.epoch.0,
+        }
+    }
+
+    fn check_local(&self) -> Result<()> {
+        if self.is_valid() {
+            Ok(())
+        } else {
+            Err(self.fenced())
+        }
+    }
+
+    fn fenced(&self) -> Error {
+        Error::Fenced {
+            role: self.tenure.role.name().to_owned(),
+            epoch: self.tenure.epoch.0,
+        }
+    }
+}
+
+impl std::fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leadership")
+            .field("role", &self.tenure.role)
+            .field("epoch", &self.tenure.epoch)
+            .field("node_id", &self.tenure.node_id)
+            .field("valid", &self.is_valid())
+            .finish()
+    }
+}

@@ -1,0 +1,1 @@
+//! FORGE cron expressions (in progress).

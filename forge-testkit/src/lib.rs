@@ -1,0 +1,1 @@
+//! FORGE test kit (in progress).

@@ -1,0 +1,35 @@
+//! # FORGE
+//!
+//! Leader-only work for a cluster of identical service nodes that share one PostgreSQL.
+//!
+//! Each leader role ([`Role::SCHEDULER`], [`Role::METRICS_AGGREGATOR`], [`Role::LOG_COMPACTOR`]
+//! and your own) owns a PostgreSQL advisory-lock key; the node holding it is the role's leader
+//! and the only one that runs the role's work. Leadership hands over gracefully on shutdown, a
+//! crashed leader is replaced within milliseconds, a frozen one is fenced by its epoch.
+//!
+//! ```no_run
+//! use forge::{Config, Node, Role};
+//!
+//! #[tokio::main]
+//! async fn main() -> forge::Result<()> {
+//!     let node = Node::builder(Config::load("forge.toml")?)
+//!         .leader_task(Role::SCHEDULER, "report", |leadership| async move {
+//!             println!("leading at epoch {}", leadership.epoch());
+//!             leadership.stopping().await; // until a handoff begins or leadership is lost
+//!         })
+//!         .start()
+//!         .await?;
+//!     node.run_until_signal().await; // SIGTERM / ctrl-c: graceful handoff
+//!     Ok(())
+//! }
+//! ```
+//!
+//! See the README for configuration (`forge.toml`) and operations (metrics, alerts), and
+//! ARCHITECTURE.md for how the election works.
+
+pub use forge_core::{
+    ClusterConfig, Config, DatabaseConfig, Env, Epoch, Error, FenceToken, LeaderElectionConfig,
+    LeaderInfo, Leadership, ListenerEvent, LockKey, LockNamespace, Metrics, MetricsConfig, Node,
+    NodeBuilder, NodeConfig, NodeContext, NodeId, ProcessEnv, Result, Role, RoleState, no_env,
+    redact_url, shutdown_signal,
+};

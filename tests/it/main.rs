@@ -1,0 +1,3 @@
+//! Integration tests of the `forge` facade against a real PostgreSQL.
+
+fn main() {}
