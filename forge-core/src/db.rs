@@ -161,10 +161,12 @@ pub(crate) async fn connect_patiently(
                 "connection attempt timed out",
             )),
         };
-        if !is_transient(&err) || started.elapsed() + delay >= patience {
+        let remaining = patience.saturating_sub(started.elapsed());
+        if !is_transient(&err) || remaining.is_zero() {
             return Err(connect_error(options, err, started.elapsed()));
         }
-        tokio::time::sleep(delay).await;
+        // The last attempt happens at the deadline.
+        tokio::time::sleep(delay.min(remaining)).await;
         delay = (delay * 2).min(Duration::from_secs(1));
     }
 }
@@ -246,7 +248,9 @@ pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<()> {
     let mut migrator = Migrator::with_migrations(migrations);
     migrator.create_schema("forge");
     migrator.dangerous_set_table_name("forge._sqlx_migrations");
-    migrator.run(conn).await?;
+    // run_direct rather than run: `run` is generic over Acquire, which makes the future
+    // non-Send for higher-ranked lifetimes, and Node::start must be spawnable.
+    migrator.run_direct(None, conn, false).await?;
     Ok(())
 }
 

@@ -63,6 +63,7 @@
 mod error;
 mod pg;
 mod pooler;
+pub mod probe;
 mod process;
 mod sys;
 

@@ -1,3 +1,16 @@
-//! Integration tests of the `forge` facade against a real PostgreSQL.
+//! FORGE's integration tests, against a real PostgreSQL (the shared throwaway cluster of
+//! `forge-testkit`, or `DATABASE_URL`; tests that restart PostgreSQL start their own).
+//!
+//! * `election`: in-process nodes - one leader per role, independence of roles, handoff,
+//!   terminated lock sessions, fencing, task cancellation.
+//! * `processes`: node processes that really get SIGKILLed, SIGSTOPped and SIGTERMed, and a
+//!   PostgreSQL crash-restart.
+//! * `bad_input`: broken config, bad URLs, unreachable database, transaction pooler, foreign
+//!   lock holders.
+//! * `observability`: the Prometheus endpoint and the leadership history.
 
-fn main() {}
+mod bad_input;
+mod election;
+mod observability;
+mod processes;
+mod support;

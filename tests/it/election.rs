@@ -1,0 +1,357 @@
+//! In-process nodes against one database.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use forge::{Error, Node, Role, RoleState};
+use forge_testkit::wait_until;
+
+use crate::support::*;
+
+/// Terminates the lock session of `node` for `role`, as an operator (or a network failure)
+/// might.
+async fn terminate_lock_session(pool: &sqlx::PgPool, role: &Role, node: &str) {
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE application_name = $1 AND datname = current_database()",
+    )
+    .bind(format!("forge:{}:{}", role.name(), node))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        terminated,
+        [true],
+        "exactly one lock session of {role} on {node}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_per_role_among_three_nodes_and_followers_know_it() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let nodes = [
+        start_node(db.url(), "a", &Role::BUILTIN).await,
+        start_node(db.url(), "b", &Role::BUILTIN).await,
+        start_node(db.url(), "c", &Role::BUILTIN).await,
+    ];
+    let refs: Vec<&Node> = nodes.iter().collect();
+    for role in Role::BUILTIN {
+        let (leader, epoch) = wait_single_leader(&refs, &role).await;
+        assert_eq!(epoch, 1, "first election of {role}");
+        let leader_id = nodes[leader].id().to_string();
+        let row: (String, i64) =
+            sqlx::query_as("SELECT node_id, epoch FROM forge.leaders WHERE role = $1")
+                .bind(role.name())
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(row, (leader_id.clone(), 1));
+        // Followers learn who leads (from the lock wait's report or the NOTIFY).
+        for (i, node) in nodes.iter().enumerate().filter(|(i, _)| *i != leader) {
+            let mut watch = node.watch_role(&role).unwrap();
+            tokio::time::timeout(SOON, watch.wait_for(|state| {
+                matches!(state, RoleState::Follower { leader: Some(info) } if info.node_id == leader_id && info.epoch.0 == 1)
+            }))
+            .await
+            .unwrap_or_else(|_| panic!("node {i} never saw {leader_id} lead {role}: {:?}", node.role_state(&role)))
+            .unwrap();
+            assert!(node.leadership(&role).is_none());
+        }
+        assert!(nodes[leader].leadership(&role).unwrap().is_valid());
+    }
+    for node in &nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_fail_over_independently_when_a_lock_session_is_terminated() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let nodes = [
+        start_node(db.url(), "a", &Role::BUILTIN).await,
+        start_node(db.url(), "b", &Role::BUILTIN).await,
+        start_node(db.url(), "c", &Role::BUILTIN).await,
+    ];
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let mut before = Vec::new();
+    for role in Role::BUILTIN {
+        before.push(wait_single_leader(&refs, &role).await);
+    }
+    let (old, _) = before[0];
+    let old_leadership = nodes[old].leadership(&Role::SCHEDULER).unwrap();
+    terminate_lock_session(&pool, &Role::SCHEDULER, nodes[old].id().as_str()).await;
+
+    let (new, epoch) = wait_until(
+        "a new scheduler leader",
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            let leaders: Vec<(usize, i64)> = refs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, node)| match node.role_state(&Role::SCHEDULER) {
+                    Some(RoleState::Leader { epoch, .. }) if epoch.0 == 2 => Some((i, epoch.0)),
+                    _ => None,
+                })
+                .collect();
+            leaders.first().copied()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(epoch, 2);
+    // The deposed leader stops trusting its leadership (it hears the new epoch, or fails to
+    // renew) even if it reconnects and then leads again later with a higher epoch.
+    wait_until(
+        "the old scheduler tenure to end",
+        SOON,
+        Duration::from_millis(5),
+        || async { (!old_leadership.is_valid()).then_some(()) },
+    )
+    .await
+    .unwrap();
+    // The other roles did not move.
+    for (role, (leader, epoch)) in Role::BUILTIN.iter().zip(&before).skip(1) {
+        assert_eq!(*epoch, 1);
+        assert!(
+            nodes[*leader].role_state(role).unwrap().is_leader(),
+            "{role} stayed with node {leader}"
+        );
+    }
+    let history = events(&pool, "scheduler").await;
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert_eq!(history[1].0, 2);
+    assert_eq!(history[1].1, nodes[new].id().to_string());
+    assert!(
+        history[1].3,
+        "a terminated leader is a failover: {history:?}"
+    );
+    for node in &nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_hands_over_without_a_failover() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let a = start_node(db.url(), "a", &[Role::SCHEDULER]).await;
+    let (leader, _) = wait_single_leader(&[&a], &Role::SCHEDULER).await;
+    assert_eq!(leader, 0);
+    let b = start_node(db.url(), "b", &[Role::SCHEDULER]).await;
+    let mut b_state = b.watch_role(&Role::SCHEDULER).unwrap();
+    tokio::time::timeout(
+        SOON,
+        b_state.wait_for(|s| matches!(s, RoleState::Follower { leader: Some(_) })),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+
+    a.shutdown().await;
+    assert_eq!(a.role_state(&Role::SCHEDULER), Some(RoleState::Stopped));
+    tokio::time::timeout(SOON, b_state.wait_for(RoleState::is_leader))
+        .await
+        .expect("b takes over after a's handoff")
+        .unwrap();
+    let history = events(&pool, "scheduler").await;
+    let kinds: Vec<(i64, &str, &str, bool)> = history
+        .iter()
+        .map(|(epoch, node, event, failover)| (*epoch, node.as_str(), event.as_str(), *failover))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (1, "a", "elected", false),
+            (1, "a", "released", false),
+            (2, "b", "elected", false)
+        ]
+    );
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_work_is_cancelled_when_leadership_is_lost_and_fenced_writes_are_refused() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    sqlx::query("CREATE TABLE ledger (epoch bigint NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    // Node a's leader task records when it starts and when it is dropped.
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    struct Dropped(Arc<Mutex<Vec<String>>>, i64);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.lock().unwrap().push(format!("dropped {}", self.1));
+        }
+    }
+    let task_log = log.clone();
+    let mut config = config(db.url(), "a");
+    config.node.roles = vec!["scheduler".into()];
+    let a = Node::builder(config)
+        .leader_task(Role::SCHEDULER, "recorder", move |leadership| {
+            let log = task_log.clone();
+            async move {
+                let epoch = leadership.epoch().0;
+                log.lock().unwrap().push(format!("started {epoch}"));
+                let _guard = Dropped(log.clone(), epoch);
+                std::future::pending::<()>().await;
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    wait_single_leader(&[&a], &Role::SCHEDULER).await;
+    let old = a.leadership(&Role::SCHEDULER).unwrap();
+    let token = old.fence_token();
+    // A fenced write works while a leads.
+    let mut tx = old.fenced_transaction().await.unwrap();
+    sqlx::query("INSERT INTO ledger VALUES ($1)")
+        .bind(old.epoch().0)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let b = start_node(db.url(), "b", &[Role::SCHEDULER]).await;
+    terminate_lock_session(&pool, &Role::SCHEDULER, "a").await;
+    wait_until("b to lead", SOON, Duration::from_millis(5), || async {
+        matches!(
+            b.role_state(&Role::SCHEDULER),
+            Some(RoleState::Leader { .. })
+        )
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    wait_until(
+        "a's leader task to be dropped",
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            log.lock()
+                .unwrap()
+                .contains(&"dropped 1".to_owned())
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!old.is_valid());
+
+    // The deposed leadership can no longer write: locally refused...
+    assert!(matches!(
+        old.fenced_transaction().await,
+        Err(Error::Fenced { epoch: 1, .. })
+    ));
+    // ...and refused by PostgreSQL for anyone holding its token.
+    let mut tx = pool.begin().await.unwrap();
+    let checked = token.check(&mut tx, LEASE).await;
+    assert!(
+        matches!(checked, Err(Error::Fenced { epoch: 1, .. })),
+        "{checked:?}"
+    );
+    drop(tx);
+    let new = b.leadership(&Role::SCHEDULER).unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    new.fence_token().check(&mut tx, LEASE).await.unwrap();
+    tx.commit().await.unwrap();
+    let epochs: Vec<i64> = sqlx::query_scalar("SELECT epoch FROM ledger")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(epochs, [1]);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn epochs_strictly_increase_over_repeated_takeovers() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let nodes = [
+        start_node(db.url(), "a", &[Role::LOG_COMPACTOR]).await,
+        start_node(db.url(), "b", &[Role::LOG_COMPACTOR]).await,
+    ];
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let mut last = 0;
+    for round in 0..6 {
+        let (leader, epoch) = wait_until(
+            "a leader with a new epoch",
+            SOON,
+            Duration::from_millis(5),
+            || async {
+                let leaders: Vec<(usize, i64)> = refs
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, node)| match node.role_state(&Role::LOG_COMPACTOR) {
+                        Some(RoleState::Leader { epoch, .. }) if epoch.0 > last => {
+                            Some((i, epoch.0))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                (leaders.len() == 1).then(|| leaders[0])
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(epoch > last);
+        last = epoch;
+        terminate_lock_session(&pool, &Role::LOG_COMPACTOR, nodes[leader].id().as_str()).await;
+    }
+    let epochs: Vec<i64> = events(&pool, "log_compactor")
+        .await
+        .into_iter()
+        .filter(|e| e.2 == "elected")
+        .map(|e| e.0)
+        .collect();
+    assert!(epochs.windows(2).all(|w| w[1] == w[0] + 1), "{epochs:?}");
+    for node in &nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_campaigns_only_for_roles_it_has_work_for() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    // Configured for all three roles, but only the scheduler has work.
+    let node = start_node(db.url(), "a", &[Role::SCHEDULER]).await;
+    assert_eq!(node.roles(), [Role::SCHEDULER]);
+    wait_single_leader(&[&node], &Role::SCHEDULER).await;
+    node.shutdown().await;
+
+    let mut config = config(db.url(), "standby");
+    config.node.campaign_without_work = true;
+    let standby = Node::builder(config).start().await.unwrap();
+    let mut roles = standby.roles();
+    roles.sort();
+    let mut all = Role::BUILTIN.to_vec();
+    all.sort();
+    assert_eq!(roles, all);
+    for role in Role::BUILTIN {
+        wait_single_leader(&[&standby], &role).await;
+    }
+    standby.shutdown().await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM forge.leaders")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 3);
+
+    // A user-defined role has its own key and campaigns like the built-in ones.
+    let reports = Role::new("reports").unwrap();
+    let node = start_node(db.url(), "c", std::slice::from_ref(&reports)).await;
+    wait_single_leader(&[&node], &reports).await;
+    let key: i64 = sqlx::query_scalar("SELECT lock_key FROM forge.leaders WHERE role = 'reports'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(key, reports.lock_key(&forge::LockNamespace::default()).0);
+    node.shutdown().await;
+}

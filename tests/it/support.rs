@@ -1,0 +1,190 @@
+//! Shared helpers: configs with short timings, in-process nodes, probe processes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use forge::{Config, Node, Role, RoleState};
+use forge_testkit::probe::ProbeLine;
+use forge_testkit::{NodeProcess, PgServer, TestDatabase, wait_until};
+use sqlx::PgPool;
+use tokio::process::Command;
+
+/// Short timings so that tests of frozen leaders and outages take seconds, not minutes.
+pub(crate) const LEASE: Duration = Duration::from_secs(2);
+
+/// How long tests wait for something that should take milliseconds.
+pub(crate) const SOON: Duration = Duration::from_secs(10);
+
+/// A config for `url` with short election timings.
+pub(crate) fn config(url: &str, node: &str) -> Config {
+    let mut config = Config::default();
+    config.database.url = Some(url.to_owned());
+    config.database.connect_timeout = Duration::from_secs(5);
+    config.node.id = Some(node.to_owned());
+    let election = &mut config.cluster.leader_election;
+    election.lease_duration = LEASE;
+    election.refresh_interval = Duration::from_millis(500);
+    election.lock_timeout = Duration::from_secs(1);
+    election.check_interval = Duration::from_millis(500);
+    election.drain_timeout = Duration::from_secs(2);
+    config
+}
+
+/// The same timings as [`config`], as forge.toml text for node processes.
+pub(crate) fn config_toml(url: &str) -> String {
+    format!(
+        r#"[database]
+url = "{url}"
+connect_timeout = "5s"
+
+[cluster.leader_election]
+lease_duration = "2s"
+refresh_interval = "500ms"
+lock_timeout = "1s"
+check_interval = "500ms"
+drain_timeout = "2s"
+"#
+    )
+}
+
+/// A fresh database on the shared server.
+pub(crate) async fn fresh_db() -> TestDatabase {
+    PgServer::shared()
+        .expect("PostgreSQL for tests")
+        .create_database()
+        .await
+        .expect("a fresh database")
+}
+
+/// An in-process node that leads `roles` with a leader task that just waits.
+pub(crate) async fn start_node(url: &str, id: &str, roles: &[Role]) -> Node {
+    let mut config = config(url, id);
+    config.node.roles = roles.iter().map(|r| r.name().to_owned()).collect();
+    let mut builder = Node::builder(config);
+    for role in roles {
+        builder = builder.leader_task(role.clone(), "idle", |leadership| async move {
+            leadership.stopping().await;
+        });
+    }
+    builder.start().await.expect("node starts")
+}
+
+/// Waits until exactly one of `nodes` leads `role`, and returns its index and epoch.
+pub(crate) async fn wait_single_leader(nodes: &[&Node], role: &Role) -> (usize, i64) {
+    wait_until(
+        &format!("exactly one leader of {role}"),
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            let leaders: Vec<(usize, i64)> = nodes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, node)| match node.role_state(role) {
+                    Some(RoleState::Leader { epoch, .. }) => Some((i, epoch.0)),
+                    _ => None,
+                })
+                .collect();
+            (leaders.len() == 1).then(|| leaders[0])
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Leadership history of a role from `forge.leader_events`: (epoch, node, event, failover).
+pub(crate) async fn events(pool: &PgPool, role: &str) -> Vec<(i64, String, String, bool)> {
+    sqlx::query_as(
+        "SELECT epoch, node_id, event, coalesce((detail->>'failover')::boolean, false)
+           FROM forge.leader_events WHERE role = $1 ORDER BY id",
+    )
+    .bind(role)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// A probe node process (see `forge_testkit::probe`) with the short timings.
+pub(crate) struct Probe {
+    pub(crate) process: NodeProcess,
+    pub(crate) id: String,
+}
+
+impl Probe {
+    /// Starts a probe node process and waits until it is ready.
+    pub(crate) async fn start(
+        db: &TestDatabase,
+        dir: &std::path::Path,
+        id: &str,
+        roles: &[&str],
+    ) -> Probe {
+        let path = dir.join("forge.toml");
+        if !path.exists() {
+            std::fs::write(&path, config_toml(db.url())).unwrap();
+        }
+        let mut command = Command::new(env!("CARGO_BIN_EXE_forge-probe-node"));
+        command
+            .arg(&path)
+            .env("FORGE_NODE_ID", id)
+            .env("FORGE_ROLES", roles.join(","))
+            .env_remove("DATABASE_URL")
+            .env("FORGE_PROBE_WORK_MS", "20");
+        let mut process = NodeProcess::spawn(command).unwrap().named(id);
+        process
+            .wait_for_line("READY", SOON, |line| line.starts_with("FORGE-PROBE READY"))
+            .await
+            .unwrap();
+        Probe {
+            process,
+            id: id.to_owned(),
+        }
+    }
+
+    /// Every probe line printed so far.
+    pub(crate) fn lines(&self) -> Vec<ProbeLine> {
+        self.process
+            .lines()
+            .iter()
+            .filter_map(|line| ProbeLine::parse(line))
+            .collect()
+    }
+}
+
+/// A scratch directory for config files, removed on drop.
+pub(crate) struct ScratchDir(pub std::path::PathBuf);
+
+impl ScratchDir {
+    pub(crate) fn new(name: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(format!(
+            "forge-it-{name}-{}-{:x}",
+            std::process::id(),
+            fastrand_u64()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        ScratchDir(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn fastrand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(0);
+    hasher.finish()
+}
+
+/// Which probe holds which role right now, according to `forge.leaders`.
+pub(crate) async fn current_leaders(pool: &PgPool) -> BTreeMap<String, (String, i64)> {
+    let rows: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT role, node_id, epoch FROM forge.leaders WHERE released_at IS NULL")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    rows.into_iter()
+        .map(|(role, node, epoch)| (role, (node, epoch)))
+        .collect()
+}
