@@ -519,6 +519,26 @@ impl Campaign {
         let refresh = self.election.refresh_interval;
         let since = row.leader_since.unwrap_or_else(Utc::now);
         let acquired = Instant::now();
+        // Trust is measured from when the campaign call was sent, and the call may have
+        // waited in the lock for up to lock_timeout. If that leaves less than one refresh
+        // interval of trust, confirm the lease first (one round trip) rather than start work
+        // on a leadership about to expire locally.
+        let mut sent_at = sent_at;
+        if acquired + refresh >= sent_at + lease - margin {
+            let send = Instant::now();
+            match timeout(lease - margin, self.renew(&mut conn, epoch)).await {
+                Ok(Ok(true)) => sent_at = send,
+                outcome => {
+                    let why = match outcome {
+                        Ok(Err(err)) => err.to_string(),
+                        _ => "the new lease could not be confirmed".to_owned(),
+                    };
+                    self.session_broken(&why);
+                    close(conn).await;
+                    return SessionEnd::Broken;
+                }
+            }
+        }
         // Trust is measured from when the campaign call was sent: the server's idle timer can
         // only have started after that.
         let tenure = Tenure::new(

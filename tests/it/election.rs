@@ -355,3 +355,67 @@ async fn a_node_campaigns_only_for_roles_it_has_work_for() {
     assert_eq!(key, reports.lock_key(&forge::LockNamespace::default()).0);
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_waited_longer_than_the_lease_keeps_the_leadership_it_wins() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let a = start_node(db.url(), "a", &[Role::SCHEDULER]).await;
+    wait_single_leader(&[&a], &Role::SCHEDULER).await;
+    // b's lock waits last longer than the lease.
+    let mut config = config(db.url(), "b");
+    config.node.roles = vec!["scheduler".into()];
+    config.cluster.leader_election.lock_timeout = Duration::from_secs(6);
+    let b = Node::builder(config)
+        .leader_task(
+            Role::SCHEDULER,
+            "idle",
+            |l| async move { l.stopping().await },
+        )
+        .start()
+        .await
+        .unwrap();
+    wait_until(
+        "b to wait in the lock for longer than the lease",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let waited: Option<bool> = sqlx::query_scalar(
+                "SELECT now() - query_start > interval '2.5 seconds' FROM pg_stat_activity
+              WHERE application_name = 'forge:scheduler:b' AND wait_event_type = 'Lock'",
+            )
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            (waited == Some(true)).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    a.shutdown().await;
+    let (_, epoch) = wait_single_leader(&[&b], &Role::SCHEDULER).await;
+    // It renews and keeps leading past the point where trust based on the old wait would end.
+    wait_until("b to renew its lease twice", SOON, Duration::from_millis(20), || async {
+        let renewed: bool = sqlx::query_scalar(
+            "SELECT renewed_at > acquired_at + interval '1 second' FROM forge.leaders WHERE role = 'scheduler'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        renewed.then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        b.role_state(&Role::SCHEDULER),
+        Some(RoleState::Leader {
+            epoch: forge::Epoch(epoch),
+            since: match b.role_state(&Role::SCHEDULER) {
+                Some(RoleState::Leader { since, .. }) => since,
+                other => panic!("{other:?}"),
+            }
+        })
+    );
+    assert!(b.leadership(&Role::SCHEDULER).unwrap().is_valid());
+    b.shutdown().await;
+}

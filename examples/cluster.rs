@@ -1,0 +1,275 @@
+//! The FORGE demo: three node processes share one PostgreSQL; the Scheduler leader is
+//! SIGKILLed, then the next one is stopped gracefully, and the takeover gaps are measured.
+//!
+//! ```text
+//! cargo run --example cluster
+//! ```
+//!
+//! With `DATABASE_URL` unset it starts a throwaway PostgreSQL (initdb/pg_ctl in a temporary
+//! directory, on a free port, removed afterwards); with `DATABASE_URL` set it creates a fresh
+//! database there and drops it at the end. The node processes are this same binary started
+//! with `--node <id>`.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use forge::{Config, Leadership, Node, Role};
+use forge_testkit::{NodeProcess, PgServer};
+use sqlx::postgres::PgListener;
+use tokio::process::Command;
+use tokio::time::Instant;
+
+const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let result = match args.get(1).map(String::as_str) {
+        Some("--node") => run_node().await,
+        _ => run_demo().await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One node process: leads whatever roles it wins until SIGTERM.
+async fn run_node() -> Result<(), BoxError> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let mut builder = Node::builder(Config::from_env()?);
+    for role in Role::BUILTIN {
+        builder = builder.leader_task(role, "demo", lead);
+    }
+    let node = builder.start().await?;
+    println!("ready");
+    node.run_until_signal().await;
+    Ok(())
+}
+
+/// The demo's leader-only work: nothing but staying until told to stop.
+async fn lead(leadership: Leadership) {
+    leadership.stopping().await;
+}
+
+/// A leadership change as announced on `forge_leader`, with when this process heard it.
+struct Heard {
+    role: String,
+    epoch: i64,
+    node: Option<String>,
+    event: String,
+    at: Instant,
+}
+
+async fn run_demo() -> Result<(), BoxError> {
+    println!("FORGE demo: three nodes, one PostgreSQL, leader roles on advisory locks\n");
+    let server = PgServer::shared().map_err(|err| {
+        format!("{err}\n(the demo needs PostgreSQL's server binaries, or DATABASE_URL pointing at a server where it may CREATE DATABASE)")
+    })?;
+    let db = server.create_database().await?;
+    if server.is_external() {
+        println!("PostgreSQL: DATABASE_URL, fresh database {}", db.name());
+    } else {
+        println!(
+            "PostgreSQL: throwaway cluster on 127.0.0.1:{} (removed at exit)",
+            server.port()
+        );
+    }
+
+    let mut listener = PgListener::connect(db.url()).await?;
+    listener.listen("forge_leader").await?;
+
+    let exe = std::env::current_exe()?;
+    let mut nodes: BTreeMap<String, NodeProcess> = BTreeMap::new();
+    for id in NODES {
+        let mut command = Command::new(&exe);
+        command
+            .arg("--node")
+            .env("DATABASE_URL", db.url())
+            .env("FORGE_NODE_ID", id)
+            .env_remove("FORGE_ROLES")
+            .env_remove("FORGE_METRICS_LISTEN");
+        let mut process = NodeProcess::spawn(command)?.named(id);
+        process
+            .wait_for_line("ready", Duration::from_secs(30), |l| l == "ready")
+            .await?;
+        nodes.insert(id.to_owned(), process);
+    }
+    println!("started {} node processes\n", nodes.len());
+
+    let pool = db.pool().await?;
+    let leaders = wait_for_leaders(&pool, |_| true).await?;
+    println!("who leads what:");
+    for (role, (node, epoch)) in &leaders {
+        println!("  {role:<20} {node}  (epoch {epoch})");
+    }
+
+    // 1. SIGKILL the scheduler leader.
+    let (victim, epoch) = leaders["scheduler"].clone();
+    println!("\nSIGKILL {victim}, the scheduler leader ...");
+    drain(&mut listener);
+    let killed_at = Instant::now();
+    nodes.get_mut(&victim).ok_or("unknown node")?.kill()?;
+    let elected = wait_heard(&mut listener, |h| {
+        h.role == "scheduler" && h.event == "elected" && h.epoch > epoch
+    })
+    .await?;
+    let kill_gap = elected.at - killed_at;
+    println!(
+        "  {} took over the scheduler (epoch {}) {:.1} ms after the kill",
+        elected.node.as_deref().unwrap_or("?"),
+        elected.epoch,
+        ms(kill_gap)
+    );
+    nodes.remove(&victim);
+
+    // 2. Stop the new leader gracefully.
+    let successor = elected.node.clone().ok_or("no node in notification")?;
+    println!("\nSIGTERM {successor}, the new scheduler leader (graceful handoff) ...");
+    drain(&mut listener);
+    let stopped_at = Instant::now();
+    nodes.get(&successor).ok_or("unknown node")?.terminate()?;
+    let released = wait_heard(&mut listener, |h| {
+        h.role == "scheduler" && h.event == "released"
+    })
+    .await?;
+    let next = wait_heard(&mut listener, |h| {
+        h.role == "scheduler" && h.event == "elected"
+    })
+    .await?;
+    let status = nodes
+        .get_mut(&successor)
+        .ok_or("unknown node")?
+        .wait_exit(Duration::from_secs(30))
+        .await?;
+    let (handoff_ms, failover): (f64, bool) = sqlx::query_as(
+        "SELECT extract(epoch FROM e.at - r.at)::float8 * 1000, coalesce((e.detail->>'failover')::boolean, false)
+           FROM forge.leader_events r JOIN forge.leader_events e
+             ON e.role = r.role AND e.epoch = r.epoch + 1 AND e.event = 'elected'
+          WHERE r.role = 'scheduler' AND r.event = 'released' AND r.epoch = $1",
+    )
+    .bind(released.epoch)
+    .fetch_one(&pool)
+    .await?;
+    println!(
+        "  {successor} drained and released the lock {:.1} ms after SIGTERM, exit status {}",
+        ms(released.at - stopped_at),
+        status.code().unwrap_or(-1)
+    );
+    println!(
+        "  {} took over (epoch {}) {:.1} ms after the release (server clock), failover = {failover}",
+        next.node.as_deref().unwrap_or("?"),
+        next.epoch,
+        handoff_ms
+    );
+    nodes.remove(&successor);
+
+    let leaders = wait_for_leaders(&pool, |_| true).await?;
+    println!("\nwho leads what now:");
+    for (role, (node, epoch)) in &leaders {
+        println!("  {role:<20} {node}  (epoch {epoch})");
+    }
+
+    println!("\nleadership history (forge.leader_events):");
+    let history: Vec<(String, i64, String, String, bool)> = sqlx::query_as(
+        "SELECT to_char(at, 'HH24:MI:SS.MS'), epoch, role, node_id || ' ' || event,
+                coalesce((detail->>'failover')::boolean, false)
+           FROM forge.leader_events ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await?;
+    for (at, epoch, role, what, failover) in history {
+        let note = if failover { "  (failover)" } else { "" };
+        println!("  {at}  {role:<20} epoch {epoch:<3} {what}{note}");
+    }
+
+    for process in nodes.values() {
+        process.terminate()?;
+    }
+    for (id, process) in nodes.iter_mut() {
+        let status = process.wait_exit(Duration::from_secs(30)).await?;
+        if !status.success() {
+            return Err(format!("{id} exited with {status}").into());
+        }
+    }
+    pool.close().await;
+
+    println!("\nsummary:");
+    println!(
+        "  crash takeover (SIGKILL -> new leader notified): {:.1} ms",
+        ms(kill_gap)
+    );
+    println!("  graceful handoff (release -> new leader):        {handoff_ms:.1} ms");
+    println!("  every node stopped cleanly");
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Discards notifications already received.
+fn drain(listener: &mut PgListener) {
+    while listener.next_buffered().is_some() {}
+}
+
+async fn wait_heard(
+    listener: &mut PgListener,
+    pred: impl Fn(&Heard) -> bool,
+) -> Result<Heard, BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let notification = tokio::time::timeout_at(deadline, listener.recv())
+            .await
+            .map_err(|_| "no leadership change within 30 s")??;
+        let at = Instant::now();
+        let value: serde_json::Value = serde_json::from_str(notification.payload())?;
+        let heard = Heard {
+            role: value["role"].as_str().unwrap_or_default().to_owned(),
+            epoch: value["epoch"].as_i64().unwrap_or_default(),
+            node: value["node"].as_str().map(str::to_owned),
+            event: value["event"].as_str().unwrap_or_default().to_owned(),
+            at,
+        };
+        if pred(&heard) {
+            return Ok(heard);
+        }
+    }
+}
+
+/// Polls `forge.leaders` until all three roles have a leader satisfying `pred`.
+async fn wait_for_leaders(
+    pool: &sqlx::PgPool,
+    pred: impl Fn(&(String, i64)) -> bool,
+) -> Result<BTreeMap<String, (String, i64)>, BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT role, node_id, epoch FROM forge.leaders WHERE released_at IS NULL",
+        )
+        .fetch_all(pool)
+        .await?;
+        let leaders: BTreeMap<String, (String, i64)> = rows
+            .into_iter()
+            .map(|(role, node, epoch)| (role, (node, epoch)))
+            .collect();
+        if leaders.len() == 3 && leaders.values().all(&pred) {
+            return Ok(leaders);
+        }
+        if Instant::now() > deadline {
+            return Err("the roles did not all get a leader within 30 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
