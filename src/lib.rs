@@ -28,8 +28,17 @@
 //! ARCHITECTURE.md for how the election works.
 
 pub use forge_core::{
-    ClusterConfig, Config, DatabaseConfig, Env, Epoch, Error, FenceToken, LeaderElectionConfig,
-    LeaderInfo, Leadership, ListenerEvent, LockKey, LockNamespace, Metrics, MetricsConfig, Node,
-    NodeBuilder, NodeConfig, NodeContext, NodeId, ProcessEnv, Result, Role, RoleState, no_env,
+    ClusterConfig, Config, CronConfig, DatabaseConfig, Env, Epoch, Error, FenceToken, JobsConfig,
+    LeaderElectionConfig, LeaderInfo, Leadership, ListenerEvent, LockKey, LockNamespace, Metrics,
+    MetricsConfig, NodeConfig, NodeContext, NodeId, ProcessEnv, Result, Role, RoleState, no_env,
     redact_url, shutdown_signal,
 };
+pub use forge_scheduler::{
+    CatchUp, Cron, CronContext, CronError, CronJob, Interrupted, IntoCronResult, Node, NodeBuilder,
+    Overlap, Schedule, ScheduleError, jobs,
+};
+
+#[doc(hidden)]
+pub mod __private {
+    pub use forge_scheduler::__private::*;
+}

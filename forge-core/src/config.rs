@@ -47,6 +47,10 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// `[metrics]`
     pub metrics: MetricsConfig,
+    /// `[cron]`
+    pub cron: CronConfig,
+    /// `[jobs]`
+    pub jobs: JobsConfig,
 }
 
 /// `[database]`: where PostgreSQL is and how FORGE uses it.
@@ -189,6 +193,79 @@ pub struct MetricsConfig {
     /// Overridden by `FORGE_METRICS_LISTEN` (`off` disables). Unset: no HTTP listener; the
     /// text stays available through `Node::render_metrics`.
     pub listen: Option<SocketAddr>,
+}
+
+/// `[cron]`: how leader-only schedules behave around failovers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct CronConfig {
+    /// A tick that is at most this late still fires under `catch_up = "skip"` (a tick due
+    /// during a fast failover is late, not missed).
+    #[serde(with = "human_duration")]
+    pub misfire_threshold: Duration,
+    /// How long the tick ledger (`forge.cron_ticks`) keeps finished ticks; the LogCompactor
+    /// leader prunes older ones.
+    #[serde(with = "human_duration")]
+    pub ledger_retention: Duration,
+}
+
+impl Default for CronConfig {
+    fn default() -> Self {
+        CronConfig {
+            misfire_threshold: Duration::from_secs(1),
+            ledger_retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// `[jobs]`: the durable job queue.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct JobsConfig {
+    /// The queues this node works, with their concurrency (jobs running at once on this
+    /// node). Queues not listed are not worked here.
+    pub queues: std::collections::BTreeMap<String, u32>,
+    /// Attempts of a job whose declaration does not say `max_attempts`.
+    pub default_max_attempts: u32,
+    /// How often each node records that it is alive (`forge.nodes`).
+    #[serde(with = "human_duration")]
+    pub heartbeat_interval: Duration,
+    /// A running job whose node has not heartbeated for this long is rescued (retried or
+    /// dead-lettered). Jobs of a node whose sessions are gone (killed) are rescued at the next
+    /// maintenance pass, without waiting this long.
+    #[serde(with = "human_duration")]
+    pub rescue_after: Duration,
+    /// How often the Scheduler leader rescues, dead-letters and prunes (scheduled jobs are
+    /// promoted on time by a timer, not by this pass).
+    #[serde(with = "human_duration")]
+    pub maintenance_interval: Duration,
+    /// How long completed and cancelled jobs are kept before pruning.
+    #[serde(with = "human_duration")]
+    pub completed_retention: Duration,
+    /// How long dead-lettered jobs are kept before pruning.
+    #[serde(with = "human_duration")]
+    pub dead_retention: Duration,
+    /// On graceful shutdown, how long running jobs may take to finish before they are
+    /// cancelled and released for another node.
+    #[serde(with = "human_duration")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        JobsConfig {
+            queues: [("default".to_owned(), 16)].into_iter().collect(),
+            default_max_attempts: 20,
+            heartbeat_interval: Duration::from_secs(30),
+            rescue_after: Duration::from_secs(120),
+            maintenance_interval: Duration::from_secs(15),
+            completed_retention: Duration::from_secs(24 * 3600),
+            dead_retention: Duration::from_secs(7 * 24 * 3600),
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Environment variables FORGE reads, as a function so tests need not mutate the process

@@ -14,11 +14,15 @@ use crate::error::{Error, Result, redact_url};
 
 /// FORGE's migrations, embedded. Applied in the `forge` schema with their own bookkeeping
 /// table (`forge._sqlx_migrations`), so they never clash with the host application's.
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "leaders",
-    include_str!("../../migrations/0001_leaders.sql"),
-)];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "leaders",
+        include_str!("../../migrations/0001_leaders.sql"),
+    ),
+    (2, "cron", include_str!("../../migrations/0002_cron.sql")),
+    (3, "jobs", include_str!("../../migrations/0003_jobs.sql")),
+];
 
 /// The parsed connection options for `config`, with `application_name` set (PostgreSQL truncates
 /// it to 63 bytes).

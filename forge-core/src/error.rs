@@ -115,6 +115,22 @@ pub enum Error {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 
+    /// A cron or job definition cannot be used (duplicate name, invalid schedule, ...).
+    #[error("{message}")]
+    Registration {
+        /// What is wrong and what to do.
+        message: String,
+    },
+
+    /// Job arguments could not be turned into JSON, or back.
+    #[error("job arguments of `{kind}`: {message}")]
+    Serialization {
+        /// The job kind.
+        kind: String,
+        /// The serde error.
+        message: String,
+    },
+
     /// The node was asked to do something after it shut down.
     #[error("the FORGE node is shut down")]
     ShutDown,

@@ -46,8 +46,8 @@ mod util;
 #[doc(hidden)]
 pub use config::reference_path;
 pub use config::{
-    ClusterConfig, Config, DatabaseConfig, Env, LeaderElectionConfig, MetricsConfig, NodeConfig,
-    ProcessEnv, no_env,
+    ClusterConfig, Config, CronConfig, DatabaseConfig, Env, JobsConfig, LeaderElectionConfig,
+    MetricsConfig, NodeConfig, ProcessEnv, no_env,
 };
 pub use election::{LeaderInfo, RoleState};
 pub use error::{Error, Result, redact_url};

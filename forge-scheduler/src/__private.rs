@@ -1,0 +1,39 @@
+//! What `#[cron]` and `#[job]` expand to refers to these, through `::forge::__private`. Not
+//! a public API: it changes whenever the macros change.
+
+pub use crate::cron::Cron;
+pub use crate::jobs::{Job, JobRegistry};
+pub use inventory;
+
+use crate::cron::CronJob;
+
+/// A cron declared with `#[cron]`, collected at link time for automatic registration.
+pub struct CronRegistration {
+    /// Builds the cron's definition.
+    pub make: fn() -> CronJob,
+}
+
+inventory::collect!(CronRegistration);
+
+/// A job declared with `#[job]`, collected at link time for automatic registration.
+pub struct JobRegistration {
+    /// Adds the job to a registry.
+    pub register: fn(&mut JobRegistry) -> forge_core::Result<()>,
+}
+
+inventory::collect!(JobRegistration);
+
+/// Every `#[cron]` linked into this binary.
+pub fn registered_crons() -> impl Iterator<Item = CronJob> {
+    inventory::iter::<CronRegistration>
+        .into_iter()
+        .map(|r| (r.make)())
+}
+
+/// Every `#[job]` linked into this binary, added to `registry`.
+pub fn register_jobs(registry: &mut JobRegistry) -> forge_core::Result<()> {
+    for registration in inventory::iter::<JobRegistration> {
+        (registration.register)(registry)?;
+    }
+    Ok(())
+}

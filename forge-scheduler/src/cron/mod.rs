@@ -1,0 +1,438 @@
+//! Leader-only crons: definitions, the handler context, and the runtime that fires each tick
+//! once in the whole cluster.
+//!
+//! A cron belongs to a role (default `scheduler`) and runs only on that role's leader. Before
+//! running a tick the leader claims `(cron, scheduled instant)` in the ledger
+//! `forge.cron_ticks` (primary key) in a statement fenced by its epoch, so a tick never runs
+//! twice, even when leadership changes at the tick. See [`CatchUp`], [`Overlap`] and
+//! [`Interrupted`] for what happens around failovers and slow runs.
+
+mod runtime;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use forge_core::{Epoch, Error, Leadership, Result, Role};
+use forge_cron::Schedule;
+use sqlx::{PgPool, Postgres, Transaction};
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use runtime::{dedupe, install};
+
+/// What to do with ticks that were due while the cron's role had no leader (or its leader
+/// lacked the cron).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CatchUp {
+    /// Run none of them. A tick at most `[cron] misfire_threshold` late (default 1 s) still
+    /// runs: a tick due during a fast failover is late, not missed.
+    Skip,
+    /// Run the most recent one once (the default; Quartz's "fire once now").
+    Latest,
+    /// Run every one of them, oldest first, within the catch-up window.
+    All,
+}
+
+/// What to do when a tick is due while the previous run of the same cron is still going.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overlap {
+    /// Record the tick as `skipped` and do not run it (the default).
+    Skip,
+    /// Run it as soon as the previous run ends.
+    Wait,
+    /// Run it alongside the previous run.
+    Allow,
+}
+
+/// What the next leader does with a tick whose run was cut short by its leader's death (the
+/// ledger row is still `running` under an older epoch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interrupted {
+    /// Run it again, with the attempt number incremented (the default), at most 3 attempts;
+    /// the handler sees [`CronContext::attempt`] > 1.
+    Rerun,
+    /// Mark it `abandoned` and move on.
+    Abandon,
+}
+
+impl CatchUp {
+    fn parse(text: &str) -> Option<CatchUp> {
+        match text {
+            "skip" => Some(CatchUp::Skip),
+            "latest" => Some(CatchUp::Latest),
+            "all" => Some(CatchUp::All),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            CatchUp::Skip => "skip",
+            CatchUp::Latest => "latest",
+            CatchUp::All => "all",
+        }
+    }
+}
+
+impl Overlap {
+    fn parse(text: &str) -> Option<Overlap> {
+        match text {
+            "skip" => Some(Overlap::Skip),
+            "wait" => Some(Overlap::Wait),
+            "allow" => Some(Overlap::Allow),
+            _ => None,
+        }
+    }
+}
+
+impl Interrupted {
+    fn parse(text: &str) -> Option<Interrupted> {
+        match text {
+            "rerun" => Some(Interrupted::Rerun),
+            "abandon" => Some(Interrupted::Abandon),
+            _ => None,
+        }
+    }
+}
+
+/// An error returned by a cron handler. Any `std::error::Error` converts into it with `?`;
+/// [`CronError::msg`] makes one from a message.
+pub struct CronError(Box<dyn std::error::Error + Send + Sync>);
+
+impl CronError {
+    /// An error with this message.
+    pub fn msg(message: impl fmt::Display) -> CronError {
+        CronError(message.to_string().into())
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for CronError {
+    fn from(err: E) -> CronError {
+        CronError(Box::new(err))
+    }
+}
+
+impl fmt::Display for CronError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for CronError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+/// What a cron handler may return: `()` or `Result<(), E>` where `E` converts into
+/// [`CronError`].
+pub trait IntoCronResult {
+    /// The outcome as a `Result`.
+    fn into_cron_result(self) -> Result<(), CronError>;
+}
+
+impl IntoCronResult for () {
+    fn into_cron_result(self) -> Result<(), CronError> {
+        Ok(())
+    }
+}
+
+impl<E: Into<CronError>> IntoCronResult for Result<(), E> {
+    fn into_cron_result(self) -> Result<(), CronError> {
+        self.map_err(Into::into)
+    }
+}
+
+type Handler = Arc<
+    dyn Fn(CronContext) -> Pin<Box<dyn Future<Output = Result<(), CronError>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// A cron: a name, a [`Schedule`], a role, policies, and an async handler.
+///
+/// `#[cron]` builds one; in code:
+///
+/// ```
+/// use forge_scheduler::{CronJob, CatchUp, Schedule};
+///
+/// let job = CronJob::new("compact", Schedule::parse("0 * * * *").unwrap(), |ctx| async move {
+///     println!("tick {} (attempt {})", ctx.scheduled_at(), ctx.attempt());
+/// })
+/// .catch_up(CatchUp::All);
+/// assert_eq!(job.name(), "compact");
+/// ```
+#[derive(Clone)]
+pub struct CronJob {
+    pub(crate) name: String,
+    pub(crate) schedule: Schedule,
+    pub(crate) role: Role,
+    pub(crate) catch_up: CatchUp,
+    pub(crate) catch_up_window: Duration,
+    pub(crate) overlap: Overlap,
+    pub(crate) interrupted: Interrupted,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) handler: Handler,
+}
+
+impl CronJob {
+    /// The default catch-up window: ticks older than this are never caught up.
+    pub const DEFAULT_CATCH_UP_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+    /// A cron on the `scheduler` role with the default policies (catch up the latest missed
+    /// tick, skip overlapping ticks, rerun interrupted ones, no timeout).
+    pub fn new<F, Fut, R>(name: impl Into<String>, schedule: Schedule, handler: F) -> CronJob
+    where
+        F: Fn(CronContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = R> + Send + 'static,
+        R: IntoCronResult,
+    {
+        let handler: Handler = Arc::new(move |ctx| {
+            let run = handler(ctx);
+            Box::pin(async move { run.await.into_cron_result() })
+        });
+        CronJob {
+            name: name.into(),
+            schedule,
+            role: Role::SCHEDULER,
+            catch_up: CatchUp::Latest,
+            catch_up_window: CronJob::DEFAULT_CATCH_UP_WINDOW,
+            overlap: Overlap::Skip,
+            interrupted: Interrupted::Rerun,
+            timeout: None,
+            handler,
+        }
+    }
+
+    /// The role whose leader runs the cron.
+    pub fn role(mut self, role: Role) -> Self {
+        self.role = role;
+        self
+    }
+
+    /// The catch-up policy.
+    pub fn catch_up(mut self, catch_up: CatchUp) -> Self {
+        self.catch_up = catch_up;
+        self
+    }
+
+    /// How far back [`CatchUp::All`] and [`CatchUp::Latest`] look (default 24 h).
+    pub fn catch_up_window(mut self, window: Duration) -> Self {
+        self.catch_up_window = window;
+        self
+    }
+
+    /// The overlap policy.
+    pub fn overlap(mut self, overlap: Overlap) -> Self {
+        self.overlap = overlap;
+        self
+    }
+
+    /// The policy for runs cut short by a leader's death.
+    pub fn interrupted(mut self, interrupted: Interrupted) -> Self {
+        self.interrupted = interrupted;
+        self
+    }
+
+    /// Cancels a run that takes longer (recorded as `timed_out`).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The cron's name (its key in the ledger).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The cron's schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// The role whose leader runs it.
+    pub fn role_name(&self) -> &Role {
+        &self.role
+    }
+
+    /// Builds a cron from the literals of a `#[cron]` attribute, which the macro has already
+    /// validated with the same parsers.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn __from_macro<F, Fut, R>(
+        name: &str,
+        expression: &str,
+        timezone: Option<&str>,
+        role: Option<&str>,
+        catch_up: Option<&str>,
+        catch_up_window: Option<Duration>,
+        overlap: Option<&str>,
+        interrupted: Option<&str>,
+        timeout: Option<Duration>,
+        handler: F,
+    ) -> Result<CronJob>
+    where
+        F: Fn(CronContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = R> + Send + 'static,
+        R: IntoCronResult,
+    {
+        let invalid = |message: String| Error::Registration {
+            message: format!("cron `{name}`: {message}"),
+        };
+        let schedule = match timezone {
+            Some(tz) => Schedule::parse_in(expression, tz),
+            None => Schedule::parse(expression),
+        }
+        .map_err(|err| invalid(err.to_string()))?;
+        let mut job = CronJob::new(name, schedule, handler);
+        if let Some(role) = role {
+            job.role = Role::new(role).map_err(|err| invalid(err.to_string()))?;
+        }
+        if let Some(text) = catch_up {
+            job.catch_up = CatchUp::parse(text).ok_or_else(|| {
+                invalid(format!(
+                    "catch_up {text:?}: use \"skip\", \"latest\" or \"all\""
+                ))
+            })?;
+        }
+        if let Some(window) = catch_up_window {
+            job.catch_up_window = window;
+        }
+        if let Some(text) = overlap {
+            job.overlap = Overlap::parse(text).ok_or_else(|| {
+                invalid(format!(
+                    "overlap {text:?}: use \"skip\", \"wait\" or \"allow\""
+                ))
+            })?;
+        }
+        if let Some(text) = interrupted {
+            job.interrupted = Interrupted::parse(text).ok_or_else(|| {
+                invalid(format!(
+                    "interrupted {text:?}: use \"rerun\" or \"abandon\""
+                ))
+            })?;
+        }
+        job.timeout = timeout;
+        Ok(job)
+    }
+
+    /// Whether two definitions describe the same cron (same name, schedule and policies).
+    pub(crate) fn same_definition(&self, other: &CronJob) -> bool {
+        self.name == other.name
+            && self.schedule == other.schedule
+            && self.role == other.role
+            && self.catch_up == other.catch_up
+            && self.catch_up_window == other.catch_up_window
+            && self.overlap == other.overlap
+            && self.interrupted == other.interrupted
+            && self.timeout == other.timeout
+    }
+}
+
+impl fmt::Debug for CronJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CronJob")
+            .field("name", &self.name)
+            .field("schedule", &self.schedule.to_string())
+            .field("role", &self.role)
+            .field("catch_up", &self.catch_up)
+            .field("overlap", &self.overlap)
+            .field("interrupted", &self.interrupted)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// Something that defines a cron: a `#[cron]` function, or a [`CronJob`].
+pub trait Cron {
+    /// The cron's definition.
+    fn cron_job(&self) -> CronJob;
+}
+
+impl Cron for CronJob {
+    fn cron_job(&self) -> CronJob {
+        self.clone()
+    }
+}
+
+/// What a cron handler gets for one run of one tick.
+#[derive(Clone)]
+pub struct CronContext {
+    pub(crate) name: Arc<str>,
+    pub(crate) scheduled_at: DateTime<Utc>,
+    pub(crate) fired_at: DateTime<Utc>,
+    pub(crate) attempt: u32,
+    pub(crate) leadership: Leadership,
+    pub(crate) cancel: CancellationToken,
+}
+
+impl CronContext {
+    /// The cron's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The instant the tick was scheduled for (UTC).
+    pub fn scheduled_at(&self) -> DateTime<Utc> {
+        self.scheduled_at
+    }
+
+    /// When this run started.
+    pub fn fired_at(&self) -> DateTime<Utc> {
+        self.fired_at
+    }
+
+    /// 1 for the first run of the tick; more when a run cut short by a leader's death is run
+    /// again ([`Interrupted::Rerun`]).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The epoch of the leadership running the tick.
+    pub fn epoch(&self) -> Epoch {
+        self.leadership.epoch()
+    }
+
+    /// The leadership running the tick.
+    pub fn leadership(&self) -> &Leadership {
+        &self.leadership
+    }
+
+    /// The node's pool.
+    pub fn pool(&self) -> &PgPool {
+        self.leadership.pool()
+    }
+
+    /// A transaction whose writes are applied only if this leadership is still current when
+    /// it commits (see `Leadership::fenced_transaction`).
+    pub async fn fenced_transaction(&self) -> Result<Transaction<'static, Postgres>> {
+        self.leadership.fenced_transaction().await
+    }
+
+    /// Whether the run should stop: leadership lost, handoff begun, or timeout reached.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled() || self.leadership.is_draining()
+    }
+
+    /// Resolves when the run should stop (see [`CronContext::is_cancelled`]).
+    pub async fn cancelled(&self) {
+        tokio::select! {
+            _ = self.cancel.cancelled() => {}
+            _ = self.leadership.stopping() => {}
+        }
+    }
+}
+
+impl fmt::Debug for CronContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CronContext")
+            .field("name", &self.name)
+            .field("scheduled_at", &self.scheduled_at)
+            .field("attempt", &self.attempt)
+            .field("epoch", &self.leadership.epoch())
+            .finish()
+    }
+}

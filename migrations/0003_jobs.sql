@@ -1,0 +1,2 @@
+-- FORGE jobs (placeholder: filled in with the job queue).
+SELECT 1;
