@@ -549,6 +549,7 @@ impl Campaign {
             since,
             lease,
             self.pool.clone(),
+            self.metrics.clone(),
             sent_at + lease - margin,
         );
         let leadership = Leadership::new(tenure);

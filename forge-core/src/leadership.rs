@@ -43,6 +43,7 @@ pub(crate) struct Tenure {
     pub(crate) acquired_at: DateTime<Utc>,
     pub(crate) lease: Duration,
     pub(crate) pool: PgPool,
+    pub(crate) metrics: crate::metrics::Metrics,
     /// Cancelled when the leadership is over (lost, or released after a handoff).
     pub(crate) lost: CancellationToken,
     /// Cancelled when the node asks leader-only work to wind down before a handoff.
@@ -64,6 +65,7 @@ impl Tenure {
         acquired_at: DateTime<Utc>,
         lease: Duration,
         pool: PgPool,
+        metrics: crate::metrics::Metrics,
         deadline: Instant,
     ) -> Tenure {
         let base = Instant::now();
@@ -75,6 +77,7 @@ impl Tenure {
             acquired_at,
             lease,
             pool,
+            metrics,
             lost: CancellationToken::new(),
             draining: CancellationToken::new(),
             deadline_nanos: AtomicU64::new(0),
@@ -171,6 +174,21 @@ impl Leadership {
     /// When PostgreSQL granted this leadership.
     pub fn acquired_at(&self) -> DateTime<Utc> {
         self.tenure.acquired_at
+    }
+
+    /// The lock namespace the role belongs to (`[cluster] lock_namespace`).
+    pub fn namespace(&self) -> &LockNamespace {
+        &self.tenure.namespace
+    }
+
+    /// The lease duration this leadership is renewed with.
+    pub fn lease_duration(&self) -> Duration {
+        self.tenure.lease
+    }
+
+    /// The node's metrics registry, for leader-only work that records figures.
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.tenure.metrics
     }
 
     /// The node's pool, for the leader's own queries.

@@ -71,6 +71,36 @@ const DESCRIPTIONS: &[(&str, Kind, Option<Unit>, &str)] = &[
         None,
         "Reconnections of this node's dedicated sessions, by session",
     ),
+    (
+        "forge_cron_lag_seconds",
+        Kind::Histogram,
+        Some(Unit::Seconds),
+        "How late a cron run started: actual start minus scheduled instant",
+    ),
+    (
+        "forge_cron_runs_total",
+        Kind::Counter,
+        None,
+        "Cron runs by outcome (succeeded, failed, timed_out, skipped, abandoned)",
+    ),
+    (
+        "forge_cron_missed_ticks_total",
+        Kind::Counter,
+        None,
+        "Cron ticks not run because they were due while the role had no leader (per catch-up policy)",
+    ),
+    (
+        "forge_cron_run_duration_seconds",
+        Kind::Histogram,
+        Some(Unit::Seconds),
+        "How long cron runs took",
+    ),
+    (
+        "forge_cron_unknown_crons",
+        Kind::Gauge,
+        None,
+        "Crons of the role known to the cluster (forge.crons) that this leader's binary lacks: their ticks do not run",
+    ),
 ];
 
 #[derive(Clone, Copy)]

@@ -17,12 +17,18 @@
 //! ```
 //!
 //! `t` is microseconds since the Unix epoch, so lines of processes on one machine compare.
+//!
+//! With `FORGE_PROBE_CRON` set to a cron expression, the probe also runs a cron named
+//! `probe_tick` (role `scheduler`, `catch_up = all`) whose handler inserts
+//! `(scheduled_at, attempt, node, epoch)` into `forge_probe_ticks` in a fenced transaction
+//! and prints `FORGE-PROBE TICK scheduled=<unix micros> attempt=<n> epoch=<e> node=... t=...`.
 
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use forge_core::{Config, Leadership, Node};
+use forge_core::{Config, Leadership};
+use forge_scheduler::{CatchUp, CronContext, CronError, CronJob, Node, Schedule};
 
 /// The table the probe writes to.
 pub const PROBE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS forge_probe_work (
@@ -31,6 +37,15 @@ pub const PROBE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS forge_probe_work (
     epoch bigint      NOT NULL,
     node  text        NOT NULL,
     at    timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS forge_probe_ticks (
+    id           bigserial   PRIMARY KEY,
+    scheduled_at timestamptz NOT NULL,
+    attempt      integer     NOT NULL,
+    node         text        NOT NULL,
+    epoch        bigint      NOT NULL,
+    fired_at     timestamptz NOT NULL,
+    at           timestamptz NOT NULL DEFAULT clock_timestamp()
 )";
 
 /// One parsed `FORGE-PROBE` line.
@@ -148,6 +163,34 @@ async fn probe_work(leadership: Leadership, every: Duration) {
     }
 }
 
+/// The probe cron's handler: record the run, fenced by the leadership's epoch.
+async fn probe_tick(ctx: CronContext) -> Result<(), CronError> {
+    let node = ctx.leadership().node_id().to_string();
+    let mut tx = ctx.fenced_transaction().await?;
+    sqlx::query(
+        "INSERT INTO forge_probe_ticks (scheduled_at, attempt, node, epoch, fired_at) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(ctx.scheduled_at())
+    .bind(ctx.attempt() as i32)
+    .bind(&node)
+    .bind(ctx.epoch().0)
+    .bind(ctx.fired_at())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    emit(
+        "TICK",
+        &format!(
+            "scheduled={} attempt={} epoch={}",
+            ctx.scheduled_at().timestamp_micros(),
+            ctx.attempt(),
+            ctx.epoch()
+        ),
+        &node,
+    );
+    Ok(())
+}
+
 /// Runs a probe node with `config` (its `[node] roles` decide what it leads) until SIGTERM
 /// or ctrl-c. Creates `forge_probe_work` if needed.
 pub async fn run(config: Config) -> ExitCode {
@@ -167,7 +210,20 @@ pub async fn run(config: Config) -> ExitCode {
         eprintln!("error: cannot create forge_probe_work: {err}");
         return ExitCode::FAILURE;
     }
-    let mut builder = Node::builder(config);
+    let mut builder = Node::builder(config).auto_register(false);
+    if let Ok(expression) = std::env::var("FORGE_PROBE_CRON") {
+        match Schedule::parse(&expression) {
+            Ok(schedule) => {
+                builder = builder.cron(
+                    CronJob::new("probe_tick", schedule, probe_tick).catch_up(CatchUp::All),
+                );
+            }
+            Err(err) => {
+                eprintln!("error: FORGE_PROBE_CRON: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     for role in roles {
         builder = builder.leader_task(role, "probe", move |leadership| {
             probe_work(leadership, every)
@@ -195,7 +251,7 @@ async fn create_table(config: &Config) -> Result<(), Box<dyn std::error::Error>>
     sqlx::query("SELECT pg_advisory_xact_lock(4242)")
         .execute(&mut *tx)
         .await?;
-    sqlx::query(PROBE_TABLE_SQL).execute(&mut *tx).await?;
+    sqlx::raw_sql(PROBE_TABLE_SQL).execute(&mut *tx).await?;
     tx.commit().await?;
     conn.close().await?;
     Ok(())

@@ -10,6 +10,7 @@
 //! * `observability`: the Prometheus endpoint and the leadership history.
 
 mod bad_input;
+mod cron;
 mod election;
 mod observability;
 mod processes;

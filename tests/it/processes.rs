@@ -323,3 +323,140 @@ async fn a_postgres_crash_drops_every_leadership_and_epochs_keep_increasing() {
         assert_no_overlap(&pool, &refs, role).await;
     }
 }
+
+/// How long the cron chaos test runs: at least a minute where CI (or FORGE_SLOW_TESTS) asks
+/// for the slow suite, a shorter round of each fault otherwise.
+fn chaos_duration() -> Duration {
+    let slow = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+        || std::env::var("FORGE_SLOW_TESTS").is_ok_and(|v| v == "1");
+    if slow { Duration::from_secs(65) } else { Duration::from_secs(15) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_second_cron_runs_every_tick_once_while_its_leaders_are_killed_stopped_and_frozen() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let dir = ScratchDir::new("cronchaos");
+    let start = |id: String| {
+        let (db, dir) = (&db, &dir);
+        async move { Probe::start_with_cron(db, &dir.0, &id, &["scheduler"], "* * * * * *").await }
+    };
+    let mut probes = Vec::new();
+    for i in 0..3 {
+        probes.push(start(format!("c{i}")).await);
+    }
+    let mut next_id = 3;
+    let began = tokio::time::Instant::now();
+    let duration = chaos_duration();
+    let mut faults = Vec::new();
+    let mut round = 0;
+    while began.elapsed() < duration {
+        // The current leader, and proof that ticks are being run.
+        let (leader, epoch) = wait_until("a live scheduler leader", LEASE + SOON, Duration::from_millis(20), || async {
+            let row: Option<(String, i64)> = sqlx::query_as(
+                "SELECT node_id, epoch FROM forge.leaders WHERE role = 'scheduler' AND released_at IS NULL",
+            )
+            .fetch_optional(&pool)
+            .await
+            .ok()
+            .flatten();
+            row.filter(|(node, _)| probes.iter().any(|p: &Probe| &p.id == node && p.process.try_status().is_none()))
+        })
+        .await
+        .unwrap();
+        let since = chrono::Utc::now();
+        wait_until("a tick run by this leader", SOON, Duration::from_millis(20), || async {
+            let ran: i64 = sqlx::query_scalar("SELECT count(*) FROM forge_probe_ticks WHERE epoch = $1 AND fired_at >= $2")
+                .bind(epoch)
+                .bind(since)
+                .fetch_one(&pool)
+                .await
+                .unwrap_or_default();
+            (ran > 0).then_some(())
+        })
+        .await
+        .unwrap();
+        let index = index_of(&probes, &leader);
+        match round % 3 {
+            0 => {
+                probes[index].process.kill().unwrap();
+                probes.remove(index);
+                faults.push("SIGKILL");
+            }
+            1 => {
+                probes[index].process.terminate().unwrap();
+                let status = probes[index].process.wait_exit(SOON).await.unwrap();
+                assert!(status.success(), "graceful stop: {status:?}");
+                probes.remove(index);
+                faults.push("SIGTERM");
+            }
+            _ => {
+                probes[index].process.pause().unwrap();
+                wait_until("another leader while the old one is frozen", LEASE + SOON, Duration::from_millis(20), || async {
+                    let epoch_now: Option<i64> = sqlx::query_scalar(
+                        "SELECT epoch FROM forge.leaders WHERE role = 'scheduler' AND released_at IS NULL",
+                    )
+                    .fetch_optional(&pool)
+                    .await
+                    .ok()
+                    .flatten();
+                    epoch_now.filter(|e| *e > epoch).map(|_| ())
+                })
+                .await
+                .unwrap();
+                probes[index].process.resume().unwrap();
+                faults.push("SIGSTOP");
+            }
+        }
+        if probes.len() < 3 {
+            probes.push(start(format!("c{next_id}")).await);
+            next_id += 1;
+        }
+        round += 1;
+    }
+    for probe in &probes {
+        probe.process.terminate().unwrap();
+    }
+    for probe in &mut probes {
+        probe.process.wait_exit(SOON).await.unwrap();
+    }
+
+    // The ledger: one row per second from the first tick to the last, all succeeded.
+    let ledger: Vec<(chrono::DateTime<chrono::Utc>, String, i32)> = sqlx::query_as(
+        "SELECT scheduled_at, state, attempt FROM forge.cron_ticks WHERE cron = 'probe_tick' ORDER BY scheduled_at",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(ledger.len() as u64 >= duration.as_secs() - 5, "{} ticks in {duration:?}", ledger.len());
+    for pair in ledger.windows(2) {
+        assert_eq!(
+            pair[1].0 - pair[0].0,
+            chrono::TimeDelta::seconds(1),
+            "a tick is missing after {} (faults: {faults:?})",
+            pair[0].0
+        );
+    }
+    let unfinished: Vec<_> = ledger.iter().filter(|t| t.1 != "succeeded").collect();
+    assert!(unfinished.is_empty(), "ticks not succeeded: {unfinished:?}");
+    // The side effects (fenced writes of the handler): every tick ran; a tick ran more than
+    // once only as a rerun of a run cut short by a kill, with a new attempt number.
+    let effects: Vec<(chrono::DateTime<chrono::Utc>, i32)> =
+        sqlx::query_as("SELECT scheduled_at, attempt FROM forge_probe_ticks ORDER BY 1, 2")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    for (at, state_attempt) in ledger.iter().map(|t| (t.0, t.2)) {
+        let attempts: Vec<i32> = effects.iter().filter(|e| e.0 == at).map(|e| e.1).collect();
+        assert!(!attempts.is_empty(), "tick {at} never ran");
+        let mut unique = attempts.clone();
+        unique.dedup();
+        assert_eq!(unique, attempts, "tick {at} ran twice in one attempt");
+        assert!(attempts.iter().all(|a| *a <= state_attempt), "tick {at}: {attempts:?} vs ledger attempt {state_attempt}");
+    }
+    eprintln!(
+        "cron chaos: {} ticks, faults {faults:?}, {} reruns",
+        ledger.len(),
+        ledger.iter().filter(|t| t.2 > 1).count()
+    );
+}

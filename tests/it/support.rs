@@ -117,6 +117,27 @@ impl Probe {
         id: &str,
         roles: &[&str],
     ) -> Probe {
+        Probe::spawn(db, dir, id, roles, None).await
+    }
+
+    /// A probe that also runs the `probe_tick` cron with this expression (catch_up = all).
+    pub(crate) async fn start_with_cron(
+        db: &TestDatabase,
+        dir: &std::path::Path,
+        id: &str,
+        roles: &[&str],
+        cron: &str,
+    ) -> Probe {
+        Probe::spawn(db, dir, id, roles, Some(cron)).await
+    }
+
+    async fn spawn(
+        db: &TestDatabase,
+        dir: &std::path::Path,
+        id: &str,
+        roles: &[&str],
+        cron: Option<&str>,
+    ) -> Probe {
         let path = dir.join("forge.toml");
         if !path.exists() {
             std::fs::write(&path, config_toml(db.url())).unwrap();
@@ -127,7 +148,11 @@ impl Probe {
             .env("FORGE_NODE_ID", id)
             .env("FORGE_ROLES", roles.join(","))
             .env_remove("DATABASE_URL")
-            .env("FORGE_PROBE_WORK_MS", "20");
+            .env("FORGE_PROBE_WORK_MS", if cron.is_some() { "3600000" } else { "20" });
+        match cron {
+            Some(cron) => command.env("FORGE_PROBE_CRON", cron),
+            None => command.env_remove("FORGE_PROBE_CRON"),
+        };
         let mut process = NodeProcess::spawn(command).unwrap().named(id);
         process
             .wait_for_line("READY", SOON, |line| line.starts_with("FORGE-PROBE READY"))
