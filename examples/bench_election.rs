@@ -171,28 +171,8 @@ fn write_config(dir: &Path, url: &str, lease_secs: u64) -> Result<PathBuf, BoxEr
     Ok(path)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn summary(name: &str, mut values: Vec<f64>, unit: &str) {
-    values.sort_by(f64::total_cmp);
-    println!(
-        "  {name:<44} n={:<3} p50={:>8.2} {unit}  p99={:>8.2} {unit}  max={:>8.2} {unit}",
-        values.len(),
-        percentile(&values, 50.0),
-        percentile(&values, 99.0),
-        values.last().copied().unwrap_or_default()
-    );
-}
-
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+fn summary(name: &str, values: Vec<f64>, unit: &str) {
+    println!("{}", forge_testkit::stats::summary(name, &values, unit));
 }
 
 async fn bench(quick: bool) -> Result<(), BoxError> {
@@ -405,7 +385,7 @@ async fn bench(quick: bool) -> Result<(), BoxError> {
     let mut rss = Vec::new();
     for id in &idle_ids {
         let pid = cluster.nodes[id].pid();
-        rss.push(rss_kib(pid).unwrap_or_default() as f64 / 1024.0);
+        rss.push(forge_testkit::stats::rss_kib(pid).unwrap_or_default() as f64 / 1024.0);
     }
     let leader_of: Vec<(String, String)> = sqlx::query_as(
         "SELECT role, node_id FROM forge.leaders WHERE released_at IS NULL ORDER BY role",

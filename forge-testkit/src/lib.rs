@@ -64,6 +64,7 @@ mod error;
 mod pg;
 mod pooler;
 pub mod probe;
+pub mod stats;
 mod process;
 mod sys;
 
