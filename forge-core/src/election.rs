@@ -224,15 +224,25 @@ impl Campaign {
         &self.handle.role
     }
 
+    /// Publishes a new state. Transitions into leadership, losses, conflicts and connection
+    /// errors are logged where they happen; the follower's view of the leader is logged here.
     fn set_state(&self, state: RoleState) {
-        self.handle.state.send_if_modified(|current| {
+        let changed = self.handle.state.send_if_modified(|current| {
             if *current == state {
                 false
             } else {
-                *current = state;
+                *current = state.clone();
                 true
             }
         });
+        if changed && let RoleState::Follower { leader } = &state {
+            match leader {
+                Some(leader) => info!(target: "forge::leader", role = %self.role(), node = %self.node_id,
+                                      leader = %leader.node_id, epoch = leader.epoch.0, "following"),
+                None => info!(target: "forge::leader", role = %self.role(), node = %self.node_id,
+                              "waiting for the lock: no current leader"),
+            }
+        }
     }
 
     fn label(&self) -> [(&'static str, &str); 1] {
