@@ -66,7 +66,9 @@ impl Nodes {
             .env_remove("DATABASE_URL");
         let mut process = NodeProcess::spawn(command)?.named(&id);
         process
-            .wait_for_line("READY", Duration::from_secs(30), |l| l.starts_with("FORGE-PROBE READY"))
+            .wait_for_line("READY", Duration::from_secs(30), |l| {
+                l.starts_with("FORGE-PROBE READY")
+            })
             .await?;
         self.running.insert(id, process);
         Ok(())
@@ -86,7 +88,11 @@ async fn leader(pool: &sqlx::PgPool) -> Result<(String, i64), BoxError> {
 async fn mid_second(offset_ms: u32) {
     let now = Utc::now();
     let into = now.timestamp_subsec_millis();
-    let wait = if into < offset_ms { offset_ms - into } else { 1000 - into + offset_ms };
+    let wait = if into < offset_ms {
+        offset_ms - into
+    } else {
+        1000 - into + offset_ms
+    };
     tokio::time::sleep(Duration::from_millis(u64::from(wait))).await;
 }
 
@@ -109,7 +115,10 @@ fn lag_ms(scheduled: DateTime<Utc>, fired: DateTime<Utc>) -> f64 {
 
 async fn bench(quick: bool) -> Result<(), BoxError> {
     let (steady_secs, rounds) = if quick { (15, 2) } else { (60, 5) };
-    println!("FORGE cron benchmark ({} mode)", if quick { "quick" } else { "full" });
+    println!(
+        "FORGE cron benchmark ({} mode)",
+        if quick { "quick" } else { "full" }
+    );
     let server = PgServer::start_with(PgOptions::default().durable(true))?;
     let db = server.create_database().await?;
     let pool = db.pool().await?;
@@ -117,7 +126,11 @@ async fn bench(quick: bool) -> Result<(), BoxError> {
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("forge.toml");
     std::fs::write(&config, format!("[database]\nurl = \"{}\"\n", db.url()))?;
-    let mut nodes = Nodes { config, running: BTreeMap::new(), next: 0 };
+    let mut nodes = Nodes {
+        config,
+        running: BTreeMap::new(),
+        next: 0,
+    };
     for _ in 0..3 {
         nodes.spawn().await?;
     }
@@ -180,7 +193,10 @@ async fn bench(quick: bool) -> Result<(), BoxError> {
             // Look at the ticks from 3 s before to 3 s after the fault.
             tokio::time::sleep(Duration::from_secs(4)).await;
             let window = ticks_since(&pool, fault_at - TimeDelta::seconds(3)).await?;
-            let window: Vec<_> = window.into_iter().filter(|t| t.0 <= fault_at + TimeDelta::seconds(3)).collect();
+            let window: Vec<_> = window
+                .into_iter()
+                .filter(|t| t.0 <= fault_at + TimeDelta::seconds(3))
+                .collect();
             let scheduled: Vec<DateTime<Utc>> = window.iter().map(|t| t.0).collect();
             for pair in scheduled.windows(2) {
                 match (pair[1] - pair[0]).num_seconds() {
@@ -200,8 +216,18 @@ async fn bench(quick: bool) -> Result<(), BoxError> {
     println!("{}", summary("per-second cron", &steady, "ms"));
     for (kind, takeovers, first_lags, missing, duplicates) in results {
         println!("{kind} of the leader, fault 5 ms before a tick:");
-        println!("{}", summary("fault -> new leader (forge.leaders polled)", &takeovers, "ms"));
-        println!("{}", summary("lag of the first tick after the fault", &first_lags, "ms"));
+        println!(
+            "{}",
+            summary(
+                "fault -> new leader (forge.leaders polled)",
+                &takeovers,
+                "ms"
+            )
+        );
+        println!(
+            "{}",
+            summary("lag of the first tick after the fault", &first_lags, "ms")
+        );
         println!("  missing ticks: {missing}, ticks run twice: {duplicates}");
     }
     for (_, process) in nodes.running.iter_mut() {

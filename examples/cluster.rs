@@ -51,7 +51,10 @@ async fn run_node() -> Result<(), BoxError> {
         .init();
     let mut builder = Node::builder(Config::from_env()?)
         .auto_register(false)
-        .cron(CronJob::new("every_second", Schedule::parse("* * * * * *")?, tick).catch_up(CatchUp::All));
+        .cron(
+            CronJob::new("every_second", Schedule::parse("* * * * * *")?, tick)
+                .catch_up(CatchUp::All),
+        );
     for role in Role::BUILTIN {
         builder = builder.leader_task(role, "demo", lead);
     }
@@ -213,13 +216,14 @@ async fn run_demo() -> Result<(), BoxError> {
     }
 
     println!("\nthe per-second cron's ledger (forge.cron_ticks):");
-    let ticks: Vec<(chrono::DateTime<chrono::Utc>, String, i64, i32, String, f64)> = sqlx::query_as(
-        "SELECT scheduled_at, node_id, epoch, attempt, state,
+    let ticks: Vec<(chrono::DateTime<chrono::Utc>, String, i64, i32, String, f64)> =
+        sqlx::query_as(
+            "SELECT scheduled_at, node_id, epoch, attempt, state,
                 extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000
            FROM forge.cron_ticks WHERE cron = 'every_second' ORDER BY scheduled_at",
-    )
-    .fetch_all(&pool)
-    .await?;
+        )
+        .fetch_all(&pool)
+        .await?;
     for (at, node, epoch, attempt, state, claim_ms) in &ticks {
         println!(
             "  {}  {node}  epoch {epoch:<3} attempt {attempt}  {state:<9}  claimed {claim_ms:>6.1} ms after the tick",
@@ -297,9 +301,11 @@ async fn wait_ticks(pool: &sqlx::PgPool, count: i64) -> Result<(), BoxError> {
     let claimed = |pool: &sqlx::PgPool| {
         let pool = pool.clone();
         async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM forge.cron_ticks WHERE cron = 'every_second'")
-                .fetch_one(&pool)
-                .await
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM forge.cron_ticks WHERE cron = 'every_second'",
+            )
+            .fetch_one(&pool)
+            .await
         }
     };
     let target = claimed(pool).await? + count;

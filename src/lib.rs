@@ -24,6 +24,31 @@
 //! }
 //! ```
 //!
+//! # Crons and jobs
+//!
+//! [`cron`] and [`job`] turn an `async fn` into leader-only work checked at compile time:
+//!
+//! ```no_run
+//! use forge::{Config, CronContext, CronError, Node};
+//!
+//! /// Runs at minute 0 of every hour, on the leader of the `scheduler` role only.
+//! #[forge::cron("0 * * * *", catch_up = "all")]
+//! async fn compact(ctx: CronContext) -> Result<(), CronError> {
+//!     let mut tx = ctx.fenced_transaction().await?; // applied only if still leading
+//!     tx.commit().await?;
+//!     Ok(())
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> forge::Result<()> {
+//!     // `#[cron]`s and `#[job]`s linked into the binary are registered automatically;
+//!     // `.cron(compact)` does it explicitly (see `forge::cron` for when that matters).
+//!     let node = Node::builder(Config::load("forge.toml")?).cron(compact).start().await?;
+//!     node.run_until_signal().await;
+//!     Ok(())
+//! }
+//! ```
+//!
 //! See the README for configuration (`forge.toml`) and operations (metrics, alerts), and
 //! ARCHITECTURE.md for how the election works.
 
@@ -33,6 +58,8 @@ pub use forge_core::{
     MetricsConfig, NodeConfig, NodeContext, NodeId, ProcessEnv, Result, Role, RoleState, no_env,
     redact_url, shutdown_signal,
 };
+pub use forge_macros::{cron, job};
+pub use forge_scheduler::jobs::{JobContext, JobError};
 pub use forge_scheduler::{
     CatchUp, Cron, CronContext, CronError, CronJob, Interrupted, IntoCronResult, Node, NodeBuilder,
     Overlap, Schedule, ScheduleError, jobs,

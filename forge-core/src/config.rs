@@ -234,7 +234,8 @@ pub struct JobsConfig {
     pub heartbeat_interval: Duration,
     /// A running job whose node has not heartbeated for this long is rescued (retried or
     /// dead-lettered). Jobs of a node whose sessions are gone (killed) are rescued at the next
-    /// maintenance pass, without waiting this long.
+    /// maintenance pass, without waiting this long. Must be longer than `heartbeat_interval`
+    /// (checked when a node with jobs starts).
     #[serde(with = "human_duration")]
     pub rescue_after: Duration,
     /// How often the Scheduler leader rescues, dead-letters and prunes (scheduled jobs are
@@ -248,7 +249,8 @@ pub struct JobsConfig {
     #[serde(with = "human_duration")]
     pub dead_retention: Duration,
     /// On graceful shutdown, how long running jobs may take to finish before they are
-    /// cancelled and released for another node.
+    /// cancelled and released for another node (the interrupted attempt does not count
+    /// against `max_attempts`).
     #[serde(with = "human_duration")]
     pub drain_timeout: Duration,
 }

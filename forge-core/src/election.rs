@@ -237,8 +237,10 @@ impl Campaign {
         });
         if changed && let RoleState::Follower { leader } = &state {
             match leader {
-                Some(leader) => info!(target: "forge::leader", role = %self.role(), node = %self.node_id,
-                                      leader = %leader.node_id, epoch = leader.epoch.0, "following"),
+                Some(leader) => {
+                    info!(target: "forge::leader", role = %self.role(), node = %self.node_id,
+                                      leader = %leader.node_id, epoch = leader.epoch.0, "following")
+                }
                 None => info!(target: "forge::leader", role = %self.role(), node = %self.node_id,
                               "waiting for the lock: no current leader"),
             }

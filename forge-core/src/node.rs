@@ -375,13 +375,14 @@ impl Node {
         self.inner.context.shutdown.cancel();
         let handles =
             std::mem::take(&mut *self.inner.handles.lock().unwrap_or_else(|e| e.into_inner()));
-        let bound = self
-            .inner
-            .context
-            .config
+        // Leader-only work drains for up to the election's drain_timeout, job workers for up
+        // to [jobs] drain_timeout; both run at once.
+        let config = &self.inner.context.config;
+        let bound = config
             .cluster
             .leader_election
             .drain_timeout
+            .max(config.jobs.drain_timeout)
             + Duration::from_secs(10);
         if timeout(bound, async {
             for handle in handles {

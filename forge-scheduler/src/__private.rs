@@ -1,16 +1,14 @@
 //! What `#[cron]` and `#[job]` expand to refers to these, through `::forge::__private`. Not
 //! a public API: it changes whenever the macros change.
 
-pub use crate::cron::Cron;
-pub use crate::jobs::{Job, JobRegistry};
+pub use crate::cron::{Cron, CronContext, CronJob, IntoCronResult};
+pub use crate::jobs::{Backoff, IntoJobResult, Job, JobContext, JobError, JobOptions, JobRegistry};
 pub use inventory;
-
-use crate::cron::CronJob;
 
 /// A cron declared with `#[cron]`, collected at link time for automatic registration.
 pub struct CronRegistration {
     /// Builds the cron's definition.
-    pub make: fn() -> CronJob,
+    pub make: fn() -> forge_core::Result<CronJob>,
 }
 
 inventory::collect!(CronRegistration);
@@ -24,7 +22,7 @@ pub struct JobRegistration {
 inventory::collect!(JobRegistration);
 
 /// Every `#[cron]` linked into this binary.
-pub fn registered_crons() -> impl Iterator<Item = CronJob> {
+pub fn registered_crons() -> impl Iterator<Item = forge_core::Result<CronJob>> {
     inventory::iter::<CronRegistration>
         .into_iter()
         .map(|r| (r.make)())

@@ -35,7 +35,12 @@ impl NodeBuilder {
 
     /// Registers a cron (a `#[cron]` function, or a [`CronJob`] built in code).
     pub fn cron(mut self, cron: impl Cron) -> Self {
-        self.crons.push(cron.cron_job());
+        match cron.cron_job() {
+            Ok(job) => self.crons.push(job),
+            Err(err) => {
+                self.error.get_or_insert(err);
+            }
+        }
         self
     }
 
@@ -91,14 +96,20 @@ impl NodeBuilder {
             return Err(err);
         }
         if self.auto_register {
-            self.crons.extend(crate::__private::registered_crons());
+            for cron in crate::__private::registered_crons() {
+                self.crons.push(cron?);
+            }
             crate::__private::register_jobs(&mut self.jobs)?;
         }
         let crons = cron::dedupe(self.crons)?;
         let core = cron::install(crons, self.core);
         let core = jobs::install(self.jobs, core)?;
         let core = core.start().await?;
-        let jobs = Jobs::new(core.pool().clone());
+        let jobs = Jobs::for_node(
+            core.pool().clone(),
+            &core.context().config().lock_namespace()?,
+            core.metrics().clone(),
+        );
         Ok(Node { core, jobs })
     }
 }

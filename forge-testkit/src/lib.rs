@@ -64,8 +64,8 @@ mod error;
 mod pg;
 mod pooler;
 pub mod probe;
-pub mod stats;
 mod process;
+pub mod stats;
 mod sys;
 
 use std::fmt::Display;

@@ -214,9 +214,8 @@ pub async fn run(config: Config) -> ExitCode {
     if let Ok(expression) = std::env::var("FORGE_PROBE_CRON") {
         match Schedule::parse(&expression) {
             Ok(schedule) => {
-                builder = builder.cron(
-                    CronJob::new("probe_tick", schedule, probe_tick).catch_up(CatchUp::All),
-                );
+                builder = builder
+                    .cron(CronJob::new("probe_tick", schedule, probe_tick).catch_up(CatchUp::All));
             }
             Err(err) => {
                 eprintln!("error: FORGE_PROBE_CRON: {err}");

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use forge::{
-    CatchUp, CronContext, CronError, CronJob, Interrupted, Node, Overlap, Role, RoleState,
-    Schedule,
+    CatchUp, CronContext, CronError, CronJob, Interrupted, Node, Overlap, Role, RoleState, Schedule,
 };
 use forge_testkit::{TestDatabase, wait_until};
 use sqlx::PgPool;
@@ -60,7 +59,10 @@ async fn setup() -> (TestDatabase, PgPool) {
 
 async fn cron_node(url: &str, id: &str, crons: Vec<CronJob>) -> Node {
     let mut config = config(url, id);
-    let mut roles: Vec<String> = crons.iter().map(|c| c.role_name().name().to_owned()).collect();
+    let mut roles: Vec<String> = crons
+        .iter()
+        .map(|c| c.role_name().name().to_owned())
+        .collect();
     roles.sort();
     roles.dedup();
     config.node.roles = roles;
@@ -80,11 +82,21 @@ async fn runs(pool: &PgPool, cron: &str) -> Vec<(DateTime<Utc>, i32, String)> {
         .unwrap()
 }
 
-async fn wait_runs(pool: &PgPool, cron: &str, at_least: usize, timeout: Duration) -> Vec<(DateTime<Utc>, i32, String)> {
-    wait_until(&format!("{at_least} runs of {cron}"), timeout, Duration::from_millis(20), || async {
-        let runs = runs(pool, cron).await;
-        (runs.len() >= at_least).then_some(runs)
-    })
+async fn wait_runs(
+    pool: &PgPool,
+    cron: &str,
+    at_least: usize,
+    timeout: Duration,
+) -> Vec<(DateTime<Utc>, i32, String)> {
+    wait_until(
+        &format!("{at_least} runs of {cron}"),
+        timeout,
+        Duration::from_millis(20),
+        || async {
+            let runs = runs(pool, cron).await;
+            (runs.len() >= at_least).then_some(runs)
+        },
+    )
     .await
     .unwrap()
 }
@@ -101,7 +113,11 @@ async fn ledger(pool: &PgPool, cron: &str) -> Vec<(DateTime<Utc>, String, i32)> 
 fn assert_every_second_once(runs: &[(DateTime<Utc>, i32, String)]) {
     let ticks: Vec<DateTime<Utc>> = runs.iter().map(|r| r.0).collect();
     for pair in ticks.windows(2) {
-        assert_eq!(pair[1] - pair[0], TimeDelta::seconds(1), "a tick missing or twice: {ticks:?}");
+        assert_eq!(
+            pair[1] - pair[0],
+            TimeDelta::seconds(1),
+            "a tick missing or twice: {ticks:?}"
+        );
     }
 }
 
@@ -116,18 +132,32 @@ async fn a_per_second_cron_fires_once_per_tick_on_the_leader_only() {
     let runs = wait_runs(&pool, "every_second", 4, SOON).await;
     assert_every_second_once(&runs);
     let leader_id = nodes[leader].id().to_string();
-    assert!(runs.iter().all(|r| r.2 == leader_id && r.1 == 1), "{runs:?}");
+    assert!(
+        runs.iter().all(|r| r.2 == leader_id && r.1 == 1),
+        "{runs:?}"
+    );
     // The ledger holds one row per tick, claimed by the leader's epoch.
     let claimed: Vec<(DateTime<Utc>, i64, String)> =
         sqlx::query_as("SELECT scheduled_at, epoch, node_id FROM forge.cron_ticks WHERE cron = 'every_second' ORDER BY 1")
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert!(claimed.iter().all(|c| c.1 == epoch && c.2 == leader_id), "{claimed:?}");
+    assert!(
+        claimed.iter().all(|c| c.1 == epoch && c.2 == leader_id),
+        "{claimed:?}"
+    );
     // The handler started close to its tick, as seen in the metrics.
     let text = nodes[leader].render_metrics();
-    assert!(text.contains("forge_cron_lag_seconds_bucket{cron=\"every_second\",role=\"scheduler\""), "{text}");
-    assert!(text.contains("forge_cron_runs_total{cron=\"every_second\",role=\"scheduler\",outcome=\"succeeded\"}"), "{text}");
+    assert!(
+        text.contains("forge_cron_lag_seconds_bucket{cron=\"every_second\",role=\"scheduler\""),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "forge_cron_runs_total{cron=\"every_second\",role=\"scheduler\",outcome=\"succeeded\"}"
+        ),
+        "{text}"
+    );
     for node in &nodes {
         node.shutdown().await;
     }
@@ -151,7 +181,10 @@ async fn ticks_are_exactly_once_across_a_graceful_handoff_with_catch_up_all() {
     let before = runs(&pool, "handoff").await.len();
     let runs = wait_runs(&pool, "handoff", before + 3, SOON).await;
     assert_every_second_once(&runs);
-    assert!(runs.iter().any(|r| r.2 == "a") && runs.iter().any(|r| r.2 == "b"), "{runs:?}");
+    assert!(
+        runs.iter().any(|r| r.2 == "a") && runs.iter().any(|r| r.2 == "b"),
+        "{runs:?}"
+    );
     b.shutdown().await;
 }
 
@@ -178,12 +211,18 @@ fn hourly_ticks_since(from: DateTime<Utc>) -> Vec<DateTime<Utc>> {
 }
 
 /// Runs one catch-up scenario: an hourly cron whose last tick ran 10 hours ago.
-async fn catch_up_scenario(policy: CatchUp, window: Duration) -> (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>, String) {
+async fn catch_up_scenario(
+    policy: CatchUp,
+    window: Duration,
+) -> (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>, String) {
     // Keep clear of the top of the hour, where "late by less than the misfire threshold" would
     // make the newest tick run even under `skip`.
-    wait_until("the clock to leave the top of the hour", Duration::from_secs(5), Duration::from_millis(100), || async {
-        (Utc::now().timestamp() % 3600 > 2).then_some(())
-    })
+    wait_until(
+        "the clock to leave the top of the hour",
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        || async { (Utc::now().timestamp() % 3600 > 2).then_some(()) },
+    )
     .await
     .unwrap();
     let (db, pool) = setup().await;
@@ -193,21 +232,33 @@ async fn catch_up_scenario(policy: CatchUp, window: Duration) -> (Vec<DateTime<U
     let node = cron_node(
         db.url(),
         "a",
-        vec![recording("hourly", "0 * * * *").catch_up(policy).catch_up_window(window)],
+        vec![
+            recording("hourly", "0 * * * *")
+                .catch_up(policy)
+                .catch_up_window(window),
+        ],
     )
     .await;
     wait_single_leader_of(std::slice::from_ref(&node), &Role::SCHEDULER).await;
     // Catch-up happens at the start of the tenure; wait until the supervisor has loaded.
-    let metrics = wait_until("catch-up to be decided", SOON, Duration::from_millis(20), || async {
-        let text = node.render_metrics();
-        (text.contains("forge_cron_unknown_crons{role=\"scheduler\"} 0")).then_some(text)
-    })
+    let metrics = wait_until(
+        "catch-up to be decided",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let text = node.render_metrics();
+            (text.contains("forge_cron_unknown_crons{role=\"scheduler\"} 0")).then_some(text)
+        },
+    )
     .await
     .unwrap();
     let expected_runs = match policy {
         CatchUp::Skip => 0,
         CatchUp::Latest => 1,
-        CatchUp::All => missed.iter().filter(|t| Utc::now() - **t <= TimeDelta::from_std(window).unwrap()).count(),
+        CatchUp::All => missed
+            .iter()
+            .filter(|t| Utc::now() - **t <= TimeDelta::from_std(window).unwrap())
+            .count(),
     };
     let ran = wait_runs(&pool, "hourly", expected_runs, SOON).await;
     node.shutdown().await;
@@ -221,26 +272,44 @@ async fn catch_up_all_runs_every_missed_tick_within_the_window() {
     let (missed, ran, text) = catch_up_scenario(CatchUp::All, Duration::from_secs(24 * 3600)).await;
     assert_eq!(missed.len(), 10, "{missed:?}");
     assert_eq!(ran, missed);
-    assert!(!text.contains("forge_cron_missed_ticks_total{cron=\"hourly\""), "{text}");
+    assert!(
+        !text.contains("forge_cron_missed_ticks_total{cron=\"hourly\""),
+        "{text}"
+    );
 
     let (missed, ran, text) = catch_up_scenario(CatchUp::All, Duration::from_secs(5 * 3600)).await;
-    assert_eq!(ran, missed[missed.len() - 5..], "only the ticks within the window");
-    assert!(text.contains("forge_cron_missed_ticks_total{cron=\"hourly\",role=\"scheduler\"} 5"), "{text}");
+    assert_eq!(
+        ran,
+        missed[missed.len() - 5..],
+        "only the ticks within the window"
+    );
+    assert!(
+        text.contains("forge_cron_missed_ticks_total{cron=\"hourly\",role=\"scheduler\"} 5"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catch_up_latest_runs_the_most_recent_missed_tick_once() {
-    let (missed, ran, text) = catch_up_scenario(CatchUp::Latest, Duration::from_secs(24 * 3600)).await;
+    let (missed, ran, text) =
+        catch_up_scenario(CatchUp::Latest, Duration::from_secs(24 * 3600)).await;
     assert_eq!(ran, [*missed.last().unwrap()]);
-    assert!(text.contains("forge_cron_missed_ticks_total{cron=\"hourly\",role=\"scheduler\"} 9"), "{text}");
+    assert!(
+        text.contains("forge_cron_missed_ticks_total{cron=\"hourly\",role=\"scheduler\"} 9"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catch_up_skip_runs_no_missed_tick() {
-    let (missed, ran, text) = catch_up_scenario(CatchUp::Skip, Duration::from_secs(24 * 3600)).await;
+    let (missed, ran, text) =
+        catch_up_scenario(CatchUp::Skip, Duration::from_secs(24 * 3600)).await;
     assert!(ran.is_empty(), "{ran:?}");
     assert!(
-        text.contains(&format!("forge_cron_missed_ticks_total{{cron=\"hourly\",role=\"scheduler\"}} {}", missed.len())),
+        text.contains(&format!(
+            "forge_cron_missed_ticks_total{{cron=\"hourly\",role=\"scheduler\"}} {}",
+            missed.len()
+        )),
         "{text}"
     );
 }
@@ -263,7 +332,9 @@ async fn plant_interrupted(pool: &PgPool, cron: &str, at: DateTime<Utc>, attempt
 async fn a_run_cut_short_by_its_leaders_death_is_rerun_or_abandoned_per_policy() {
     let (db, pool) = setup().await;
     let tick = Utc::now() - TimeDelta::minutes(30);
-    let tick = tick - TimeDelta::seconds(tick.timestamp() % 60) - TimeDelta::nanoseconds(tick.timestamp_subsec_nanos() as i64);
+    let tick = tick
+        - TimeDelta::seconds(tick.timestamp() % 60)
+        - TimeDelta::nanoseconds(tick.timestamp_subsec_nanos() as i64);
     plant_interrupted(&pool, "rerun_me", tick, 1).await;
     plant_interrupted(&pool, "abandon_me", tick, 1).await;
     plant_interrupted(&pool, "tried_enough", tick, 3).await;
@@ -279,18 +350,27 @@ async fn a_run_cut_short_by_its_leaders_death_is_rerun_or_abandoned_per_policy()
     .await;
     let ran = wait_runs(&pool, "rerun_me", 1, SOON).await;
     assert_eq!(ran, [(tick, 2, "a".to_owned())], "rerun as attempt 2");
-    let states = wait_until("the interrupted ticks to be settled", SOON, Duration::from_millis(20), || async {
-        let mut states = Vec::new();
-        for cron in ["rerun_me", "abandon_me", "tried_enough"] {
-            states.push(ledger(&pool, cron).await[0].clone());
-        }
-        states.iter().all(|s| s.1 != "running").then_some(states)
-    })
+    let states = wait_until(
+        "the interrupted ticks to be settled",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let mut states = Vec::new();
+            for cron in ["rerun_me", "abandon_me", "tried_enough"] {
+                states.push(ledger(&pool, cron).await[0].clone());
+            }
+            states.iter().all(|s| s.1 != "running").then_some(states)
+        },
+    )
     .await
     .unwrap();
     assert_eq!(states[0], (tick, "succeeded".to_owned(), 2));
     assert_eq!(states[1], (tick, "abandoned".to_owned(), 1));
-    assert_eq!(states[2], (tick, "abandoned".to_owned(), 3), "at most 3 attempts");
+    assert_eq!(
+        states[2],
+        (tick, "abandoned".to_owned(), 3),
+        "at most 3 attempts"
+    );
     assert!(runs(&pool, "abandon_me").await.is_empty());
     node.shutdown().await;
 }
@@ -301,40 +381,62 @@ async fn overlapping_ticks_are_skipped_or_run_alongside_per_policy() {
     let in_flight = Arc::new(AtomicUsize::new(0));
     let max_in_flight = Arc::new(AtomicUsize::new(0));
     // Each run takes 2.5 s, so the per-second ticks overlap.
-    let slow = |name: &str, overlap: Overlap, in_flight: Arc<AtomicUsize>, max: Arc<AtomicUsize>| {
-        CronJob::new(name, Schedule::parse("* * * * * *").unwrap(), move |ctx: CronContext| {
-            let (in_flight, max) = (in_flight.clone(), max.clone());
-            async move {
-                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-                max.fetch_max(now, Ordering::SeqCst);
-                record(ctx).await?;
-                tokio::time::sleep(Duration::from_millis(2500)).await;
-                in_flight.fetch_sub(1, Ordering::SeqCst);
-                Ok::<(), CronError>(())
-            }
-        })
-        .overlap(overlap)
-    };
+    let slow =
+        |name: &str, overlap: Overlap, in_flight: Arc<AtomicUsize>, max: Arc<AtomicUsize>| {
+            CronJob::new(
+                name,
+                Schedule::parse("* * * * * *").unwrap(),
+                move |ctx: CronContext| {
+                    let (in_flight, max) = (in_flight.clone(), max.clone());
+                    async move {
+                        let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                        max.fetch_max(now, Ordering::SeqCst);
+                        record(ctx).await?;
+                        tokio::time::sleep(Duration::from_millis(2500)).await;
+                        in_flight.fetch_sub(1, Ordering::SeqCst);
+                        Ok::<(), CronError>(())
+                    }
+                },
+            )
+            .overlap(overlap)
+        };
     let node = cron_node(
         db.url(),
         "a",
         vec![
             slow("skipper", Overlap::Skip, Arc::default(), Arc::default()),
-            slow("allower", Overlap::Allow, in_flight.clone(), max_in_flight.clone()),
+            slow(
+                "allower",
+                Overlap::Allow,
+                in_flight.clone(),
+                max_in_flight.clone(),
+            ),
         ],
     )
     .await;
-    wait_until("skipped ticks", Duration::from_secs(20), Duration::from_millis(50), || async {
-        let states = ledger(&pool, "skipper").await;
-        (states.iter().filter(|s| s.1 == "skipped").count() >= 2).then_some(())
-    })
+    wait_until(
+        "skipped ticks",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async {
+            let states = ledger(&pool, "skipper").await;
+            (states.iter().filter(|s| s.1 == "skipped").count() >= 2).then_some(())
+        },
+    )
     .await
     .unwrap();
     let skipper = runs(&pool, "skipper").await;
     let ledger = ledger(&pool, "skipper").await;
     let ran: Vec<_> = ledger.iter().filter(|s| s.1 != "skipped").collect();
-    assert_eq!(skipper.len(), ran.len(), "skipped ticks did not run: {ledger:?}");
-    assert!(max_in_flight.load(Ordering::SeqCst) >= 2, "overlap = allow runs ticks alongside");
+    assert_eq!(
+        skipper.len(),
+        ran.len(),
+        "skipped ticks did not run: {ledger:?}"
+    );
+    assert!(
+        max_in_flight.load(Ordering::SeqCst) >= 2,
+        "overlap = allow runs ticks alongside"
+    );
     node.shutdown().await;
 }
 
@@ -346,10 +448,14 @@ async fn failures_timeouts_and_panics_are_recorded_and_the_cron_keeps_going() {
         db.url(),
         "a",
         vec![
-            CronJob::new("fails", every(), |_ctx: CronContext| async { Err::<(), _>(CronError::msg("disk full")) }),
-            CronJob::new("hangs", every(), |ctx: CronContext| async move { ctx.cancelled().await })
-                .timeout(Duration::from_millis(200))
-                .overlap(Overlap::Allow),
+            CronJob::new("fails", every(), |_ctx: CronContext| async {
+                Err::<(), _>(CronError::msg("disk full"))
+            }),
+            CronJob::new("hangs", every(), |ctx: CronContext| async move {
+                ctx.cancelled().await
+            })
+            .timeout(Duration::from_millis(200))
+            .overlap(Overlap::Allow),
             CronJob::new("panics", every(), |_ctx: CronContext| async {
                 if Utc::now().timestamp() > 0 {
                     panic!("boom");
@@ -374,13 +480,21 @@ async fn failures_timeouts_and_panics_are_recorded_and_the_cron_keeps_going() {
         let error = error.as_deref().unwrap_or_default();
         match cron.as_str() {
             "fails" => assert_eq!((state.as_str(), error), ("failed", "disk full")),
-            "hangs" => assert!(state == "timed_out" && error.contains("timeout"), "{state} {error}"),
+            "hangs" => assert!(
+                state == "timed_out" && error.contains("timeout"),
+                "{state} {error}"
+            ),
             "panics" => assert_eq!((state.as_str(), error), ("failed", "panicked: boom")),
             other => panic!("unexpected cron {other}"),
         }
     }
     let text = node.render_metrics();
-    assert!(text.contains("forge_cron_runs_total{cron=\"hangs\",role=\"scheduler\",outcome=\"timed_out\"}"), "{text}");
+    assert!(
+        text.contains(
+            "forge_cron_runs_total{cron=\"hangs\",role=\"scheduler\",outcome=\"timed_out\"}"
+        ),
+        "{text}"
+    );
     node.shutdown().await;
 }
 
@@ -398,8 +512,14 @@ async fn a_cron_runs_on_the_leader_of_its_own_role() {
     let runs = wait_runs(&pool, "report", 2, SOON).await;
     let leader_id = ["b", "c"][leader];
     assert!(runs.iter().all(|r| r.2 == leader_id), "{runs:?}");
-    assert!(a.role_state(&reports).is_none(), "a never campaigns for a role it has no cron for");
-    assert!(matches!(a.role_state(&Role::SCHEDULER), Some(RoleState::Leader { .. })));
+    assert!(
+        a.role_state(&reports).is_none(),
+        "a never campaigns for a role it has no cron for"
+    );
+    assert!(matches!(
+        a.role_state(&Role::SCHEDULER),
+        Some(RoleState::Leader { .. })
+    ));
     for node in [&a, &b, &c] {
         node.shutdown().await;
     }
@@ -411,15 +531,29 @@ async fn a_leader_missing_a_cron_the_cluster_knows_says_so() {
     // A newer node registers two crons; it is not the leader.
     let old = cron_node(db.url(), "old", vec![recording("kept", "0 0 1 1 *")]).await;
     wait_single_leader_of(std::slice::from_ref(&old), &Role::SCHEDULER).await;
-    let new = cron_node(db.url(), "new", vec![recording("kept", "0 0 1 1 *"), recording("added", "0 0 1 1 *")]).await;
+    let new = cron_node(
+        db.url(),
+        "new",
+        vec![
+            recording("kept", "0 0 1 1 *"),
+            recording("added", "0 0 1 1 *"),
+        ],
+    )
+    .await;
     // The new node's crons reach forge.crons; then the old node takes a new tenure.
-    wait_until("the new cron to be registered", SOON, Duration::from_millis(20), || async {
-        let known: Option<String> = sqlx::query_scalar("SELECT last_seen_by FROM forge.crons WHERE name = 'added'")
-            .fetch_optional(&_pool)
-            .await
-            .unwrap();
-        known.map(|_| ())
-    })
+    wait_until(
+        "the new cron to be registered",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let known: Option<String> =
+                sqlx::query_scalar("SELECT last_seen_by FROM forge.crons WHERE name = 'added'")
+                    .fetch_optional(&_pool)
+                    .await
+                    .unwrap();
+            known.map(|_| ())
+        },
+    )
     .await
     .unwrap();
     new.shutdown().await;
@@ -429,11 +563,16 @@ async fn a_leader_missing_a_cron_the_cluster_knows_says_so() {
     .execute(&_pool)
     .await
     .unwrap();
-    wait_until("the old leader to report the unknown cron", SOON, Duration::from_millis(20), || async {
-        old.render_metrics()
-            .contains("forge_cron_unknown_crons{role=\"scheduler\"} 1")
-            .then_some(())
-    })
+    wait_until(
+        "the old leader to report the unknown cron",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            old.render_metrics()
+                .contains("forge_cron_unknown_crons{role=\"scheduler\"} 1")
+                .then_some(())
+        },
+    )
     .await
     .unwrap();
     old.shutdown().await;

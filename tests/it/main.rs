@@ -12,6 +12,8 @@
 mod bad_input;
 mod cron;
 mod election;
+mod jobs;
 mod observability;
 mod processes;
 mod support;
+mod ui;

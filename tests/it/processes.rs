@@ -329,7 +329,11 @@ async fn a_postgres_crash_drops_every_leadership_and_epochs_keep_increasing() {
 fn chaos_duration() -> Duration {
     let slow = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
         || std::env::var("FORGE_SLOW_TESTS").is_ok_and(|v| v == "1");
-    if slow { Duration::from_secs(65) } else { Duration::from_secs(15) }
+    if slow {
+        Duration::from_secs(65)
+    } else {
+        Duration::from_secs(15)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -365,15 +369,22 @@ async fn a_per_second_cron_runs_every_tick_once_while_its_leaders_are_killed_sto
         .await
         .unwrap();
         let since = chrono::Utc::now();
-        wait_until("a tick run by this leader", SOON, Duration::from_millis(20), || async {
-            let ran: i64 = sqlx::query_scalar("SELECT count(*) FROM forge_probe_ticks WHERE epoch = $1 AND fired_at >= $2")
+        wait_until(
+            "a tick run by this leader",
+            SOON,
+            Duration::from_millis(20),
+            || async {
+                let ran: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM forge_probe_ticks WHERE epoch = $1 AND fired_at >= $2",
+                )
                 .bind(epoch)
                 .bind(since)
                 .fetch_one(&pool)
                 .await
                 .unwrap_or_default();
-            (ran > 0).then_some(())
-        })
+                (ran > 0).then_some(())
+            },
+        )
         .await
         .unwrap();
         let index = index_of(&probes, &leader);
@@ -428,7 +439,11 @@ async fn a_per_second_cron_runs_every_tick_once_while_its_leaders_are_killed_sto
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert!(ledger.len() as u64 >= duration.as_secs() - 5, "{} ticks in {duration:?}", ledger.len());
+    assert!(
+        ledger.len() as u64 >= duration.as_secs() - 5,
+        "{} ticks in {duration:?}",
+        ledger.len()
+    );
     for pair in ledger.windows(2) {
         assert_eq!(
             pair[1].0 - pair[0].0,
@@ -452,7 +467,10 @@ async fn a_per_second_cron_runs_every_tick_once_while_its_leaders_are_killed_sto
         let mut unique = attempts.clone();
         unique.dedup();
         assert_eq!(unique, attempts, "tick {at} ran twice in one attempt");
-        assert!(attempts.iter().all(|a| *a <= state_attempt), "tick {at}: {attempts:?} vs ledger attempt {state_attempt}");
+        assert!(
+            attempts.iter().all(|a| *a <= state_attempt),
+            "tick {at}: {attempts:?} vs ledger attempt {state_attempt}"
+        );
     }
     eprintln!(
         "cron chaos: {} ticks, faults {faults:?}, {} reruns",

@@ -60,7 +60,8 @@ pub(crate) async fn fresh_db() -> TestDatabase {
 pub(crate) async fn start_node(url: &str, id: &str, roles: &[Role]) -> Node {
     let mut config = config(url, id);
     config.node.roles = roles.iter().map(|r| r.name().to_owned()).collect();
-    let mut builder = Node::builder(config);
+    // Crons and jobs linked into the test binary must not join every node.
+    let mut builder = Node::builder(config).auto_register(false);
     for role in roles {
         builder = builder.leader_task(role.clone(), "idle", |leadership| async move {
             leadership.stopping().await;
@@ -148,7 +149,10 @@ impl Probe {
             .env("FORGE_NODE_ID", id)
             .env("FORGE_ROLES", roles.join(","))
             .env_remove("DATABASE_URL")
-            .env("FORGE_PROBE_WORK_MS", if cron.is_some() { "3600000" } else { "20" });
+            .env(
+                "FORGE_PROBE_WORK_MS",
+                if cron.is_some() { "3600000" } else { "20" },
+            );
         match cron {
             Some(cron) => command.env("FORGE_PROBE_CRON", cron),
             None => command.env_remove("FORGE_PROBE_CRON"),

@@ -129,6 +129,10 @@ impl fmt::Debug for CronError {
 
 /// What a cron handler may return: `()` or `Result<(), E>` where `E` converts into
 /// [`CronError`].
+#[diagnostic::on_unimplemented(
+    message = "a cron handler must return `()` or `Result<(), E>` where `E` converts into `forge::CronError`, not `{Self}`",
+    note = "any `std::error::Error + Send + Sync + 'static` converts; for a message use `forge::CronError::msg(...)`"
+)]
 pub trait IntoCronResult {
     /// The outcome as a `Result`.
     fn into_cron_result(self) -> Result<(), CronError>;
@@ -348,13 +352,14 @@ impl fmt::Debug for CronJob {
 
 /// Something that defines a cron: a `#[cron]` function, or a [`CronJob`].
 pub trait Cron {
-    /// The cron's definition.
-    fn cron_job(&self) -> CronJob;
+    /// The cron's definition; an error when it cannot be used (for `#[cron]` functions the
+    /// macro has already validated everything at compile time).
+    fn cron_job(&self) -> Result<CronJob>;
 }
 
 impl Cron for CronJob {
-    fn cron_job(&self) -> CronJob {
-        self.clone()
+    fn cron_job(&self) -> Result<CronJob> {
+        Ok(self.clone())
     }
 }
 

@@ -41,6 +41,7 @@ struct Settings {
 pub(crate) fn dedupe(crons: Vec<CronJob>) -> Result<Vec<CronJob>> {
     let mut kept: Vec<CronJob> = Vec::new();
     for cron in crons {
+        validate_name(&cron.name)?;
         match kept.iter().find(|k| k.name == cron.name) {
             Some(existing) if existing.same_definition(&cron) => {}
             Some(_) => {
@@ -57,9 +58,31 @@ pub(crate) fn dedupe(crons: Vec<CronJob>) -> Result<Vec<CronJob>> {
     Ok(kept)
 }
 
+/// Cron names key the ledger and label metrics: 1-64 ASCII letters, digits, `_ - . :`,
+/// starting with a letter (the same rule `#[cron]` checks at compile time).
+fn validate_name(name: &str) -> Result<()> {
+    let valid = name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'));
+    if valid {
+        Ok(())
+    } else {
+        Err(forge_core::Error::Registration {
+            message: format!(
+                "invalid cron name {name:?}: use 1-64 ASCII letters, digits, `_`, `-`, `.` or `:`, starting with a letter"
+            ),
+        })
+    }
+}
+
 /// Adds one supervisor (a leader task) per role that has crons, and a service that records
 /// this node's crons in `forge.crons` at start.
-pub(crate) fn install(crons: Vec<CronJob>, mut builder: forge_core::NodeBuilder) -> forge_core::NodeBuilder {
+pub(crate) fn install(
+    crons: Vec<CronJob>,
+    mut builder: forge_core::NodeBuilder,
+) -> forge_core::NodeBuilder {
     if crons.is_empty() {
         return builder;
     }
@@ -68,7 +91,10 @@ pub(crate) fn install(crons: Vec<CronJob>, mut builder: forge_core::NodeBuilder)
     });
     let mut by_role: BTreeMap<Role, Vec<CronJob>> = BTreeMap::new();
     for cron in &crons {
-        by_role.entry(cron.role.clone()).or_default().push(cron.clone());
+        by_role
+            .entry(cron.role.clone())
+            .or_default()
+            .push(cron.clone());
     }
     for (role, crons) in by_role {
         let crons = Arc::new(crons);
@@ -100,7 +126,12 @@ async fn announce(crons: Arc<Vec<CronJob>>, ctx: NodeContext) {
     }
 }
 
-async fn register(pool: &sqlx::PgPool, namespace: &str, node: &str, crons: &[CronJob]) -> Result<(), sqlx::Error> {
+async fn register(
+    pool: &sqlx::PgPool,
+    namespace: &str,
+    node: &str,
+    crons: &[CronJob],
+) -> Result<(), sqlx::Error> {
     let names: Vec<&str> = crons.iter().map(|c| c.name.as_str()).collect();
     let roles: Vec<&str> = crons.iter().map(|c| c.role.name()).collect();
     let expressions: Vec<&str> = crons.iter().map(|c| c.schedule.expression()).collect();
@@ -157,14 +188,22 @@ async fn supervise(crons: Arc<Vec<CronJob>>, leadership: Leadership, settings: A
     let mut loops = JoinSet::new();
     for cron in crons.iter() {
         let resume = resume.remove(&cron.name).unwrap_or_default();
-        loops.spawn(run_cron(cron.clone(), leadership.clone(), resume, settings.clone()));
+        loops.spawn(run_cron(
+            cron.clone(),
+            leadership.clone(),
+            resume,
+            settings.clone(),
+        ));
     }
     while loops.join_next().await.is_some() {}
 }
 
 /// Registers the role's crons, reads each one's frontier and interrupted ticks, and warns
 /// about crons the cluster knows for this role that this binary lacks. Two statements.
-async fn load(crons: &[CronJob], leadership: &Leadership) -> Result<BTreeMap<String, Resume>, sqlx::Error> {
+async fn load(
+    crons: &[CronJob],
+    leadership: &Leadership,
+) -> Result<BTreeMap<String, Resume>, sqlx::Error> {
     let namespace = leadership.namespace().name();
     let role = leadership.role().name();
     let names: Vec<&str> = crons.iter().map(|c| c.name.as_str()).collect();
@@ -368,7 +407,10 @@ impl Runs {
         if skip {
             self.leadership
                 .metrics()
-                .counter("forge_cron_runs_total", &outcome_labels(&self.cron, "skipped"))
+                .counter(
+                    "forge_cron_runs_total",
+                    &outcome_labels(&self.cron, "skipped"),
+                )
                 .increment(1);
             info!(target: "forge::cron", cron = %self.cron.name, %tick, "tick skipped: the previous run is still going (overlap = skip)");
             return true;
@@ -392,7 +434,10 @@ impl Runs {
             Ok(Some(_)) => {
                 self.leadership
                     .metrics()
-                    .counter("forge_cron_runs_total", &outcome_labels(&self.cron, "abandoned"))
+                    .counter(
+                        "forge_cron_runs_total",
+                        &outcome_labels(&self.cron, "abandoned"),
+                    )
                     .increment(1);
                 warn!(target: "forge::cron", cron = %self.cron.name, %tick, attempt, previous_epoch = epoch,
                       "abandoned a tick whose run was cut short by its leader's death");
@@ -419,7 +464,9 @@ async fn run_tick(cron: CronJob, leadership: Leadership, tick: DateTime<Utc>, at
     let metrics = leadership.metrics().clone();
     let labels = labels(&cron);
     let lag = (fired_at - tick).to_std().unwrap_or_default();
-    metrics.histogram("forge_cron_lag_seconds", &labels).record(lag.as_secs_f64());
+    metrics
+        .histogram("forge_cron_lag_seconds", &labels)
+        .record(lag.as_secs_f64());
     let cancel = CancellationToken::new();
     let ctx = CronContext {
         name: cron.name.as_str().into(),
@@ -439,11 +486,20 @@ async fn run_tick(cron: CronJob, leadership: Leadership, tick: DateTime<Utc>, at
     let (state, error) = match result {
         None => {
             cancel.cancel();
-            ("timed_out", Some(format!("the run exceeded its timeout of {:?}", cron.timeout.unwrap_or_default())))
+            (
+                "timed_out",
+                Some(format!(
+                    "the run exceeded its timeout of {:?}",
+                    cron.timeout.unwrap_or_default()
+                )),
+            )
         }
         Some(Ok(Ok(()))) => ("succeeded", None),
         Some(Ok(Err(err))) => ("failed", Some(err.to_string())),
-        Some(Err(panic)) => ("failed", Some(format!("panicked: {}", panic_message(&panic)))),
+        Some(Err(panic)) => (
+            "failed",
+            Some(format!("panicked: {}", panic_message(&panic))),
+        ),
     };
     metrics
         .histogram("forge_cron_run_duration_seconds", &labels)
@@ -452,7 +508,9 @@ async fn run_tick(cron: CronJob, leadership: Leadership, tick: DateTime<Utc>, at
         .counter("forge_cron_runs_total", &outcome_labels(&cron, state))
         .increment(1);
     match &error {
-        Some(error) => warn!(target: "forge::cron", cron = %cron.name, %tick, attempt, outcome = state, %error, "run did not succeed"),
+        Some(error) => {
+            warn!(target: "forge::cron", cron = %cron.name, %tick, attempt, outcome = state, %error, "run did not succeed")
+        }
         None => debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, "run succeeded"),
     }
     if let Err(err) = finish(&cron, &leadership, tick, state, error.as_deref()).await {
@@ -475,7 +533,12 @@ enum Claim {
 }
 
 /// The fenced claim: one statement, one round trip.
-async fn claim(cron: &CronJob, leadership: &Leadership, tick: DateTime<Utc>, state: &str) -> Result<Claim, sqlx::Error> {
+async fn claim(
+    cron: &CronJob,
+    leadership: &Leadership,
+    tick: DateTime<Utc>,
+    state: &str,
+) -> Result<Claim, sqlx::Error> {
     let row = sqlx::query(
         "WITH fence AS (
              SELECT 1 FROM forge.leaders
@@ -597,5 +660,9 @@ fn labels(cron: &CronJob) -> [(&'static str, &str); 2] {
 }
 
 fn outcome_labels<'a>(cron: &'a CronJob, outcome: &'a str) -> [(&'static str, &'a str); 3] {
-    [("cron", cron.name.as_str()), ("role", cron.role.name()), ("outcome", outcome)]
+    [
+        ("cron", cron.name.as_str()),
+        ("role", cron.role.name()),
+        ("outcome", outcome),
+    ]
 }

@@ -1,44 +1,759 @@
-//! The durable job queue (skeleton; filled in by the jobs work).
+//! The durable job queue: `#[job]` types stored in PostgreSQL (`forge.jobs`), worked by every
+//! node, maintained by the `scheduler` leader.
+//!
+//! * **Declare** a job type with `#[job]` (or implement [`Job`] by hand): a kind (its name), a
+//!   serde argument type, declared [`JobOptions`] and an async handler.
+//! * **Enqueue** from anywhere: [`Jobs`] (a node's client, `node.jobs()`), or the free functions
+//!   [`enqueue`], [`enqueue_job`] and [`enqueue_many`], which take any sqlx executor, so a job can
+//!   be enqueued inside the caller's own transaction and exists only if that transaction
+//!   commits. [`NewJob`] sets per-job options (run at / delay, priority, unique key, queue,
+//!   timeout, attempts). A duplicate of a unique job is reported as [`Enqueued::Duplicate`],
+//!   never inserted.
+//! * **Work**: every node works the queues of `[jobs.queues]` with their concurrency. Claiming
+//!   is `FOR UPDATE SKIP LOCKED` in batches, on each node's own pool, never through the leader;
+//!   idle workers are woken by `NOTIFY` on commit of an enqueue and drain a backlog without
+//!   waiting for a tick. Each attempt runs in its own task: a panic fails the attempt, not the
+//!   worker. Failed attempts are retried with exponential backoff and jitter until
+//!   `max_attempts`, then dead-lettered ([`JobState::Dead`]); [`JobError`] says what to do.
+//! * **Maintain**: the `scheduler` leader promotes scheduled jobs and retries on a timer taken
+//!   from the data (and woken by `NOTIFY`), rescues the running jobs of dead or frozen nodes,
+//!   and prunes finished jobs by retention. Jobs declared with a `role` run only on that role's
+//!   leader.
+//!
+//! Delivery is **at least once**: a handler may run again after its node died mid-attempt, so
+//! handlers should be idempotent. A job is never *completed* twice: every outcome is recorded
+//! with a guard on (job, attempt, node), so a late result from a rescued attempt is refused.
+//! ARCHITECTURE.md ("Jobs") describes the state machine and what happens when each party dies.
+//!
+//! # Example
+//!
+//! `#[job]` generates the [`Job`] implementation; written by hand it looks like this:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! // In an application: `use forge::jobs::...` and `use forge::{Config, Node}`.
+//! use forge_core::Config;
+//! use forge_scheduler::Node;
+//! use forge_scheduler::jobs::{Backoff, Job, JobContext, JobError, JobOptions, NewJob};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Email {
+//!     to: String,
+//! }
+//!
+//! #[allow(non_camel_case_types)]
+//! struct send_email;
+//!
+//! impl Job for send_email {
+//!     type Args = Email;
+//!     const KIND: &'static str = "send_email";
+//!
+//!     fn options(&self) -> JobOptions {
+//!         JobOptions::new()
+//!             .queue("mailers")
+//!             .max_attempts(5)
+//!             .backoff(Backoff::exponential(Duration::from_secs(2)))
+//!             .timeout(Duration::from_secs(30))
+//!     }
+//!
+//!     async fn run(&self, ctx: JobContext, args: Email) -> Result<(), JobError> {
+//!         if args.to.is_empty() {
+//!             return Err(JobError::discard("no recipient")); // dead-letter now
+//!         }
+//!         println!("attempt {} of job {}: mail to {}", ctx.attempt(), ctx.id(), args.to);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn demo() -> forge_core::Result<()> {
+//! let node = Node::builder(Config::load("forge.toml")?).job(send_email).start().await?;
+//!
+//! // Enqueue through the node's client...
+//! let id = node.jobs().enqueue(send_email, Email { to: "a@example.com".into() }).await?.id();
+//!
+//! // ...or inside your own transaction: the job exists only if it commits.
+//! let mut tx = node.pool().begin().await?;
+//! // sqlx::query("INSERT INTO users ...").execute(&mut *tx).await?;
+//! forge_scheduler::jobs::enqueue_job(
+//!     &mut *tx,
+//!     NewJob::new(send_email, Email { to: "b@example.com".into() })
+//!         .delay(Duration::from_secs(60))
+//!         .unique_key("welcome:b@example.com"),
+//! )
+//! .await?;
+//! tx.commit().await?;
+//!
+//! node.jobs().cancel(id).await?;
+//! # Ok(()) }
+//! ```
 
-use forge_core::Result;
+mod enqueue;
+mod maintenance;
+mod runtime;
+mod worker;
+
+use std::any::TypeId;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use forge_core::{Error, Leadership, NodeId, Result};
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
-/// A durable job type, declared with `#[job]`.
-pub trait Job: Send + Sync + 'static {}
+pub use enqueue::{
+    AttemptError, CancelOutcome, Enqueued, JobInfo, Jobs, NewJob, cancel, enqueue, enqueue_job,
+    enqueue_many, get,
+};
+pub(crate) use runtime::install;
 
-/// The job types a node knows.
-#[derive(Default)]
-pub struct JobRegistry {}
+/// A durable job type, declared with `#[job]` (or implemented by hand, see the
+/// [module docs](self)).
+pub trait Job: Send + Sync + 'static {
+    /// The handler's argument type, stored as JSONB.
+    type Args: serde::Serialize + serde::de::DeserializeOwned + Send + 'static;
 
-impl JobRegistry {
-    /// Adds a job type.
-    pub fn add<J: Job>(&mut self, _job: J) -> Result<()> {
+    /// The job's kind: its name in `forge.jobs` and in metrics (the fn name unless
+    /// `name = "..."`). Unique among the job types of a cluster.
+    const KIND: &'static str;
+
+    /// Declared options (queue, role, attempts, backoff, timeout, priority, unique).
+    fn options(&self) -> JobOptions {
+        JobOptions::new()
+    }
+
+    /// Runs one attempt.
+    fn run(
+        &self,
+        ctx: JobContext,
+        args: Self::Args,
+    ) -> impl Future<Output = Result<(), JobError>> + Send;
+}
+
+/// The declared options of a job type. Each can be overridden per job with [`NewJob`].
+///
+/// ```
+/// use std::time::Duration;
+/// use forge_scheduler::jobs::{Backoff, JobOptions};
+///
+/// let options = JobOptions::new()
+///     .queue("mailers")
+///     .max_attempts(5)
+///     .backoff(Backoff::exponential(Duration::from_secs(2)))
+///     .timeout(Duration::from_secs(30))
+///     .priority(1)
+///     .unique(true);
+/// assert_eq!(options.queue_name(), "mailers");
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobOptions {
+    pub(crate) queue: String,
+    pub(crate) role: Option<String>,
+    pub(crate) max_attempts: Option<u32>,
+    pub(crate) backoff: Backoff,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) priority: i16,
+    pub(crate) unique: bool,
+}
+
+impl Default for JobOptions {
+    fn default() -> Self {
+        JobOptions::new()
+    }
+}
+
+impl JobOptions {
+    /// The queue every job goes to unless told otherwise.
+    pub const DEFAULT_QUEUE: &'static str = "default";
+
+    /// The defaults: queue `default`, no role (runs on every node working the queue),
+    /// `[jobs] default_max_attempts` attempts, exponential backoff (1 s doubling up to 1 h, with
+    /// jitter), no timeout, priority 0, not unique.
+    pub fn new() -> JobOptions {
+        JobOptions {
+            queue: JobOptions::DEFAULT_QUEUE.to_owned(),
+            role: None,
+            max_attempts: None,
+            backoff: Backoff::default(),
+            timeout: None,
+            priority: 0,
+            unique: false,
+        }
+    }
+
+    /// The queue (see `[jobs.queues]`: only nodes that list it work it).
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// Runs the jobs only on the leader of this role (validated when the node starts).
+    pub fn role(mut self, role: &str) -> Self {
+        self.role = Some(role.to_owned());
+        self
+    }
+
+    /// Attempts before the job is dead-lettered (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// The delay before each retry.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Fails an attempt that runs longer (the attempt is retried per the backoff).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Lower runs first (like Oban); jobs of equal priority run in order of their run-at time.
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// With `true`, enqueuing a job whose arguments equal those of an unfinished job of the same
+    /// kind reports [`Enqueued::Duplicate`] instead of inserting (a [`NewJob::unique_key`]
+    /// replaces the arguments as the key).
+    pub fn unique(mut self, unique: bool) -> Self {
+        self.unique = unique;
+        self
+    }
+
+    /// The queue.
+    pub fn queue_name(&self) -> &str {
+        &self.queue
+    }
+
+    /// The role whose leader runs the jobs, if any.
+    pub fn role_name(&self) -> Option<&str> {
+        self.role.as_deref()
+    }
+}
+
+/// How long to wait before retrying a failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backoff {
+    /// `base * 2^(attempt - 1)`, capped at `max`, with ±25 % jitter so that jobs failing
+    /// together do not retry in lockstep.
+    Exponential {
+        /// The delay after the first failed attempt.
+        base: Duration,
+        /// The longest delay.
+        max: Duration,
+    },
+    /// The same delay after every failed attempt, without jitter.
+    Fixed(Duration),
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::exponential(Duration::from_secs(1))
+    }
+}
+
+impl Backoff {
+    /// The default cap of an exponential backoff.
+    pub const DEFAULT_MAX: Duration = Duration::from_secs(3600);
+
+    /// Exponential backoff from `base`, capped at one hour.
+    pub fn exponential(base: Duration) -> Backoff {
+        Backoff::Exponential {
+            base,
+            max: Backoff::DEFAULT_MAX,
+        }
+    }
+
+    /// A fixed delay.
+    pub fn fixed(delay: Duration) -> Backoff {
+        Backoff::Fixed(delay)
+    }
+
+    /// The same backoff with another cap (no effect on [`Backoff::Fixed`]).
+    pub fn capped(self, max: Duration) -> Backoff {
+        match self {
+            Backoff::Exponential { base, .. } => Backoff::Exponential { base, max },
+            fixed => fixed,
+        }
+    }
+
+    /// The delay after failed attempt `attempt` (1-based), jitter included.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        match *self {
+            Backoff::Fixed(delay) => delay,
+            Backoff::Exponential { base, max } => {
+                let doublings = attempt.saturating_sub(1).min(62);
+                let nominal = base
+                    .checked_mul(1u32 << doublings.min(31))
+                    .unwrap_or(max)
+                    .min(max);
+                nominal.mul_f64(0.75 + fastrand::f64() * 0.5).min(max)
+            }
+        }
+    }
+}
+
+/// A job's id (`forge.jobs.id`).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct JobId(pub i64);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Where a job is in its life. See ARCHITECTURE.md ("Jobs") for who moves it where.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JobState {
+    /// Waiting to be claimed by a worker.
+    Available,
+    /// Enqueued with a future run-at time; promoted to available when due.
+    Scheduled,
+    /// An attempt is running on a node.
+    Running,
+    /// An attempt failed; promoted to available when its backoff is over.
+    Retryable,
+    /// Done.
+    Completed,
+    /// Out of attempts, discarded by its handler, or rescued with no attempts left: the
+    /// dead-letter state. Kept for `[jobs] dead_retention`.
+    Dead,
+    /// Cancelled before it completed.
+    Cancelled,
+}
+
+impl JobState {
+    /// The state's name in `forge.jobs.state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Available => "available",
+            JobState::Scheduled => "scheduled",
+            JobState::Running => "running",
+            JobState::Retryable => "retryable",
+            JobState::Completed => "completed",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses a state name.
+    pub fn parse(text: &str) -> Option<JobState> {
+        Some(match text {
+            "available" => JobState::Available,
+            "scheduled" => JobState::Scheduled,
+            "running" => JobState::Running,
+            "retryable" => JobState::Retryable,
+            "completed" => JobState::Completed,
+            "dead" => JobState::Dead,
+            "cancelled" => JobState::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// Whether the job will not change any more (completed, dead or cancelled).
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            JobState::Completed | JobState::Dead | JobState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a [`JobContext`] was cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelReason {
+    /// A user cancelled the job ([`Jobs::cancel`]).
+    Requested,
+    /// The attempt ran past its timeout.
+    TimedOut,
+    /// The node shut down and the attempt did not finish within `[jobs] drain_timeout`, or the
+    /// leadership a role job ran under ended.
+    Shutdown,
+    /// The job was taken away from this node: it seemed dead (no database session, or no
+    /// heartbeat for `[jobs] rescue_after`) and was rescued; another attempt may be running
+    /// elsewhere, and this attempt's outcome would be refused.
+    Rescued,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct CancelSignal {
+    token: CancellationToken,
+    reason: AtomicU8,
+}
+
+impl CancelSignal {
+    pub(crate) fn cancel(&self, reason: CancelReason) {
+        let code = match reason {
+            CancelReason::Requested => 1,
+            CancelReason::TimedOut => 2,
+            CancelReason::Shutdown => 3,
+            CancelReason::Rescued => 4,
+        };
+        // The first reason wins.
+        let _ = self
+            .reason
+            .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire);
+        self.token.cancel();
+    }
+
+    pub(crate) fn reason(&self) -> Option<CancelReason> {
+        match self.reason.load(Ordering::Acquire) {
+            1 => Some(CancelReason::Requested),
+            2 => Some(CancelReason::TimedOut),
+            3 => Some(CancelReason::Shutdown),
+            4 => Some(CancelReason::Rescued),
+            _ => None,
+        }
+    }
+}
+
+/// What a handler gets for one attempt of one job.
+#[derive(Clone)]
+pub struct JobContext {
+    pub(crate) id: JobId,
+    pub(crate) kind: &'static str,
+    pub(crate) queue: Arc<str>,
+    pub(crate) attempt: u32,
+    pub(crate) max_attempts: u32,
+    pub(crate) node_id: NodeId,
+    pub(crate) pool: PgPool,
+    pub(crate) cancel: Arc<CancelSignal>,
+    pub(crate) leadership: Option<Leadership>,
+}
+
+impl JobContext {
+    /// The job's id.
+    pub fn id(&self) -> JobId {
+        self.id
+    }
+
+    /// The job's kind ([`Job::KIND`]).
+    pub fn kind(&self) -> &str {
+        self.kind
+    }
+
+    /// The queue it was claimed from.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// This attempt's number, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Attempts allowed in all; a failure of attempt `max_attempts` dead-letters the job.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Whether a failure of this attempt dead-letters the job.
+    pub fn is_last_attempt(&self) -> bool {
+        self.attempt >= self.max_attempts
+    }
+
+    /// The node running the attempt.
+    pub fn node_id(&self) -> &NodeId {
+        &self.node_id
+    }
+
+    /// The node's pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Whether the attempt should stop: the job was cancelled, timed out, or the node is
+    /// shutting down past its drain bound. The handler's future is dropped at the same moment;
+    /// this matters to work the handler spawned.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.token.is_cancelled()
+    }
+
+    /// Resolves when the attempt should stop (see [`JobContext::is_cancelled`]).
+    pub async fn cancelled(&self) {
+        self.cancel.token.cancelled().await
+    }
+
+    /// Why the attempt was cancelled, once it is.
+    pub fn cancel_reason(&self) -> Option<CancelReason> {
+        self.cancel.reason()
+    }
+
+    /// For a job declared with a `role`: the leadership it runs under. Leader-only writes go
+    /// through [`Leadership::fenced_transaction`].
+    pub fn leadership(&self) -> Option<&Leadership> {
+        self.leadership.as_ref()
+    }
+}
+
+impl fmt::Debug for JobContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobContext")
+            .field("id", &self.id)
+            .field("kind", &self.kind)
+            .field("queue", &self.queue)
+            .field("attempt", &self.attempt)
+            .field("max_attempts", &self.max_attempts)
+            .field("node_id", &self.node_id)
+            .finish()
+    }
+}
+
+/// What to do after a failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailAction {
+    /// Retry per the job's backoff, or dead-letter when out of attempts.
+    Retry,
+    /// Retry after this delay (still bounded by the attempts).
+    RetryAfter(Duration),
+    /// Dead-letter now, whatever attempts are left.
+    Discard,
+}
+
+/// A failed attempt, as data: what went wrong and what to do about it.
+///
+/// Any `std::error::Error` converts into a [`FailAction::Retry`] with `?`. Like `anyhow::Error`,
+/// `JobError` does not implement `std::error::Error` itself (that would conflict with the
+/// blanket conversion).
+pub struct JobError {
+    message: String,
+    action: FailAction,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl JobError {
+    /// Retry per the job's backoff (dead-letter when out of attempts).
+    pub fn retry(message: impl fmt::Display) -> JobError {
+        JobError::new(message.to_string(), FailAction::Retry)
+    }
+
+    /// Retry after `delay` instead of the backoff (dead-letter when out of attempts).
+    pub fn retry_after(message: impl fmt::Display, delay: Duration) -> JobError {
+        JobError::new(message.to_string(), FailAction::RetryAfter(delay))
+    }
+
+    /// Dead-letter now: retrying cannot help.
+    pub fn discard(message: impl fmt::Display) -> JobError {
+        JobError::new(message.to_string(), FailAction::Discard)
+    }
+
+    fn new(message: String, action: FailAction) -> JobError {
+        JobError {
+            message,
+            action,
+            source: None,
+        }
+    }
+
+    /// What to do.
+    pub fn action(&self) -> FailAction {
+        self.action
+    }
+
+    /// The message recorded in the job's `errors`.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The error this one was converted from, if any.
+    pub fn source(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        self.source.as_deref()
+    }
+
+    /// The same error with another action (e.g. `err.with_action(FailAction::Discard)`).
+    pub fn with_action(mut self, action: FailAction) -> JobError {
+        self.action = action;
+        self
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for JobError {
+    fn from(err: E) -> JobError {
+        // The chain of causes, so the stored message says as much as `{:#}` would.
+        let mut message = err.to_string();
+        let mut cause = err.source();
+        while let Some(inner) = cause {
+            message.push_str(": ");
+            message.push_str(&inner.to_string());
+            cause = inner.source();
+        }
+        JobError {
+            message,
+            action: FailAction::Retry,
+            source: Some(Box::new(err)),
+        }
+    }
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl fmt::Debug for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobError")
+            .field("message", &self.message)
+            .field("action", &self.action)
+            .finish()
+    }
+}
+
+/// What a `#[job]` handler may return: `()` or `Result<(), E>` where `E` converts into
+/// [`JobError`].
+#[diagnostic::on_unimplemented(
+    message = "a job handler must return `()` or `Result<(), E>` where `E` converts into `forge::JobError`, not `{Self}`",
+    note = "any `std::error::Error + Send + Sync + 'static` converts; for outcomes use `JobError::retry`, `JobError::retry_after` or `JobError::discard`"
+)]
+pub trait IntoJobResult {
+    /// The outcome as a `Result`.
+    fn into_job_result(self) -> Result<(), JobError>;
+}
+
+impl IntoJobResult for () {
+    fn into_job_result(self) -> Result<(), JobError> {
         Ok(())
     }
 }
 
-/// Installs workers and leader duties for the registered jobs.
-pub(crate) fn install(
-    _registry: JobRegistry,
-    builder: forge_core::NodeBuilder,
-) -> Result<forge_core::NodeBuilder> {
-    Ok(builder)
+impl<E: Into<JobError>> IntoJobResult for Result<(), E> {
+    fn into_job_result(self) -> Result<(), JobError> {
+        self.map_err(Into::into)
+    }
 }
 
-/// Enqueues, inspects and cancels jobs.
-#[derive(Clone, Debug)]
-pub struct Jobs {
-    pool: PgPool,
+/// The result of decoding the arguments and running one attempt.
+pub(crate) type AttemptFuture = Pin<Box<dyn Future<Output = Result<(), JobError>> + Send>>;
+
+/// A type-erased handler: decodes the JSON arguments and runs the attempt.
+pub(crate) type Handler = Arc<dyn Fn(JobContext, serde_json::Value) -> AttemptFuture + Send + Sync>;
+
+/// One registered job type.
+#[derive(Clone)]
+pub(crate) struct JobType {
+    pub(crate) type_id: TypeId,
+    pub(crate) kind: &'static str,
+    pub(crate) options: JobOptions,
+    pub(crate) handler: Handler,
 }
 
-impl Jobs {
-    /// A client on `pool`.
-    pub fn new(pool: PgPool) -> Jobs {
-        Jobs { pool }
+/// The job types a node knows, by kind.
+#[derive(Clone, Default)]
+pub struct JobRegistry {
+    pub(crate) types: BTreeMap<&'static str, JobType>,
+}
+
+impl fmt::Debug for JobRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.types.keys()).finish()
+    }
+}
+
+impl JobRegistry {
+    /// Adds a job type. Adding the same type again is a no-op (a job may be registered both
+    /// automatically and explicitly); two different types with one [`Job::KIND`] are an
+    /// [`Error::Registration`].
+    pub fn add<J: Job>(&mut self, job: J) -> Result<()> {
+        let type_id = TypeId::of::<J>();
+        let kind = J::KIND;
+        if let Some(existing) = self.types.get(kind) {
+            if existing.type_id == type_id {
+                return Ok(());
+            }
+            return Err(Error::Registration {
+                message: format!(
+                    "two different job types have the kind `{kind}`: give one of them another name (#[job(name = \"...\")])"
+                ),
+            });
+        }
+        validate_kind(kind)?;
+        let options = job.options();
+        let job = Arc::new(job);
+        let handler: Handler = Arc::new(move |ctx, args| {
+            let job = job.clone();
+            Box::pin(async move {
+                let args: J::Args = serde_json::from_value(args).map_err(|err| {
+                    JobError::retry(format!("cannot decode the arguments of `{kind}`: {err}"))
+                })?;
+                job.run(ctx, args).await
+            })
+        });
+        self.types.insert(
+            kind,
+            JobType {
+                type_id,
+                kind,
+                options,
+                handler,
+            },
+        );
+        Ok(())
     }
 
-    /// The pool jobs are enqueued through.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
+    /// Whether no job type is registered.
+    pub fn is_empty(&self) -> bool {
+        self.types.is_empty()
+    }
+
+    /// The registered kinds.
+    pub fn kinds(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.types.keys().copied()
+    }
+}
+
+fn validate_kind(kind: &str) -> Result<()> {
+    if kind.is_empty() || kind.len() > 200 || kind.chars().any(char::is_control) {
+        return Err(Error::Registration {
+            message: format!(
+                "job kind {kind:?} is not usable: use a non-empty name of at most 200 characters without control characters"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a queue name: it appears in `forge.toml`, in notifications and in metric labels.
+pub(crate) fn validate_queue(queue: &str) -> Result<(), String> {
+    let ok = !queue.is_empty()
+        && queue.len() <= 63
+        && queue
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "queue name {queue:?} is not usable: use 1 to 63 ASCII letters, digits, '_', '-' or '.'"
+        ))
+    }
+}
+
+/// A duration for messages: `300ms`, `2s`.
+pub(crate) fn fmt_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
     }
 }

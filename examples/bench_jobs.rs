@@ -1,0 +1,521 @@
+//! Job queue benchmark: throughput (a backlog of no-op jobs drained by one node and by two),
+//! pickup latency at one job every 10 ms, bulk enqueue rate, and idle statements per node.
+//!
+//! ```text
+//! cargo run --release --example bench_jobs                 # 3 rounds of each, 60 s idle window
+//! cargo run --release --example bench_jobs -- --quick      # 1 round, 20 s idle window
+//! cargo run --release --example bench_jobs -- --database-url postgres://...   # an existing server
+//! cargo run --release --example bench_jobs -- --only throughput   # or latency, idle
+//! ```
+//!
+//! By default it starts its own throwaway PostgreSQL (forge-testkit: fsync on, full_page_writes
+//! on, synchronous_commit on, data in /dev/shm when it has room) and logs statements only during
+//! the idle measurement. With `--database-url` it uses that server (for side-by-side runs with
+//! `benches/peers`, against the same `forge-pg`), creating a database per measurement; the idle
+//! measurement then needs `--pg-log <file>` (the server's log, with `log_line_prefix` containing
+//! `app=%a`) and a superuser to switch `log_statement`.
+//!
+//! Every node is a separate process: this binary with `--node <forge.toml>`, working the queue
+//! `default` with its default concurrency (16) and no tuning: the defaults of forge.toml.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use forge::jobs::{Job, JobContext, JobError, Jobs, NewJob};
+use forge_testkit::{NodeProcess, PgOptions, PgServer, TestDatabase};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio::process::Command;
+use tokio::time::{Instant, sleep, sleep_until};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A job that does nothing.
+#[allow(non_camel_case_types)]
+struct noop;
+
+impl Job for noop {
+    type Args = ();
+    const KIND: &'static str = "noop";
+
+    async fn run(&self, _: JobContext, _: ()) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+/// A job that prints how long after its enqueue (wall clock, microseconds) it started.
+#[allow(non_camel_case_types)]
+struct ping;
+
+impl Job for ping {
+    type Args = i64;
+    const KIND: &'static str = "ping";
+
+    async fn run(&self, _: JobContext, sent_us: i64) -> Result<(), JobError> {
+        println!("FORGE-BENCH LAT {}", now_us() - sent_us);
+        Ok(())
+    }
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--node") {
+        return node(args.get(2).cloned().unwrap_or_default()).await;
+    }
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let options = Options {
+        quick: args.iter().any(|a| a == "--quick"),
+        database_url: value("--database-url"),
+        pg_log: value("--pg-log").map(PathBuf::from),
+        only: value("--only"),
+        nodes: value("--nodes").and_then(|n| n.parse().ok()),
+    };
+    match bench(options).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The node process.
+async fn node(config: String) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let started = async {
+        let config = forge::Config::load(&config)?;
+        forge::Node::builder(config)
+            .auto_register(false)
+            .job(noop)
+            .job(ping)
+            .start()
+            .await
+    };
+    match started.await {
+        Ok(node) => {
+            println!("FORGE-BENCH READY node={}", node.id());
+            node.run_until_signal().await;
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Options {
+    quick: bool,
+    only: Option<String>,
+    nodes: Option<usize>,
+    database_url: Option<String>,
+    pg_log: Option<PathBuf>,
+}
+
+struct Bench {
+    server: PgServer,
+    exe: PathBuf,
+    dir: PathBuf,
+    next_id: usize,
+}
+
+impl Bench {
+    /// A fresh database with FORGE's schema, and a forge.toml for it (defaults otherwise).
+    async fn database(&self) -> Result<(TestDatabase, PgPool, PathBuf), BoxError> {
+        let db = self.server.create_database().await?;
+        let pool = db.pool().await?;
+        let mut config = forge::Config::default();
+        config.database.url = Some(db.url().to_owned());
+        config.node.id = Some("bench-migrator".into());
+        forge::Node::builder(config)
+            .auto_register(false)
+            .start()
+            .await?
+            .shutdown()
+            .await;
+        let path = self.dir.join(format!("{}.toml", db.name()));
+        std::fs::write(&path, format!("[database]\nurl = \"{}\"\n", db.url()))?;
+        Ok((db, pool, path))
+    }
+
+    fn spawn(&mut self, config: &Path) -> Result<NodeProcess, BoxError> {
+        self.next_id += 1;
+        let id = format!("n{}", self.next_id);
+        let mut command = Command::new(&self.exe);
+        command
+            .arg("--node")
+            .arg(config)
+            .env("FORGE_NODE_ID", &id)
+            .env_remove("DATABASE_URL")
+            .env_remove("FORGE_ROLES")
+            .env_remove("FORGE_METRICS_LISTEN");
+        Ok(NodeProcess::spawn(command)?.named(&id))
+    }
+
+    async fn ready(node: &mut NodeProcess) -> Result<(), BoxError> {
+        node.wait_for_line("READY", Duration::from_secs(30), |l| {
+            l.starts_with("FORGE-BENCH READY")
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn stop(mut nodes: Vec<NodeProcess>) -> Result<(), BoxError> {
+        for node in &nodes {
+            node.terminate()?;
+        }
+        for node in &mut nodes {
+            node.wait_exit(Duration::from_secs(60)).await?;
+        }
+        Ok(())
+    }
+}
+
+async fn count(pool: &PgPool, sql: &'static str) -> Result<i64, BoxError> {
+    Ok(sqlx::query_scalar(sql).fetch_one(pool).await?)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    percentile(&values, 50.0)
+}
+
+struct Drain {
+    enqueue_per_s: f64,
+    drain_per_s: f64,
+    wall_per_s: f64,
+    per_node: BTreeMap<String, i64>,
+}
+
+/// Inserts `total` no-op jobs (bulk, 1,000 per statement), then starts `nodes` node processes
+/// and waits until every job is completed.
+async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, BoxError> {
+    let (_db, pool, config) = bench.database().await?;
+    let jobs = Jobs::new(pool.clone());
+    let started = Instant::now();
+    for chunk in 0..total.div_ceil(1000) {
+        let n = 1000.min(total - chunk * 1000);
+        jobs.enqueue_many((0..n).map(|_| NewJob::new(noop, ())))
+            .await?;
+    }
+    let enqueue_per_s = total as f64 / started.elapsed().as_secs_f64();
+    // Let autovacuum/analyze notice the new rows as it would in steady state.
+    sqlx::query("ANALYZE forge.jobs").execute(&pool).await?;
+
+    let spawned = Instant::now();
+    let mut processes = Vec::new();
+    for _ in 0..nodes {
+        processes.push(bench.spawn(&config)?);
+    }
+    for process in &mut processes {
+        Bench::ready(process).await?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        // Cheap while the nodes work (two probes of partial indexes, every 20 ms): this
+        // process shares the CPUs with the nodes and PostgreSQL.
+        let busy: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM forge.jobs WHERE namespace = 'forge' AND queue = 'default'
+                               AND state = 'available' AND role IS NULL)
+                 OR EXISTS (SELECT 1 FROM forge.jobs WHERE namespace = 'forge' AND state = 'running')",
+        )
+        .fetch_one(&pool)
+        .await?;
+        if !busy {
+            let done = count(
+                &pool,
+                "SELECT count(*) FROM forge.jobs WHERE state = 'completed'",
+            )
+            .await?;
+            if done as usize >= total {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the {total} jobs were not completed in 600 s").into());
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    let wall = spawned.elapsed().as_secs_f64();
+    let span: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM max(finished_at) - min(attempted_at))::float8 FROM forge.jobs",
+    )
+    .fetch_one(&pool)
+    .await?;
+    let per_node: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT node_id, count(*) FROM forge.jobs GROUP BY node_id ORDER BY node_id",
+    )
+    .fetch_all(&pool)
+    .await?;
+    Bench::stop(processes).await?;
+    Ok(Drain {
+        enqueue_per_s,
+        drain_per_s: total as f64 / span,
+        wall_per_s: total as f64 / wall,
+        per_node: per_node.into_iter().collect(),
+    })
+}
+
+/// One `ping` every 10 ms through one connection; the node prints each pickup latency.
+async fn latency(bench: &mut Bench, n: usize) -> Result<(Vec<f64>, Vec<f64>), BoxError> {
+    let (db, pool, config) = bench.database().await?;
+    let mut node = bench.spawn(&config)?;
+    Bench::ready(&mut node).await?;
+    let client = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(db.url())
+        .await?;
+    let jobs = Jobs::new(client);
+    let warmup = 50;
+    let start = Instant::now();
+    for i in 0..(warmup + n) {
+        sleep_until(start + Duration::from_millis(10 * i as u64)).await;
+        jobs.enqueue(ping, now_us()).await?;
+    }
+    let lines = forge_testkit::wait_until(
+        "every pickup to be reported",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || async {
+            let lines: Vec<f64> = node
+                .lines()
+                .iter()
+                .filter_map(|l| l.strip_prefix("FORGE-BENCH LAT "))
+                .filter_map(|v| v.trim().parse::<f64>().ok())
+                .collect();
+            (lines.len() >= warmup + n).then_some(lines)
+        },
+    )
+    .await?;
+    let mut client_side: Vec<f64> = lines[warmup..].iter().map(|us| us / 1000.0).collect();
+    client_side.sort_by(f64::total_cmp);
+    let mut server_side: Vec<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM attempted_at - created_at)::float8 * 1000 FROM forge.jobs
+          ORDER BY id OFFSET $1",
+    )
+    .bind(warmup as i64)
+    .fetch_all(&pool)
+    .await?;
+    server_side.sort_by(f64::total_cmp);
+    Bench::stop(vec![node]).await?;
+    Ok((client_side, server_side))
+}
+
+/// Statements per node while `nodes` nodes idle for `window`, from the server's statement log.
+async fn idle(
+    bench: &mut Bench,
+    log: &Path,
+    nodes: usize,
+    window: Duration,
+) -> Result<BTreeMap<String, (usize, usize)>, BoxError> {
+    let (_db, pool, config) = bench.database().await?;
+    sqlx::query("ALTER SYSTEM SET log_statement = 'all'")
+        .execute(&pool)
+        .await?;
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(&pool)
+        .await?;
+    let mut processes = Vec::new();
+    for _ in 0..nodes {
+        let mut process = bench.spawn(&config)?;
+        Bench::ready(&mut process).await?;
+        processes.push(process);
+    }
+    // Let start-up settle (elections, first maintenance passes), then measure a clean window.
+    sleep(Duration::from_secs(5)).await;
+    let start_len = std::fs::metadata(log)?.len();
+    sleep(window).await;
+    let text = std::fs::read(log)?;
+    sqlx::query("ALTER SYSTEM RESET log_statement")
+        .execute(&pool)
+        .await?;
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(&pool)
+        .await?;
+    Bench::stop(processes).await?;
+
+    let text = String::from_utf8_lossy(&text[start_len as usize..]);
+    let mut per_node: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for line in text.lines() {
+        let is_statement = line.contains(" LOG:  statement: ") || line.contains(" LOG:  execute ");
+        if !is_statement {
+            continue;
+        }
+        let Some(app) = line
+            .split(" app=")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+        else {
+            continue;
+        };
+        if !app.starts_with("forge:") || app.starts_with("forge:setup:") {
+            continue;
+        }
+        let Some(node) = app.rsplit(':').next() else {
+            continue;
+        };
+        let entry = per_node.entry(node.to_owned()).or_default();
+        entry.0 += 1;
+        if line.contains("forge.jobs_") || line.contains("forge.nodes") {
+            entry.1 += 1;
+        }
+    }
+    Ok(per_node)
+}
+
+async fn bench(options: Options) -> Result<(), BoxError> {
+    let total = 20_000;
+    let (rounds, pings, idle_secs) = if options.quick {
+        (1, 300, 20)
+    } else {
+        (3, 1000, 60)
+    };
+    let (server, log, setup) = match &options.database_url {
+        Some(url) => (
+            PgServer::external(url)?,
+            options.pg_log.clone(),
+            format!("external server {}", forge::redact_url(url)),
+        ),
+        None => {
+            let server = PgServer::start_with(
+                PgOptions::default()
+                    .durable(true)
+                    .setting("log_line_prefix", "%m [%p] app=%a "),
+            )?;
+            let log = server.log_file().map(Path::to_owned);
+            let data = server
+                .data_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default();
+            (server, log, format!("throwaway server, data in {data}"))
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("forge-bench-jobs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut bench = Bench {
+        server,
+        exe: std::env::current_exe()?,
+        dir,
+        next_id: 0,
+    };
+    {
+        let db = bench.server.create_database().await?;
+        let pool = db.pool().await?;
+        let mut settings = Vec::new();
+        for name in [
+            "server_version",
+            "fsync",
+            "synchronous_commit",
+            "full_page_writes",
+            "shared_buffers",
+            "max_connections",
+        ] {
+            let value: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {name}")))
+                .fetch_one(&pool)
+                .await?;
+            settings.push(format!("{name}={value}"));
+        }
+        println!(
+            "FORGE job queue benchmark ({} mode), {} CPUs",
+            if options.quick { "quick" } else { "full" },
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        println!("PostgreSQL on 127.0.0.1:{}: {setup}", bench.server.port());
+        println!("  {}", settings.join(", "));
+        println!(
+            "Nodes: separate processes of this binary, forge.toml defaults (concurrency 16 per node, no tuning)\n"
+        );
+    }
+
+    let part = |name: &str| options.only.as_deref().is_none_or(|only| only == name);
+    let only_nodes: Option<usize> = options.nodes;
+    for nodes in [1, 2]
+        .into_iter()
+        .filter(|n| part("throughput") && only_nodes.is_none_or(|only| only == *n))
+    {
+        let mut drains = Vec::new();
+        let mut walls = Vec::new();
+        let mut enqueues = Vec::new();
+        for round in 1..=rounds {
+            let d = drain(&mut bench, nodes, total).await?;
+            println!(
+                "  throughput, {nodes} node(s), round {round}: {:>8.0} jobs/s (first claim -> last completion), {:>8.0} jobs/s (process start -> all completed); per node {:?}",
+                d.drain_per_s, d.wall_per_s, d.per_node
+            );
+            drains.push(d.drain_per_s);
+            walls.push(d.wall_per_s);
+            enqueues.push(d.enqueue_per_s);
+        }
+        println!(
+            "THROUGHPUT {nodes} node(s): median {:.0} jobs/s (claim->completion), {:.0} jobs/s incl. process start; {total} no-op jobs inserted first, concurrency 16 per node",
+            median(drains),
+            median(walls)
+        );
+        println!(
+            "BULK ENQUEUE: median {:.0} jobs/s (enqueue_many, 1,000 jobs per statement)\n",
+            median(enqueues)
+        );
+    }
+
+    if part("latency") {
+        let (client, server) = latency(&mut bench, pings).await?;
+        println!(
+            "PICKUP LATENCY, one job every 10 ms, n={pings}: enqueue call -> handler start p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            percentile(&client, 50.0),
+            percentile(&client, 99.0),
+            client.last().copied().unwrap_or_default()
+        );
+        println!(
+            "  (database clock, insert -> claim: p50 {:.2} ms, p99 {:.2} ms)\n",
+            percentile(&server, 50.0),
+            percentile(&server, 99.0)
+        );
+    }
+
+    match log.filter(|_| part("idle")) {
+        Some(log) => {
+            let nodes = 3;
+            let per_node = idle(&mut bench, &log, nodes, Duration::from_secs(idle_secs)).await?;
+            println!(
+                "IDLE, {nodes} nodes with job workers, {idle_secs} s window (election included; the scheduler role is campaigned for because jobs need its maintenance):"
+            );
+            for (node, (all, jobs)) in &per_node {
+                println!(
+                    "  {node}: {:.3} statements/s ({:.3} of them by the job queue)",
+                    *all as f64 / idle_secs as f64,
+                    *jobs as f64 / idle_secs as f64
+                );
+            }
+        }
+        None => println!("IDLE: skipped (no server log; pass --pg-log for an external server)"),
+    }
+    let _ = std::fs::remove_dir_all(&bench.dir);
+    Ok(())
+}

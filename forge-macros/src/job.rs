@@ -1,0 +1,461 @@
+//! `#[job(options...)]`.
+
+use std::time::Duration;
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::ext::IdentExt;
+use syn::parse::{ParseStream, Parser};
+use syn::spanned::Spanned;
+use syn::{Ident, LitStr, ReturnType, Type};
+
+use crate::handler::{HandlerFn, check_args_type, check_context_type};
+use crate::options::{self, Attr, Errors, Kind, Options, Spec};
+
+const ATTR: Attr = Attr {
+    name: "job",
+    specs: &[
+        Spec {
+            name: "name",
+            kind: Kind::Str,
+            example: "\"send_email\"",
+        },
+        Spec {
+            name: "queue",
+            kind: Kind::Str,
+            example: "\"mailers\"",
+        },
+        Spec {
+            name: "role",
+            kind: Kind::Str,
+            example: "\"reports\"",
+        },
+        Spec {
+            name: "max_attempts",
+            kind: Kind::Int,
+            example: "5",
+        },
+        Spec {
+            name: "backoff",
+            kind: Kind::Str,
+            example: "\"exponential\"",
+        },
+        Spec {
+            name: "backoff_base",
+            kind: Kind::Duration,
+            example: "\"2s\"",
+        },
+        Spec {
+            name: "backoff_max",
+            kind: Kind::Duration,
+            example: "\"10m\"",
+        },
+        Spec {
+            name: "timeout",
+            kind: Kind::Duration,
+            example: "\"30s\"",
+        },
+        Spec {
+            name: "priority",
+            kind: Kind::Int,
+            example: "1",
+        },
+        Spec {
+            name: "unique",
+            kind: Kind::Bool,
+            example: "true",
+        },
+    ],
+    aliases: &[
+        ("kind", "name"),
+        ("attempts", "max_attempts"),
+        ("retries", "max_attempts"),
+        ("max_retries", "max_attempts"),
+        ("retry", "backoff"),
+        ("delay", "backoff_base"),
+        ("backoff_delay", "backoff_base"),
+    ],
+};
+
+const EXAMPLE: &str = "async fn send_email(ctx: forge::JobContext, args: SendEmail) { ... }";
+
+/// How retries are delayed, as declared.
+enum Backoff {
+    /// `base` `None`: the runtime's default base.
+    Exponential {
+        base: Option<Duration>,
+        max: Option<Duration>,
+    },
+    Fixed(Duration),
+}
+
+/// Everything the attribute said, validated.
+struct Definition {
+    kind: String,
+    queue: Option<String>,
+    role: Option<String>,
+    max_attempts: Option<u32>,
+    backoff: Option<Backoff>,
+    timeout: Option<Duration>,
+    priority: Option<i16>,
+    unique: Option<bool>,
+}
+
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
+    let handler = HandlerFn::parse(item, "job", EXAMPLE)?;
+    let mut errors = Errors::default();
+    handler.check_shape("job", &mut errors);
+    let params = handler.params();
+    let (ctx_param, args_param) = match params.as_slice() {
+        [only] if is_job_context(&only.ty) => {
+            errors.spanned(
+                &only.ty,
+                "a #[job] fn takes the job's arguments after the context: \
+                 `(ctx: forge::JobContext, args: T)`; a job without arguments can take `args: ()`",
+            );
+            (None, None)
+        }
+        [args] => (None, Some(*args)),
+        [ctx, args] => (Some(*ctx), Some(*args)),
+        [] => {
+            errors.at(
+                handler.sig.paren_token.span.join(),
+                "a #[job] fn takes the job's arguments: `(args: T)` or \
+                 `(ctx: forge::JobContext, args: T)`, where `T` implements serde's `Serialize` and \
+                 `Deserialize` (`args: ()` for a job without arguments)",
+            );
+            (None, None)
+        }
+        [_, _, extra, ..] => {
+            errors.spanned(
+                extra,
+                "a #[job] fn takes at most two parameters: `(ctx: forge::JobContext, args: T)`; \
+                 put everything the job needs into the arguments type `T`",
+            );
+            (None, None)
+        }
+    };
+    if let Some(ctx) = ctx_param {
+        check_context_type(&ctx.ty, "job", "forge::JobContext", &mut errors);
+    }
+    let args_ty: Type = match args_param {
+        Some(args) if check_args_type(&args.ty, &mut errors) => (*args.ty).clone(),
+        // Nothing, or a type that cannot be `Args`: `()` keeps the stub below error-free.
+        _ => syn::parse_quote!(()),
+    };
+    let definition = parse_definition(args, handler.ident(), &mut errors);
+
+    let item = handler.item("job");
+    let ident = handler.ident();
+    let cfgs = handler.cfgs();
+    // At the user's type: "private type in public interface" for a `pub` job whose arguments
+    // type is private, and unmet serde bounds, are reported there.
+    let args_item = quote_spanned!(args_ty.span()=> type Args = #args_ty;);
+    if !errors.is_empty() {
+        // Keep the fn a `Job` so that registering it causes no further errors.
+        let kind = ident.unraw().to_string();
+        let errors = errors.to_compile_errors();
+        return Ok(quote! {
+            #item
+            #(#cfgs)*
+            impl ::forge::__private::Job for #ident {
+                #args_item
+                const KIND: &'static str = #kind;
+                fn run(
+                    &self,
+                    _: ::forge::__private::JobContext,
+                    _: Self::Args,
+                ) -> impl ::core::future::Future<
+                    Output = ::core::result::Result<(), ::forge::__private::JobError>,
+                > + ::core::marker::Send {
+                    ::core::future::pending()
+                }
+            }
+            #errors
+        });
+    }
+
+    let Definition {
+        kind,
+        queue,
+        role,
+        max_attempts,
+        backoff,
+        timeout,
+        priority,
+        unique,
+    } = definition;
+    let mut options = quote!(::forge::__private::JobOptions::new());
+    if let Some(queue) = queue {
+        options.extend(quote!(.queue(#queue)));
+    }
+    if let Some(role) = role {
+        options.extend(quote!(.role(#role)));
+    }
+    if let Some(max_attempts) = max_attempts {
+        options.extend(quote!(.max_attempts(#max_attempts)));
+    }
+    if let Some(backoff) = backoff {
+        let backoff = match backoff {
+            Backoff::Fixed(delay) => {
+                let delay = options::duration_tokens(delay);
+                quote!(::forge::__private::Backoff::fixed(#delay))
+            }
+            Backoff::Exponential { base, max } => {
+                let mut tokens = match base {
+                    Some(base) => {
+                        let base = options::duration_tokens(base);
+                        quote!(::forge::__private::Backoff::exponential(#base))
+                    }
+                    None => {
+                        quote!(<::forge::__private::Backoff as ::core::default::Default>::default())
+                    }
+                };
+                if let Some(max) = max {
+                    let max = options::duration_tokens(max);
+                    tokens.extend(quote!(.capped(#max)));
+                }
+                tokens
+            }
+        };
+        options.extend(quote!(.backoff(#backoff)));
+    }
+    if let Some(timeout) = timeout {
+        let timeout = options::duration_tokens(timeout);
+        options.extend(quote!(.timeout(#timeout)));
+    }
+    if let Some(priority) = priority {
+        options.extend(quote!(.priority(#priority)));
+    }
+    if let Some(unique) = unique {
+        options.extend(quote!(.unique(#unique)));
+    }
+
+    // Spans: a context of the wrong type is reported at the user's parameter type, a return
+    // type that is not `()` or `Result<(), E: Into<JobError>>` at the user's return type.
+    let output_span = match &handler.sig.output {
+        ReturnType::Type(_, ty) => ty.span(),
+        ReturnType::Default => ident.span(),
+    };
+    let mut callee = ident.clone();
+    callee.set_span(output_span);
+    let (ctx, call) = match ctx_param {
+        Some(param) => {
+            let arg = quote_spanned!(param.ty.span()=> ctx);
+            (
+                quote!(ctx),
+                quote_spanned!(output_span=> #callee::run(#arg, args).await),
+            )
+        }
+        None => (
+            quote!(_),
+            quote_spanned!(output_span=> #callee::run(args).await),
+        ),
+    };
+    let into_result =
+        quote_spanned!(output_span=> ::forge::__private::IntoJobResult::into_job_result);
+
+    Ok(quote! {
+        #item
+
+        #(#cfgs)*
+        impl ::forge::__private::Job for #ident {
+            #args_item
+            const KIND: &'static str = #kind;
+
+            fn options(&self) -> ::forge::__private::JobOptions {
+                #options
+            }
+
+            fn run(
+                &self,
+                #ctx: ::forge::__private::JobContext,
+                args: Self::Args,
+            ) -> impl ::core::future::Future<
+                Output = ::core::result::Result<(), ::forge::__private::JobError>,
+            > + ::core::marker::Send {
+                async move { #into_result(#call) }
+            }
+        }
+
+        #(#cfgs)*
+        ::forge::__private::inventory::submit! {
+            ::forge::__private::JobRegistration {
+                register: |registry| registry.add(#ident),
+            }
+        }
+    })
+}
+
+/// Parses and validates the attribute's arguments; problems go to `errors`.
+fn parse_definition(args: TokenStream, ident: &Ident, errors: &mut Errors) -> Definition {
+    let options = Parser::parse2(
+        |input: ParseStream<'_>| Ok(options::parse(input, &ATTR, errors)),
+        args,
+    )
+    .unwrap_or_else(|err| {
+        errors.push(err);
+        Options::default()
+    });
+
+    let kind = match options.str("name") {
+        Some(lit) => {
+            let kind = lit.value();
+            if !options::is_valid_name(&kind) {
+                errors.at(
+                    lit.span(),
+                    format!(
+                        "invalid job name {kind:?}: use {}, such as \"send_email\"",
+                        options::NAME_RULE
+                    ),
+                );
+            }
+            kind
+        }
+        None => {
+            let kind = ident.unraw().to_string();
+            if !options::is_valid_name(&kind) {
+                errors.at(
+                    ident.span(),
+                    format!(
+                        "the job's name (its kind) defaults to the fn's name, and `{kind}` is \
+                         not a valid name ({}): give one with #[job(name = \"...\")]",
+                        options::NAME_RULE
+                    ),
+                );
+            }
+            kind
+        }
+    };
+    let queue = options
+        .str("queue")
+        .and_then(|lit| check_queue(lit, errors));
+    let role = options
+        .str("role")
+        .and_then(|lit| options::check_role(lit, errors));
+    let max_attempts = options.int("max_attempts").and_then(|(value, expr)| {
+        match u32::try_from(value) {
+            Ok(0) => errors.spanned(
+                expr,
+                "`max_attempts` must be at least 1: it counts the first attempt too",
+            ),
+            Ok(attempts) => return Some(attempts),
+            Err(_) => errors.spanned(
+                expr,
+                format!("`max_attempts` must be from 1 to {}", u32::MAX),
+            ),
+        }
+        None
+    });
+    let priority = options.int("priority").and_then(|(value, expr)| {
+        i16::try_from(value)
+            .map_err(|_| {
+                errors.spanned(
+                    expr,
+                    format!(
+                        "`priority` must fit in an i16, from {} to {} (lower runs first; the \
+                         default is 0)",
+                        i16::MIN,
+                        i16::MAX
+                    ),
+                );
+            })
+            .ok()
+    });
+    let backoff = backoff(&options, errors);
+    Definition {
+        kind,
+        queue,
+        role,
+        max_attempts,
+        backoff,
+        timeout: options.duration("timeout"),
+        priority,
+        unique: options.bool("unique"),
+    }
+}
+
+/// `backoff`, `backoff_base` and `backoff_max` together.
+fn backoff(options: &Options, errors: &mut Errors) -> Option<Backoff> {
+    let strategy = options.str("backoff").and_then(|lit| {
+        options::one_of(
+            "backoff",
+            lit,
+            &[("exponential", "the default"), ("fixed", "")],
+            errors,
+        )
+    });
+    let base = options.duration("backoff_base");
+    let max = options.duration("backoff_max");
+    match strategy.as_deref() {
+        Some("fixed") => {
+            if let Some(key) = options.key("backoff_max") {
+                errors.at(
+                    key.span(),
+                    "`backoff_max` only applies to `backoff = \"exponential\"`: a fixed backoff \
+                     waits `backoff_base` every time",
+                );
+            }
+            match base {
+                Some(delay) => Some(Backoff::Fixed(delay)),
+                None => {
+                    if let Some(key) = options.key("backoff") {
+                        errors.at(
+                            key.span(),
+                            "`backoff = \"fixed\"` needs the delay between attempts: add \
+                             `backoff_base = \"30s\"`, for example",
+                        );
+                    }
+                    None
+                }
+            }
+        }
+        _ if strategy.is_some() || base.is_some() || max.is_some() => {
+            if let (Some(base), Some(max)) = (base, max)
+                && max < base
+                && let Some(key) = options.key("backoff_max")
+            {
+                errors.at(
+                    key.span(),
+                    format!(
+                        "`backoff_max` ({}) is shorter than `backoff_base` ({}): the delays \
+                         start at the base and grow up to the max",
+                        humantime::format_duration(max),
+                        humantime::format_duration(base)
+                    ),
+                );
+            }
+            Some(Backoff::Exponential { base, max })
+        }
+        _ => None,
+    }
+}
+
+/// Whether `ty` names the job context (`JobContext`, `forge::JobContext`, ...).
+fn is_job_context(ty: &Type) -> bool {
+    matches!(ty, Type::Path(path)
+        if path.path.segments.last().is_some_and(|segment| segment.ident == "JobContext"))
+}
+
+/// The rule of the job runtime's `validate_queue` (forge-scheduler/src/jobs/mod.rs), copied
+/// because a proc-macro crate cannot depend on forge-scheduler: keep the two in step.
+fn check_queue(lit: &LitStr, errors: &mut Errors) -> Option<String> {
+    let queue = lit.value();
+    let valid = !queue.is_empty()
+        && queue.len() <= 63
+        && queue
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if valid {
+        Some(queue)
+    } else {
+        errors.at(
+            lit.span(),
+            format!(
+                "invalid queue name {queue:?}: use 1-63 ASCII letters, digits, `_`, `-` or `.`, \
+                 such as \"mailers\" (and list it in `[jobs.queues]` of forge.toml)"
+            ),
+        );
+        None
+    }
+}

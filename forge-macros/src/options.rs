@@ -1,0 +1,453 @@
+//! The `key = literal` options both attributes take: parsing with recovery (one mistake does
+//! not hide the next), literal types, durations, duplicates, unknown names, and the name rules
+//! both macros share.
+
+use std::fmt::Display;
+use std::time::Duration;
+
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::{ToTokens, quote};
+use syn::ext::IdentExt;
+use syn::parse::ParseStream;
+use syn::{Expr, ExprLit, ExprUnary, Ident, Lit, LitStr, Token, UnOp};
+
+/// Every problem found in one attribute, reported together.
+#[derive(Default)]
+pub(crate) struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub(crate) fn push(&mut self, err: syn::Error) {
+        match &mut self.0 {
+            Some(first) => first.combine(err),
+            None => self.0 = Some(err),
+        }
+    }
+
+    pub(crate) fn at(&mut self, span: Span, message: impl Display) {
+        self.push(syn::Error::new(span, message));
+    }
+
+    pub(crate) fn spanned(&mut self, tokens: impl ToTokens, message: impl Display) {
+        self.push(syn::Error::new_spanned(tokens, message));
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub(crate) fn to_compile_errors(&self) -> TokenStream {
+        self.0
+            .as_ref()
+            .map_or_else(TokenStream::new, syn::Error::to_compile_error)
+    }
+}
+
+/// The literal an option takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Str,
+    /// A string parsed by `humantime`, more than zero.
+    Duration,
+    Int,
+    Bool,
+}
+
+impl Kind {
+    fn describe(self) -> &'static str {
+        match self {
+            Kind::Str => "a string",
+            Kind::Duration => "a duration string with a unit",
+            Kind::Int => "an integer",
+            Kind::Bool => "`true` or `false`",
+        }
+    }
+}
+
+/// One option of an attribute.
+pub(crate) struct Spec {
+    pub(crate) name: &'static str,
+    pub(crate) kind: Kind,
+    /// A valid value as written in the attribute, for messages.
+    pub(crate) example: &'static str,
+}
+
+/// What an attribute accepts.
+pub(crate) struct Attr {
+    /// `cron` or `job`.
+    pub(crate) name: &'static str,
+    pub(crate) specs: &'static [Spec],
+    /// Names people reach for, and the option they mean.
+    pub(crate) aliases: &'static [(&'static str, &'static str)],
+}
+
+impl Attr {
+    /// "`name`, `role` and `tz`".
+    pub(crate) fn option_list(&self) -> String {
+        let names: Vec<String> = self.specs.iter().map(|s| format!("`{}`", s.name)).collect();
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => names.concat(),
+        }
+    }
+}
+
+/// A well-typed option value.
+pub(crate) enum Value {
+    Str(LitStr),
+    Duration(Duration),
+    /// The value with its sign, and the literal (with its `-`) for error spans.
+    Int(i128, Expr),
+    Bool(bool),
+}
+
+/// The options given, each with a value of the right literal type.
+#[derive(Default)]
+pub(crate) struct Options {
+    entries: Vec<(&'static str, Ident, Value)>,
+}
+
+impl Options {
+    fn value(&self, name: &str) -> Option<&Value> {
+        self.entries
+            .iter()
+            .find(|(key, _, _)| *key == name)
+            .map(|(_, _, value)| value)
+    }
+
+    /// The option's name as written, to point errors at.
+    pub(crate) fn key(&self, name: &str) -> Option<&Ident> {
+        self.entries
+            .iter()
+            .find(|(key, _, _)| *key == name)
+            .map(|(_, ident, _)| ident)
+    }
+
+    pub(crate) fn str(&self, name: &str) -> Option<&LitStr> {
+        match self.value(name) {
+            Some(Value::Str(lit)) => Some(lit),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn duration(&self, name: &str) -> Option<Duration> {
+        match self.value(name) {
+            Some(Value::Duration(duration)) => Some(*duration),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn int(&self, name: &str) -> Option<(i128, &Expr)> {
+        match self.value(name) {
+            Some(Value::Int(value, expr)) => Some((*value, expr)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn bool(&self, name: &str) -> Option<bool> {
+        match self.value(name) {
+            Some(Value::Bool(value)) => Some(*value),
+            _ => None,
+        }
+    }
+}
+
+/// Parses `key = literal, ...` to the end of `input`. Every problem goes to `errors` and the
+/// option it is in is skipped, so that one mistake does not hide the next.
+pub(crate) fn parse(input: ParseStream<'_>, attr: &Attr, errors: &mut Errors) -> Options {
+    let mut options = Options::default();
+    let mut seen: Vec<&'static str> = Vec::new();
+    while !input.is_empty() {
+        match parse_one(input, attr, &mut seen) {
+            Ok((name, ident, value)) => options.entries.push((name, ident, value)),
+            Err(err) => {
+                errors.push(err);
+                skip_to_comma(input);
+            }
+        }
+        if input.is_empty() {
+            break;
+        }
+        if let Err(err) = input.parse::<Token![,]>() {
+            errors.push(err);
+            skip_to_comma(input);
+            let _ = input.parse::<Option<Token![,]>>();
+        }
+    }
+    options
+}
+
+/// Consumes tokens up to (not including) the next top-level `,`, and returns them.
+pub(crate) fn skip_to_comma(input: ParseStream<'_>) -> TokenStream {
+    let mut skipped = TokenStream::new();
+    while !input.is_empty() && !input.peek(Token![,]) {
+        match input.parse::<TokenTree>() {
+            Ok(token) => skipped.extend([token]),
+            Err(_) => break,
+        }
+    }
+    skipped
+}
+
+fn parse_one(
+    input: ParseStream<'_>,
+    attr: &Attr,
+    seen: &mut Vec<&'static str>,
+) -> syn::Result<(&'static str, Ident, Value)> {
+    let key = Ident::parse_any(input).map_err(|_| {
+        input.error(format!(
+            "expected an option written `name = value`; #[{}] takes {}",
+            attr.name,
+            attr.option_list()
+        ))
+    })?;
+    let written = key.unraw().to_string();
+    let Some(spec) = attr.specs.iter().find(|spec| spec.name == written) else {
+        return Err(unknown(attr, &key, &written));
+    };
+    if seen.contains(&spec.name) {
+        return Err(syn::Error::new(
+            key.span(),
+            format!("`{}` is given twice: keep one", spec.name),
+        ));
+    }
+    seen.push(spec.name);
+    let write_it = || format!("write `{} = {}`", spec.name, spec.example);
+    if input.is_empty() || input.peek(Token![,]) {
+        return Err(syn::Error::new(
+            key.span(),
+            format!("`{}` needs a value: {}", spec.name, write_it()),
+        ));
+    }
+    if !input.peek(Token![=]) {
+        return Err(input.error(format!(
+            "expected `=` after `{}`: {}",
+            spec.name,
+            write_it()
+        )));
+    }
+    input.parse::<Token![=]>()?;
+    let expr: Expr = input.parse()?;
+    let value = literal(&expr, spec)?;
+    Ok((spec.name, key, value))
+}
+
+fn unknown(attr: &Attr, key: &Ident, written: &str) -> syn::Error {
+    let alias = attr
+        .aliases
+        .iter()
+        .find(|(alias, _)| *alias == written)
+        .map(|(_, meant)| *meant);
+    let close = || {
+        let limit = (written.len() / 3).max(1);
+        attr.specs
+            .iter()
+            .map(|spec| (edit_distance(written, spec.name), spec.name))
+            .filter(|(distance, _)| *distance <= limit)
+            .min()
+            .map(|(_, name)| name)
+    };
+    let hint = alias
+        .or_else(close)
+        .map_or_else(String::new, |name| format!(" (did you mean `{name}`?)"));
+    syn::Error::new(
+        key.span(),
+        format!(
+            "unknown option `{written}`{hint}; #[{}] takes {}",
+            attr.name,
+            attr.option_list()
+        ),
+    )
+}
+
+/// Levenshtein distance; names are short.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(above + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+fn literal(expr: &Expr, spec: &Spec) -> syn::Result<Value> {
+    let (lit, negative) = match expr {
+        Expr::Lit(ExprLit { lit, .. }) => (lit, false),
+        Expr::Unary(ExprUnary {
+            op: UnOp::Neg(_),
+            expr: inner,
+            ..
+        }) if matches!(**inner, Expr::Lit(_)) => match &**inner {
+            Expr::Lit(ExprLit { lit, .. }) => (lit, true),
+            _ => unreachable!("matched above"),
+        },
+        _ => {
+            return Err(syn::Error::new_spanned(
+                expr,
+                format!(
+                    "`{}` takes a literal, such as `{} = {}`: attribute options are read at \
+                     compile time, so constants and expressions cannot be used",
+                    spec.name, spec.name, spec.example
+                ),
+            ));
+        }
+    };
+    let value = match (spec.kind, lit, negative) {
+        (Kind::Str, Lit::Str(lit), false) => Value::Str(lit.clone()),
+        (Kind::Duration, Lit::Str(lit), false) => Value::Duration(duration(spec.name, lit)?),
+        (Kind::Int, Lit::Int(lit), _) => {
+            let value: i128 = lit.base10_parse()?;
+            Value::Int(if negative { -value } else { value }, expr.clone())
+        }
+        (Kind::Bool, Lit::Bool(lit), false) => Value::Bool(lit.value),
+        _ => {
+            return Err(syn::Error::new_spanned(
+                expr,
+                format!(
+                    "`{}` takes {}, such as `{} = {}`",
+                    spec.name,
+                    spec.kind.describe(),
+                    spec.name,
+                    spec.example
+                ),
+            ));
+        }
+    };
+    Ok(value)
+}
+
+/// Durations as in `forge.toml` (`humantime`), with the same message.
+fn duration(option: &str, lit: &LitStr) -> syn::Result<Duration> {
+    let text = lit.value();
+    let duration = humantime::parse_duration(&text).map_err(|err| {
+        syn::Error::new(
+            lit.span(),
+            format!(
+                "invalid duration {text:?} for `{option}` ({err}): use a number with a unit, \
+                 such as \"5s\", \"250ms\" or \"1m 30s\""
+            ),
+        )
+    })?;
+    if duration.is_zero() {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!("`{option}` must be longer than zero, such as \"5s\", \"250ms\" or \"1m 30s\""),
+        ));
+    }
+    Ok(duration)
+}
+
+/// One of a fixed set of words; `valid` is `(word, note)`, the note shown in parentheses.
+pub(crate) fn one_of(
+    option: &str,
+    lit: &LitStr,
+    valid: &[(&str, &str)],
+    errors: &mut Errors,
+) -> Option<String> {
+    let text = lit.value();
+    if valid.iter().any(|(word, _)| *word == text) {
+        return Some(text);
+    }
+    let words: Vec<String> = valid
+        .iter()
+        .map(|(word, note)| {
+            if note.is_empty() {
+                format!("{word:?}")
+            } else {
+                format!("{word:?} ({note})")
+            }
+        })
+        .collect();
+    let words = match words.split_last() {
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    };
+    errors.at(
+        lit.span(),
+        format!("invalid {option} {text:?}: use {words}"),
+    );
+    None
+}
+
+/// The rule of `forge_core::Role::new` (`validate_name` in forge-core/src/role.rs), copied
+/// because a proc-macro crate cannot depend on forge-core: keep the two in step.
+pub(crate) fn check_role(lit: &LitStr, errors: &mut Errors) -> Option<String> {
+    let name = lit.value();
+    let valid = !name.is_empty()
+        && name.len() <= 48
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if valid {
+        Some(name)
+    } else {
+        errors.at(
+            lit.span(),
+            format!(
+                "invalid role name {name:?}: use 1-48 lowercase letters, digits and `_`, \
+                 starting with a letter (for example `scheduler` or `billing_reports`)"
+            ),
+        );
+        None
+    }
+}
+
+/// What a cron name or a job kind may be: they are keys in the database and labels in logs
+/// and metrics.
+pub(crate) const NAME_RULE: &str =
+    "1-64 ASCII letters, digits, `_`, `-`, `.` and `:`, starting with a letter";
+
+pub(crate) fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'))
+}
+
+/// `Some(value)` / `None` as tokens, for the generated code.
+pub(crate) fn option_tokens<T: ToTokens>(value: Option<T>) -> TokenStream {
+    match value {
+        Some(value) => quote!(::core::option::Option::Some(#value)),
+        None => quote!(::core::option::Option::None),
+    }
+}
+
+/// A `Duration` as a const expression.
+pub(crate) fn duration_tokens(duration: Duration) -> TokenStream {
+    let secs = duration.as_secs();
+    let nanos = duration.subsec_nanos();
+    quote!(::core::time::Duration::new(#secs, #nanos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("catchup", "catch_up"), 1);
+        assert_eq!(edit_distance("timout", "timeout"), 1);
+        assert_eq!(edit_distance("", "tz"), 2);
+        assert_eq!(edit_distance("role", "role"), 0);
+    }
+
+    #[test]
+    fn names() {
+        assert!(is_valid_name("send_email"));
+        assert!(is_valid_name("billing.invoice:v2-eu"));
+        assert!(!is_valid_name(""));
+        assert!(!is_valid_name("_private"));
+        assert!(!is_valid_name("daily report"));
+        assert!(!is_valid_name(&"a".repeat(65)));
+    }
+}

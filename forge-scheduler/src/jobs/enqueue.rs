@@ -1,0 +1,579 @@
+//! Enqueueing, cancelling and reading jobs: the node's [`Jobs`] client and free functions that
+//! take any sqlx executor (a pool, a connection, the caller's transaction).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use forge_core::{Error, LockNamespace, Metrics, Result};
+use sqlx::postgres::PgRow;
+use sqlx::{Executor, PgPool, Postgres, Row};
+
+use super::{Job, JobId, JobState, validate_queue};
+
+/// A job to enqueue, with per-job options on top of its type's declared [`super::JobOptions`].
+///
+/// ```
+/// use std::time::Duration;
+/// use forge_scheduler::jobs::{Job, JobContext, JobError, NewJob};
+///
+/// # #[allow(non_camel_case_types)] struct send_email;
+/// # impl Job for send_email {
+/// #     type Args = String;
+/// #     const KIND: &'static str = "send_email";
+/// #     async fn run(&self, _: JobContext, _: String) -> Result<(), JobError> { Ok(()) }
+/// # }
+/// let job = NewJob::new(send_email, "a@example.com".to_owned())
+///     .delay(Duration::from_secs(60))
+///     .priority(-1)
+///     .unique_key("welcome:a@example.com");
+/// assert_eq!(job.kind(), "send_email");
+/// ```
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    pub(crate) kind: &'static str,
+    pub(crate) args: std::result::Result<serde_json::Value, String>,
+    pub(crate) queue: String,
+    pub(crate) role: Option<String>,
+    pub(crate) priority: i16,
+    pub(crate) run_at: Option<DateTime<Utc>>,
+    pub(crate) delay: Option<Duration>,
+    pub(crate) max_attempts: Option<u32>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) unique: bool,
+    pub(crate) unique_key: Option<String>,
+    pub(crate) namespace: Option<String>,
+}
+
+impl NewJob {
+    /// A job of type `J` with these arguments and `J`'s declared options. An argument that
+    /// cannot be serialized is reported when the job is enqueued.
+    pub fn new<J: Job>(job: J, args: J::Args) -> NewJob {
+        let options = job.options();
+        NewJob {
+            kind: J::KIND,
+            args: serde_json::to_value(&args).map_err(|err| err.to_string()),
+            queue: options.queue,
+            role: options.role,
+            priority: options.priority,
+            run_at: None,
+            delay: None,
+            max_attempts: options.max_attempts,
+            timeout: options.timeout,
+            unique: options.unique,
+            unique_key: None,
+            namespace: None,
+        }
+    }
+
+    /// The job's kind.
+    pub fn kind(&self) -> &str {
+        self.kind
+    }
+
+    /// Puts the job in another queue than the declared one.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// Lower runs first.
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Runs the job no earlier than `at` (the database's clock decides). A time in the past
+    /// means now.
+    pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
+        self.run_at = Some(at);
+        self.delay = None;
+        self
+    }
+
+    /// Runs the job no earlier than `delay` after it is enqueued (measured by the database's
+    /// clock).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self.run_at = None;
+        self
+    }
+
+    /// Attempts before the job is dead-lettered (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// Fails an attempt that runs longer.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// At most one unfinished (available, scheduled, running or retryable) job of this kind
+    /// has this key: enqueueing another reports [`Enqueued::Duplicate`]. Without a key, a job
+    /// type declared `unique` uses its arguments as the key.
+    pub fn unique_key(mut self, key: impl Into<String>) -> Self {
+        self.unique_key = Some(key.into());
+        self
+    }
+
+    /// The FORGE cluster (`[cluster] lock_namespace`) whose nodes run the job. Default: the
+    /// namespace of the [`Jobs`] client, or `forge` for the free functions.
+    pub fn namespace(mut self, namespace: &LockNamespace) -> Self {
+        self.namespace = Some(namespace.name().to_owned());
+        self
+    }
+
+    fn invalid(&self, message: String) -> Error {
+        Error::Registration {
+            message: format!("job `{}`: {message}", self.kind),
+        }
+    }
+}
+
+/// What enqueueing did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Enqueued {
+    /// The job was inserted with this id (it exists once the transaction commits).
+    Inserted(JobId),
+    /// A unique job: an unfinished job of the same kind and key exists (this id); nothing was
+    /// inserted.
+    Duplicate(JobId),
+}
+
+impl Enqueued {
+    /// The inserted job's id, or the id of the job it duplicates.
+    pub fn id(&self) -> JobId {
+        match *self {
+            Enqueued::Inserted(id) | Enqueued::Duplicate(id) => id,
+        }
+    }
+
+    /// Whether nothing was inserted because of a unique key.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Enqueued::Duplicate(_))
+    }
+}
+
+/// What [`cancel`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The job was waiting (available, scheduled or retryable) and is now cancelled.
+    Cancelled,
+    /// The job is running: its node was asked to stop it, and records it as cancelled (unless
+    /// the attempt completes first). If the node is dead, the rescue records it as cancelled.
+    Requested,
+    /// The job had already finished in this state.
+    Finished(JobState),
+    /// No job has this id (never existed, or pruned).
+    NotFound,
+}
+
+/// One failed, interrupted or rescued attempt, from the job's `errors`.
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[non_exhaustive]
+pub struct AttemptError {
+    /// The attempt's number.
+    pub attempt: u32,
+    /// When it was recorded (database clock).
+    pub at: DateTime<Utc>,
+    /// The node that ran the attempt, if any.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// `error`, `timeout`, `panic`, `discard`, `cancelled`, `released` or `rescued`.
+    pub reason: String,
+    /// What happened.
+    pub error: String,
+}
+
+/// A job as stored in `forge.jobs`.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct JobInfo {
+    /// The id.
+    pub id: JobId,
+    /// The FORGE cluster it belongs to.
+    pub namespace: String,
+    /// The queue.
+    pub queue: String,
+    /// The kind ([`Job::KIND`]).
+    pub kind: String,
+    /// The arguments, as stored.
+    pub args: serde_json::Value,
+    /// The state.
+    pub state: JobState,
+    /// Lower runs first.
+    pub priority: i16,
+    /// When it is (or was) due.
+    pub run_at: DateTime<Utc>,
+    /// Attempts started so far (the running attempt's number while running).
+    pub attempt: u32,
+    /// Attempts allowed (`None`: `[jobs] default_max_attempts`).
+    pub max_attempts: Option<u32>,
+    /// Per-attempt timeout.
+    pub timeout: Option<Duration>,
+    /// The role whose leader runs it, if any.
+    pub role: Option<String>,
+    /// The unique key, if any.
+    pub unique_key: Option<String>,
+    /// The node of the current or last attempt.
+    pub node_id: Option<String>,
+    /// When the current or last attempt started.
+    pub attempted_at: Option<DateTime<Utc>>,
+    /// When it finished (completed, dead, cancelled).
+    pub finished_at: Option<DateTime<Utc>>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// A cancel was requested while it was running.
+    pub cancel_requested: bool,
+    /// Failed, interrupted and rescued attempts, oldest first.
+    pub errors: Vec<AttemptError>,
+}
+
+impl JobInfo {
+    fn from_row(row: &PgRow) -> Result<JobInfo> {
+        let state: String = row.try_get("state")?;
+        let errors: serde_json::Value = row.try_get("errors")?;
+        let errors = serde_json::from_value(errors).map_err(|err| Error::Serialization {
+            kind: row.try_get::<String, _>("kind").unwrap_or_default(),
+            message: format!("the job's errors cannot be read: {err}"),
+        })?;
+        Ok(JobInfo {
+            id: JobId(row.try_get("id")?),
+            namespace: row.try_get("namespace")?,
+            queue: row.try_get("queue")?,
+            kind: row.try_get("kind")?,
+            args: row.try_get("args")?,
+            state: JobState::parse(&state).unwrap_or(JobState::Dead),
+            priority: row.try_get("priority")?,
+            run_at: row.try_get("run_at")?,
+            attempt: row.try_get::<i32, _>("attempt")?.max(0) as u32,
+            max_attempts: row
+                .try_get::<Option<i32>, _>("max_attempts")?
+                .map(|n| n.max(1) as u32),
+            timeout: row
+                .try_get::<Option<i64>, _>("timeout_ms")?
+                .map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            role: row.try_get("role")?,
+            unique_key: row.try_get("unique_key")?,
+            node_id: row.try_get("node_id")?,
+            attempted_at: row.try_get("attempted_at")?,
+            finished_at: row.try_get("finished_at")?,
+            created_at: row.try_get("created_at")?,
+            cancel_requested: row.try_get("cancel_requested")?,
+            errors,
+        })
+    }
+}
+
+/// Enqueues a job of type `J` with its declared options, through any executor: a pool, a
+/// connection, or `&mut *tx` (the job then exists only if the transaction commits).
+///
+/// ```no_run
+/// # use forge_scheduler::jobs::{Job, JobContext, JobError};
+/// # #[allow(non_camel_case_types)] struct send_email;
+/// # impl Job for send_email {
+/// #     type Args = String;
+/// #     const KIND: &'static str = "send_email";
+/// #     async fn run(&self, _: JobContext, _: String) -> Result<(), JobError> { Ok(()) }
+/// # }
+/// # async fn demo(pool: sqlx::PgPool) -> forge_core::Result<()> {
+/// let mut tx = pool.begin().await?;
+/// forge_scheduler::jobs::enqueue(&mut *tx, send_email, "a@example.com".to_owned()).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn enqueue<'c, E, J>(executor: E, job: J, args: J::Args) -> Result<Enqueued>
+where
+    E: Executor<'c, Database = Postgres>,
+    J: Job,
+{
+    enqueue_job(executor, NewJob::new(job, args)).await
+}
+
+/// Enqueues a [`NewJob`] (per-job options) through any executor.
+pub async fn enqueue_job<'c, E>(executor: E, job: NewJob) -> Result<Enqueued>
+where
+    E: Executor<'c, Database = Postgres>,
+{
+    let mut results = insert(executor, std::slice::from_ref(&job), None).await?;
+    results.pop().ok_or_else(|| Error::Registration {
+        message: "enqueueing returned no result".into(),
+    })
+}
+
+/// Enqueues many jobs in one statement, in order; the results are in the same order. Jobs may
+/// be of different kinds and queues.
+pub async fn enqueue_many<'c, E>(
+    executor: E,
+    jobs: impl IntoIterator<Item = NewJob>,
+) -> Result<Vec<Enqueued>>
+where
+    E: Executor<'c, Database = Postgres>,
+{
+    let jobs: Vec<NewJob> = jobs.into_iter().collect();
+    insert(executor, &jobs, None).await
+}
+
+/// Cancels a job (see [`CancelOutcome`]).
+pub async fn cancel<'c, E>(executor: E, id: JobId) -> Result<CancelOutcome>
+where
+    E: Executor<'c, Database = Postgres>,
+{
+    let outcome: String = sqlx::query_scalar("SELECT forge.jobs_cancel($1)")
+        .bind(id.0)
+        .fetch_one(executor)
+        .await?;
+    match outcome.as_str() {
+        "cancelled_now" => Ok(CancelOutcome::Cancelled),
+        "requested" => Ok(CancelOutcome::Requested),
+        "not_found" => Ok(CancelOutcome::NotFound),
+        other => match other.strip_prefix("finished:").and_then(JobState::parse) {
+            Some(state) => Ok(CancelOutcome::Finished(state)),
+            // The job kept moving between waiting and running while the function looked.
+            None => Err(Error::Registration {
+                message: format!(
+                    "job {id} changed state too often to be cancelled ({other}): try again"
+                ),
+            }),
+        },
+    }
+}
+
+/// Reads a job (`None` if there is no job with this id).
+pub async fn get<'c, E>(executor: E, id: JobId) -> Result<Option<JobInfo>>
+where
+    E: Executor<'c, Database = Postgres>,
+{
+    let row = sqlx::query("SELECT * FROM forge.jobs WHERE id = $1")
+        .bind(id.0)
+        .fetch_optional(executor)
+        .await?;
+    row.as_ref().map(JobInfo::from_row).transpose()
+}
+
+/// The parallel arrays of one `forge.jobs_enqueue` call.
+#[derive(Default)]
+struct Batch {
+    queues: Vec<String>,
+    kinds: Vec<&'static str>,
+    args: Vec<serde_json::Value>,
+    priorities: Vec<i16>,
+    run_at: Vec<Option<DateTime<Utc>>>,
+    delays_ms: Vec<Option<i64>>,
+    max_attempts: Vec<Option<i32>>,
+    timeouts_ms: Vec<Option<i64>>,
+    roles: Vec<Option<String>>,
+    unique_keys: Vec<Option<String>>,
+    unique: Vec<bool>,
+}
+
+/// Inserts `jobs` (all of one namespace) with one statement.
+async fn insert<'c, E>(
+    executor: E,
+    jobs: &[NewJob],
+    default_namespace: Option<&str>,
+) -> Result<Vec<Enqueued>>
+where
+    E: Executor<'c, Database = Postgres>,
+{
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let default_namespace = default_namespace.unwrap_or("forge");
+    let namespace = jobs[0].namespace.as_deref().unwrap_or(default_namespace);
+    let mut batch = Batch::default();
+    for job in jobs {
+        if job.namespace.as_deref().unwrap_or(default_namespace) != namespace {
+            return Err(job.invalid(format!(
+                "enqueue_many takes jobs of one namespace; this one is for {:?}, the first for {namespace:?}",
+                job.namespace.as_deref().unwrap_or(default_namespace)
+            )));
+        }
+        let args = job.args.clone().map_err(|message| Error::Serialization {
+            kind: job.kind.to_owned(),
+            message,
+        })?;
+        validate_queue(&job.queue).map_err(|message| job.invalid(message))?;
+        if job.max_attempts == Some(0) {
+            return Err(job.invalid("max_attempts must be at least 1".into()));
+        }
+        if job.timeout == Some(Duration::ZERO) {
+            return Err(job.invalid("a timeout must be longer than zero".into()));
+        }
+        batch.queues.push(job.queue.clone());
+        batch.kinds.push(job.kind);
+        batch.args.push(args);
+        batch.priorities.push(job.priority);
+        batch.run_at.push(job.run_at);
+        batch.delays_ms.push(
+            job.delay
+                .map(|d| d.as_millis().min(i64::MAX as u128) as i64),
+        );
+        batch
+            .max_attempts
+            .push(job.max_attempts.map(|n| n.min(i32::MAX as u32) as i32));
+        batch.timeouts_ms.push(
+            job.timeout
+                .map(|d| d.as_millis().clamp(1, i64::MAX as u128) as i64),
+        );
+        batch.roles.push(job.role.clone());
+        batch.unique_keys.push(job.unique_key.clone());
+        batch.unique.push(job.unique);
+    }
+    let rows = sqlx::query(
+        "SELECT ord, id, inserted FROM forge.jobs_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    )
+    .bind(namespace)
+    .bind(&batch.queues)
+    .bind(&batch.kinds)
+    .bind(&batch.args)
+    .bind(&batch.priorities)
+    .bind(&batch.run_at)
+    .bind(&batch.delays_ms)
+    .bind(&batch.max_attempts)
+    .bind(&batch.timeouts_ms)
+    .bind(&batch.roles)
+    .bind(&batch.unique_keys)
+    .bind(&batch.unique)
+    .fetch_all(executor)
+    .await?;
+    let mut results = vec![None; jobs.len()];
+    for row in rows {
+        let ord: i32 = row.try_get("ord")?;
+        let id: Option<i64> = row.try_get("id")?;
+        let inserted: bool = row.try_get("inserted")?;
+        let Some(id) = id else {
+            // The colliding job finished and was deleted between the insert and the lookup.
+            return Err(Error::Registration {
+                message: "a unique job collided with a job that vanished at the same moment: enqueue it again".into(),
+            });
+        };
+        let slot = usize::try_from(ord - 1)
+            .ok()
+            .and_then(|i| results.get_mut(i))
+            .ok_or_else(|| Error::Registration {
+                message: format!("enqueueing returned an unexpected position {ord}"),
+            })?;
+        *slot = Some(if inserted {
+            Enqueued::Inserted(JobId(id))
+        } else {
+            Enqueued::Duplicate(JobId(id))
+        });
+    }
+    results
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::Registration {
+            message: "enqueueing returned fewer results than jobs".into(),
+        })
+}
+
+/// Enqueues, reads and cancels jobs. A node's client (`node.jobs()`) enqueues into the node's
+/// namespace and counts what it inserts in `forge_job_enqueued_total` of the node's registry
+/// (jobs enqueued with the free functions are not counted: they know no registry).
+#[derive(Clone, Debug)]
+pub struct Jobs {
+    pool: PgPool,
+    namespace: String,
+    metrics: Option<Metrics>,
+}
+
+impl Jobs {
+    /// A client on `pool`, for the default namespace `forge`, counting nothing.
+    pub fn new(pool: PgPool) -> Jobs {
+        Jobs {
+            pool,
+            namespace: LockNamespace::default().name().to_owned(),
+            metrics: None,
+        }
+    }
+
+    /// A node's client.
+    pub(crate) fn for_node(pool: PgPool, namespace: &LockNamespace, metrics: Metrics) -> Jobs {
+        super::runtime::describe_metrics(&metrics);
+        Jobs {
+            pool,
+            namespace: namespace.name().to_owned(),
+            metrics: Some(metrics),
+        }
+    }
+
+    /// The same client for another namespace.
+    pub fn with_namespace(mut self, namespace: &LockNamespace) -> Jobs {
+        self.namespace = namespace.name().to_owned();
+        self
+    }
+
+    /// The pool jobs are enqueued through.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Enqueues a job with its declared options.
+    pub async fn enqueue<J: Job>(&self, job: J, args: J::Args) -> Result<Enqueued> {
+        self.enqueue_job(NewJob::new(job, args)).await
+    }
+
+    /// Enqueues a [`NewJob`].
+    pub async fn enqueue_job(&self, job: NewJob) -> Result<Enqueued> {
+        self.enqueue_in(&self.pool, job).await
+    }
+
+    /// Enqueues many jobs in one statement; results in the same order.
+    pub async fn enqueue_many(
+        &self,
+        jobs: impl IntoIterator<Item = NewJob>,
+    ) -> Result<Vec<Enqueued>> {
+        self.enqueue_many_in(&self.pool, jobs).await
+    }
+
+    /// Enqueues a [`NewJob`] through `executor`, such as `&mut *tx`: the job exists only if the
+    /// transaction commits (it is counted in metrics when the statement succeeds).
+    pub async fn enqueue_in<'c, E>(&self, executor: E, job: NewJob) -> Result<Enqueued>
+    where
+        E: Executor<'c, Database = Postgres>,
+    {
+        let mut results = self.enqueue_many_in(executor, [job]).await?;
+        results.pop().ok_or_else(|| Error::Registration {
+            message: "enqueueing returned no result".into(),
+        })
+    }
+
+    /// Enqueues many jobs through `executor`, in one statement.
+    pub async fn enqueue_many_in<'c, E>(
+        &self,
+        executor: E,
+        jobs: impl IntoIterator<Item = NewJob>,
+    ) -> Result<Vec<Enqueued>>
+    where
+        E: Executor<'c, Database = Postgres>,
+    {
+        let jobs: Vec<NewJob> = jobs.into_iter().collect();
+        let results = insert(executor, &jobs, Some(&self.namespace)).await?;
+        if let Some(metrics) = &self.metrics {
+            for (job, result) in jobs.iter().zip(&results) {
+                if !result.is_duplicate() {
+                    metrics
+                        .counter(
+                            "forge_job_enqueued_total",
+                            &[("queue", &job.queue), ("job", job.kind)],
+                        )
+                        .increment(1);
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    /// Cancels a job.
+    pub async fn cancel(&self, id: JobId) -> Result<CancelOutcome> {
+        cancel(&self.pool, id).await
+    }
+
+    /// Reads a job.
+    pub async fn get(&self, id: JobId) -> Result<Option<JobInfo>> {
+        get(&self.pool, id).await
+    }
+}

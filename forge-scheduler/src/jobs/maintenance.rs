@@ -1,0 +1,238 @@
+//! The scheduler leader's duties: promote scheduled jobs and retries when they are due, and,
+//! every `[jobs] maintenance_interval`, rescue the running jobs of dead or frozen nodes,
+//! prune finished jobs, and report queue depths.
+//!
+//! There is no polling: the leader sleeps until the earlier of its next pass and the earliest
+//! due job, which each statement returns, and a `forge_jobs_due` notification (sent by enqueues
+//! of scheduled jobs and by failed attempts) brings that time forward. Everything here is
+//! idempotent and guarded by the rows' states, so a deposed leader that is a little late
+//! changes nothing a newer one would not.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, Utc};
+use forge_core::{Leadership, ListenerEvent, Metrics};
+use sqlx::{PgPool, Row};
+use tokio::sync::broadcast;
+use tokio::time::{Instant, sleep_until};
+use tracing::{debug, info, warn};
+
+use super::runtime::{CHANNEL_DUE, Shared, record_rescue};
+
+/// At most this many jobs are promoted, rescued or pruned per statement.
+const BATCH: i32 = 10_000;
+
+/// The second pass of a tenure follows the first this soon (or after the interval if shorter).
+const SECOND_PASS: Duration = Duration::from_secs(1);
+
+/// Promotions are at least this far apart, so that a storm of failing jobs (each announcing its
+/// retry) costs at most a few hundred promotions per second.
+const MIN_PROMOTE_SPACING: Duration = Duration::from_millis(5);
+
+/// Runs the maintenance for one tenure of the scheduler leadership.
+pub(crate) async fn run(shared: Arc<Shared>, leadership: Leadership) {
+    let Some(ctx) = shared.context_until(leadership.stopping()).await else {
+        return;
+    };
+    let mut events = ctx.subscribe();
+    let mut state = Maintenance {
+        shared: shared.clone(),
+        pool: ctx.pool().clone(),
+        metrics: ctx.metrics().clone(),
+        offset_ms: 0.0,
+        depth_labels: BTreeSet::new(),
+        last_promote: None,
+    };
+    let interval = shared.config.maintenance_interval;
+    let mut next_pass = Instant::now();
+    let mut passes = 0u32;
+    let mut next_due: Option<Instant> = None;
+    info!(target: "forge::job", epoch = leadership.epoch().0, "maintaining the job queue");
+    loop {
+        let wake = next_due.map_or(next_pass, |due| due.min(next_pass));
+        tokio::select! {
+            biased;
+            _ = leadership.stopping() => return,
+            _ = sleep_until(wake) => {
+                if !leadership.is_valid() {
+                    return;
+                }
+                if Instant::now() >= next_pass {
+                    next_due = state.pass().await;
+                    passes += 1;
+                    // A tenure that began because the previous leader's node died starts
+                    // while that node's other sessions may still be closing (milliseconds
+                    // after its lock session): a second pass soon after finds them gone.
+                    let pause = if passes == 1 { interval.min(SECOND_PASS) } else { interval };
+                    next_pass = Instant::now() + pause;
+                } else {
+                    next_due = state.promote().await;
+                }
+            }
+            event = events.recv() => {
+                if let Some(due) = state.hear(event) {
+                    next_due = Some(next_due.map_or(due, |d| d.min(due)));
+                }
+            }
+        }
+    }
+}
+
+struct Maintenance {
+    shared: Arc<Shared>,
+    pool: PgPool,
+    metrics: Metrics,
+    /// The database clock minus this node's wall clock, in milliseconds, as last seen: to turn
+    /// due times announced in database time into local instants.
+    offset_ms: f64,
+    /// The label sets of `forge_job_queue_depth` last reported, to zero the ones that emptied.
+    depth_labels: BTreeSet<(String, String, String)>,
+    last_promote: Option<Instant>,
+}
+
+fn wall_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or_default()
+}
+
+impl Maintenance {
+    /// When, locally, a job due in `ms` milliseconds is due (not sooner than the promotion
+    /// spacing allows).
+    fn due_in(&self, ms: Option<f64>) -> Option<Instant> {
+        let ms = ms?;
+        let mut at = Instant::now() + Duration::from_secs_f64(ms.max(0.0) / 1000.0);
+        if let Some(last) = self.last_promote {
+            at = at.max(last + MIN_PROMOTE_SPACING);
+        }
+        Some(at)
+    }
+
+    fn observe_clock(&mut self, server_now: Option<DateTime<Utc>>) {
+        if let Some(now) = server_now {
+            self.offset_ms = now.timestamp_micros() as f64 / 1000.0 - wall_ms();
+        }
+    }
+
+    /// What a notification means for the timer: a due time to wake up for, if any.
+    fn hear(&self, event: Result<ListenerEvent, broadcast::error::RecvError>) -> Option<Instant> {
+        match event {
+            Ok(ListenerEvent::Notification { channel, payload }) if &*channel == CHANNEL_DUE => {
+                let (namespace, at) = payload.split_once(' ')?;
+                if namespace != self.shared.namespace {
+                    return None;
+                }
+                let at_ms: f64 = at.parse().ok()?;
+                self.due_in(Some(at_ms - (wall_ms() + self.offset_ms)))
+            }
+            // Announcements may have been missed: look now.
+            Ok(ListenerEvent::Restored) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                Some(Instant::now())
+            }
+            _ => None,
+        }
+    }
+
+    /// Promotes due jobs; returns when the next one is due.
+    async fn promote(&mut self) -> Option<Instant> {
+        self.last_promote = Some(Instant::now());
+        let row = sqlx::query("SELECT * FROM forge.jobs_promote($1, $2)")
+            .bind(&self.shared.namespace)
+            .bind(BATCH)
+            .fetch_one(&self.pool)
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(err) => {
+                warn!(target: "forge::job", error = %err, "promoting due jobs failed; retrying in 1s");
+                return Some(Instant::now() + Duration::from_secs(1));
+            }
+        };
+        let promoted: i64 = row.try_get("promoted").unwrap_or_default();
+        let next: Option<f64> = row.try_get("next_due_in_ms").unwrap_or_default();
+        self.observe_clock(row.try_get("server_now").ok());
+        if promoted > 0 {
+            debug!(target: "forge::job", promoted, "promoted due jobs");
+        }
+        self.due_in(next)
+    }
+
+    /// The full pass; returns when the next job is due.
+    async fn pass(&mut self) -> Option<Instant> {
+        let config = &self.shared.config;
+        let ms = |d: Duration| d.as_millis().min(i64::MAX as u128) as i64;
+        // After a server restart, nodes need up to check_interval to reconnect: until then,
+        // "no session" does not mean "dead".
+        let restart_grace = self.shared.check_interval * 3;
+        self.last_promote = Some(Instant::now());
+        let rows = sqlx::query("SELECT * FROM forge.jobs_maintain($1, $2, $3, $4, $5, $6, $7)")
+            .bind(&self.shared.namespace)
+            .bind(ms(config.rescue_after))
+            .bind(ms(restart_grace))
+            .bind(self.shared.default_max_attempts())
+            .bind(ms(config.completed_retention))
+            .bind(ms(config.dead_retention))
+            .bind(BATCH)
+            .fetch_all(&self.pool)
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(err) => {
+                warn!(target: "forge::job", error = %err, "job maintenance failed; retrying at the next pass");
+                return None;
+            }
+        };
+        let mut next_due = None;
+        let mut depth = BTreeSet::new();
+        for row in rows {
+            let event: String = row.try_get("event").unwrap_or_default();
+            let queue: Option<String> = row.try_get("queue").unwrap_or_default();
+            let kind: Option<String> = row.try_get("kind").unwrap_or_default();
+            let state: Option<String> = row.try_get("state").unwrap_or_default();
+            let n: Option<f64> = row.try_get("n").unwrap_or_default();
+            let (queue, kind, state) = (
+                queue.unwrap_or_default(),
+                kind.unwrap_or_default(),
+                state.unwrap_or_default(),
+            );
+            match event.as_str() {
+                "rescued" => {
+                    let n = n.unwrap_or_default() as u64;
+                    warn!(target: "forge::job", queue = %queue, job = %kind, jobs = n, state = %state,
+                          "rescued running jobs of a node that is gone");
+                    record_rescue(&self.metrics, &queue, &kind, &state, n);
+                }
+                "pruned" => {
+                    debug!(target: "forge::job", state = %state, jobs = n.unwrap_or_default(), "pruned finished jobs");
+                }
+                "next_due" => {
+                    self.observe_clock(row.try_get("at").ok());
+                    next_due = self.due_in(n);
+                }
+                "depth" => {
+                    self.metrics
+                        .gauge(
+                            "forge_job_queue_depth",
+                            &[("queue", &queue), ("job", &kind), ("state", &state)],
+                        )
+                        .set(n.unwrap_or_default());
+                    depth.insert((queue, kind, state));
+                }
+                _ => {}
+            }
+        }
+        for (queue, kind, state) in self.depth_labels.difference(&depth) {
+            self.metrics
+                .gauge(
+                    "forge_job_queue_depth",
+                    &[("queue", queue), ("job", kind), ("state", state)],
+                )
+                .set(0.0);
+        }
+        self.depth_labels = depth;
+        next_due
+    }
+}

@@ -1,0 +1,1170 @@
+//! The job queue on in-process nodes: runs, retries and backoff, dead letters, timeouts, unique
+//! keys, cancellation, transactional and bulk enqueue, priorities and run-at, panics, role jobs,
+//! graceful drain, metrics, bad declarations. (Killed node processes: `jobs_process`.)
+
+#[path = "../job_types.rs"]
+mod job_types;
+#[path = "jobs_process.rs"]
+mod process;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use forge::jobs::{
+    Backoff, CancelOutcome, Enqueued, Job, JobContext, JobError, JobId, JobInfo, JobOptions,
+    JobState, NewJob,
+};
+use forge::{Config, Node, Role, RoleState};
+use forge_testkit::{TestDatabase, wait_until};
+use sqlx::PgPool;
+
+pub(crate) use job_types::*;
+
+use crate::support::*;
+
+/// The election timings of [`config`], plus job timings short enough for tests.
+pub(crate) fn job_config(url: &str, node: &str) -> Config {
+    let mut config = config(url, node);
+    config.node.roles = vec!["scheduler".into()];
+    config.jobs.heartbeat_interval = Duration::from_millis(500);
+    config.jobs.rescue_after = Duration::from_secs(3);
+    config.jobs.maintenance_interval = Duration::from_secs(1);
+    config.jobs.drain_timeout = Duration::from_secs(2);
+    config
+}
+
+/// A fresh database with FORGE's schema and the `job_runs` table.
+pub(crate) async fn setup() -> (TestDatabase, PgPool) {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    sqlx::raw_sql(RUNS_TABLE_SQL).execute(&pool).await.unwrap();
+    let migrator = Node::builder(config(db.url(), "migrator"))
+        .auto_register(false)
+        .start()
+        .await
+        .unwrap();
+    migrator.shutdown().await;
+    (db, pool)
+}
+
+/// A node with every test job type registered.
+async fn start(config: Config) -> Node {
+    Node::builder(config)
+        .auto_register(false)
+        .job(plain)
+        .job(retrying)
+        .job(timing_out)
+        .job(quick_retry)
+        .job(unique_by_args)
+        .job(mailer)
+        .start()
+        .await
+        .expect("node starts")
+}
+
+/// Waits until job `id` is in `state`, and returns it.
+pub(crate) async fn wait_state(pool: &PgPool, id: JobId, state: JobState) -> JobInfo {
+    wait_for_job(pool, id, &format!("job {id} to be {state}"), |job| {
+        job.state == state
+    })
+    .await
+}
+
+async fn wait_for_job(
+    pool: &PgPool,
+    id: JobId,
+    what: &str,
+    pred: impl Fn(&JobInfo) -> bool,
+) -> JobInfo {
+    forge_testkit::wait_for(what, SOON, Duration::from_millis(10), || async {
+        match forge::jobs::get(pool, id).await {
+            Ok(Some(job)) if pred(&job) => Ok(job),
+            Ok(Some(job)) => Err(format!(
+                "state {}, attempt {}, errors {:?}",
+                job.state, job.attempt, job.errors
+            )),
+            Ok(None) => Err("no such job".to_owned()),
+            Err(err) => Err(err.to_string()),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// (attempt, node, started_at seconds, finished) of each attempt of a job, in order.
+async fn runs(pool: &PgPool, id: JobId) -> Vec<(i32, String, f64, bool)> {
+    sqlx::query_as(
+        "SELECT attempt, node, extract(epoch FROM started_at)::float8, finished_at IS NOT NULL
+           FROM job_runs WHERE job_id = $1 ORDER BY attempt",
+    )
+    .bind(id.0)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+fn inserted(result: Enqueued) -> JobId {
+    match result {
+        Enqueued::Inserted(id) => id,
+        Enqueued::Duplicate(id) => panic!("expected an insert, got a duplicate of {id}"),
+    }
+}
+
+/// The value of a metric line `name{labels} value` in a Prometheus text rendering.
+fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(name_and_labels)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_runs_once_and_is_counted() {
+    let (db, pool) = setup().await;
+    let node = start(job_config(db.url(), "a")).await;
+    let id = inserted(node.jobs().enqueue(plain, Behave::tag("x")).await.unwrap());
+    let job = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!(job.attempt, 1);
+    assert_eq!(job.node_id.as_deref(), Some("a"));
+    assert_eq!(job.kind, "plain");
+    assert_eq!(job.queue, "default");
+    assert!(
+        job.finished_at.is_some() && job.errors.is_empty(),
+        "{job:?}"
+    );
+    assert_eq!(runs(&pool, id).await.len(), 1);
+
+    let text = wait_until(
+        "completion metrics",
+        SOON,
+        Duration::from_millis(10),
+        || {
+            let text = node.render_metrics();
+            async move {
+                (metric(
+                    &text,
+                    r#"forge_job_completed_total{queue="default",job="plain"}"#,
+                ) == Some(1.0))
+                .then_some(text)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    for expected in [
+        r#"forge_job_enqueued_total{queue="default",job="plain"} 1"#,
+        r#"forge_job_duration_seconds_count{queue="default",job="plain"} 1"#,
+        r#"forge_job_pickup_latency_seconds_count{queue="default",job="plain"} 1"#,
+        "# HELP forge_job_completed_total",
+        "# HELP forge_job_pickup_latency_seconds",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempts_are_retried_with_exponential_backoff_then_dead_lettered() {
+    let (db, pool) = setup().await;
+    let node = start(job_config(db.url(), "a")).await;
+    // retrying: 3 attempts, backoff 200 ms doubling, ±25 % jitter.
+    let dead = inserted(
+        node.jobs()
+            .enqueue(
+                retrying,
+                Behave {
+                    fail_attempts: 99,
+                    ..Behave::tag("dead")
+                },
+            )
+            .await
+            .unwrap(),
+    );
+    let recovers = inserted(
+        node.jobs()
+            .enqueue(
+                retrying,
+                Behave {
+                    fail_attempts: 2,
+                    ..Behave::tag("recovers")
+                },
+            )
+            .await
+            .unwrap(),
+    );
+
+    let job = wait_state(&pool, dead, JobState::Dead).await;
+    assert_eq!(job.attempt, 3);
+    assert_eq!(job.errors.len(), 3, "{:?}", job.errors);
+    for (i, error) in job.errors.iter().enumerate() {
+        assert_eq!(error.attempt, i as u32 + 1);
+        assert_eq!(error.reason, "error");
+        assert_eq!(error.error, format!("failed attempt {}", i + 1));
+        assert_eq!(error.node.as_deref(), Some("a"));
+    }
+    let attempts = runs(&pool, dead).await;
+    assert_eq!(attempts.len(), 3);
+    let gap1 = attempts[1].2 - attempts[0].2;
+    let gap2 = attempts[2].2 - attempts[1].2;
+    // 200 ms then 400 ms, each -25 %/+25 %; pickup adds a little (a loaded machine more, so
+    // the upper bounds only rule out a backoff that is wildly too long).
+    assert!((0.15..2.0).contains(&gap1), "first backoff {gap1}s");
+    assert!((0.3..3.0).contains(&gap2), "second backoff {gap2}s");
+
+    let job = wait_state(&pool, recovers, JobState::Completed).await;
+    assert_eq!(job.attempt, 3);
+    assert_eq!(job.errors.len(), 2);
+
+    let labels = r#"{queue="default",job="retrying"}"#;
+    // Counted once the worker has heard back from the database.
+    let text = wait_until(
+        "the outcomes to be counted",
+        SOON,
+        Duration::from_millis(10),
+        || {
+            let text = node.render_metrics();
+            async move {
+                (metric(&text, &format!("forge_job_completed_total{labels}")) == Some(1.0)
+                    && metric(&text, &format!("forge_job_dead_total{labels}")) == Some(1.0))
+                .then_some(text)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        metric(&text, &format!("forge_job_failed_total{labels}")),
+        Some(5.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, &format!("forge_job_retried_total{labels}")),
+        Some(4.0)
+    );
+    assert_eq!(
+        metric(&text, &format!("forge_job_dead_total{labels}")),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&text, &format!("forge_job_completed_total{labels}")),
+        Some(1.0)
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_dead_letters_at_once_and_retry_after_overrides_the_backoff() {
+    let (db, pool) = setup().await;
+    let node = start(job_config(db.url(), "a")).await;
+    let discarded = inserted(
+        node.jobs()
+            .enqueue(
+                retrying,
+                Behave {
+                    fail_attempts: 1,
+                    discard: true,
+                    ..Behave::tag("discard")
+                },
+            )
+            .await
+            .unwrap(),
+    );
+    let job = wait_state(&pool, discarded, JobState::Dead).await;
+    assert_eq!(job.attempt, 1);
+    assert_eq!(job.errors[0].reason, "discard");
+    assert_eq!(job.errors[0].error, "discarded on attempt 1");
+
+    // quick_retry's backoff is 20 ms; the handler asks for 700 ms.
+    let later = inserted(
+        node.jobs()
+            .enqueue(
+                quick_retry,
+                Behave {
+                    fail_attempts: 1,
+                    retry_after_ms: Some(700),
+                    ..Behave::tag("later")
+                },
+            )
+            .await
+            .unwrap(),
+    );
+    wait_state(&pool, later, JobState::Completed).await;
+    let attempts = runs(&pool, later).await;
+    let gap = attempts[1].2 - attempts[0].2;
+    assert!((0.7..3.0).contains(&gap), "retry_after 700 ms gave {gap}s");
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_past_its_timeout_fails_and_is_retried() {
+    let (db, pool) = setup().await;
+    let node = start(job_config(db.url(), "a")).await;
+    // timing_out: 300 ms timeout, 2 attempts.
+    let slow = inserted(
+        node.jobs()
+            .enqueue(
+                timing_out,
+                Behave {
+                    sleep_ms: 60_000,
+                    ..Behave::tag("slow")
+                },
+            )
+            .await
+            .unwrap(),
+    );
+    let job = wait_state(&pool, slow, JobState::Dead).await;
+    assert_eq!(job.attempt, 2);
+    assert!(
+        job.errors
+            .iter()
+            .all(|e| e.reason == "timeout" && e.error == "timed out after 300ms"),
+        "{:?}",
+        job.errors
+    );
+    // The handlers were dropped: neither attempt finished.
+    assert!(runs(&pool, slow).await.iter().all(|r| !r.3));
+
+    // A per-job timeout overrides the declared one.
+    let patient = inserted(
+        node.jobs()
+            .enqueue_job(
+                NewJob::new(
+                    timing_out,
+                    Behave {
+                        sleep_ms: 500,
+                        ..Behave::tag("patient")
+                    },
+                )
+                .timeout(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap(),
+    );
+    let job = wait_state(&pool, patient, JobState::Completed).await;
+    assert_eq!(job.attempt, 1);
+    assert_eq!(job.timeout, Some(Duration::from_secs(5)));
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_fails_its_attempt_and_the_worker_keeps_working() {
+    let (db, pool) = setup().await;
+    let mut config = job_config(db.url(), "a");
+    config.jobs.queues = [("default".to_owned(), 1)].into_iter().collect();
+    let node = start(config).await;
+    let panics = inserted(
+        node.jobs()
+            .enqueue(
+                quick_retry,
+                Behave {
+                    fail_attempts: 2,
+                    panic: true,
+                    ..Behave::tag("panics")
+                },
+            )
+            .await
+            .unwrap(),
+    );
+    let job = wait_state(&pool, panics, JobState::Completed).await;
+    assert_eq!(job.attempt, 3);
+    assert_eq!(job.errors.len(), 2);
+    for (i, error) in job.errors.iter().enumerate() {
+        assert_eq!(error.reason, "panic");
+        assert_eq!(
+            error.error,
+            format!("panicked: test panic on attempt {}", i + 1)
+        );
+    }
+    // The single worker slot is still there.
+    let after = inserted(
+        node.jobs()
+            .enqueue(plain, Behave::tag("after"))
+            .await
+            .unwrap(),
+    );
+    wait_state(&pool, after, JobState::Completed).await;
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unique_jobs_report_duplicates_instead_of_inserting() {
+    let (db, pool) = setup().await;
+    // A node that does not work the queue, so jobs stay available.
+    let mut config = job_config(db.url(), "a");
+    config.jobs.queues = [("elsewhere".to_owned(), 1)].into_iter().collect();
+    let node = start(config).await;
+    let jobs = node.jobs();
+
+    let keyed = |tag: &str| NewJob::new(plain, Behave::tag(tag)).unique_key("k1");
+    let first = inserted(jobs.enqueue_job(keyed("one")).await.unwrap());
+    assert_eq!(
+        jobs.enqueue_job(keyed("two")).await.unwrap(),
+        Enqueued::Duplicate(first)
+    );
+    // Keys are per kind.
+    let other_kind = jobs
+        .enqueue_job(NewJob::new(quick_retry, Behave::tag("one")).unique_key("k1"))
+        .await
+        .unwrap();
+    assert!(!other_kind.is_duplicate());
+
+    // Declared unique: the arguments are the key.
+    let a = inserted(
+        jobs.enqueue(unique_by_args, Behave::tag("a"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        jobs.enqueue(unique_by_args, Behave::tag("a"))
+            .await
+            .unwrap(),
+        Enqueued::Duplicate(a)
+    );
+    assert!(
+        !jobs
+            .enqueue(unique_by_args, Behave::tag("b"))
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+
+    // In one batch: the second of two equal keys is the duplicate of the first.
+    let batch = jobs
+        .enqueue_many([
+            NewJob::new(plain, Behave::tag("x")).unique_key("k2"),
+            NewJob::new(plain, Behave::tag("y")).unique_key("k2"),
+            NewJob::new(plain, Behave::tag("z")).unique_key("k1"),
+        ])
+        .await
+        .unwrap();
+    let k2 = inserted(batch[0]);
+    assert_eq!(batch[1], Enqueued::Duplicate(k2));
+    assert_eq!(batch[2], Enqueued::Duplicate(first));
+
+    // A finished job frees its key.
+    assert_eq!(jobs.cancel(first).await.unwrap(), CancelOutcome::Cancelled);
+    let again = inserted(jobs.enqueue_job(keyed("three")).await.unwrap());
+    assert_ne!(again, first);
+
+    let count: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM forge.jobs WHERE unique_key = 'k1' AND kind = 'plain'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(count, 2, "one cancelled, one waiting");
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enqueuers_of_one_unique_key_insert_one_job() {
+    let (_db, pool) = setup().await;
+    let jobs = forge::jobs::Jobs::new(pool.clone());
+
+    // Two transactions: the second waits on the first's uncommitted insert, then reports it.
+    let mut tx1 = pool.begin().await.unwrap();
+    let first = inserted(
+        forge::jobs::enqueue_job(
+            &mut *tx1,
+            NewJob::new(plain, Behave::tag("1")).unique_key("u"),
+        )
+        .await
+        .unwrap(),
+    );
+    let second = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let mut tx2 = pool.begin().await.unwrap();
+            let result = forge::jobs::enqueue_job(
+                &mut *tx2,
+                NewJob::new(plain, Behave::tag("2")).unique_key("u"),
+            )
+            .await
+            .unwrap();
+            tx2.commit().await.unwrap();
+            result
+        }
+    });
+    wait_until("the second enqueuer to wait for the first", SOON, Duration::from_millis(5), || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%jobs_enqueue%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        (waiting == 1).then_some(())
+    })
+    .await
+    .unwrap();
+    tx1.commit().await.unwrap();
+    assert_eq!(second.await.unwrap(), Enqueued::Duplicate(first));
+
+    // Many at once: exactly one insert, everyone else learns its id.
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let jobs = jobs.clone();
+        tasks.push(tokio::spawn(async move {
+            jobs.enqueue_job(NewJob::new(plain, Behave::tag(format!("{i}"))).unique_key("many"))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    let winners: Vec<_> = results.iter().filter(|r| !r.is_duplicate()).collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    assert!(results.iter().all(|r| r.id() == winners[0].id()));
+    let count: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM forge.jobs WHERE unique_key = 'many'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(count, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_queued_and_running_jobs() {
+    let (db, pool) = setup().await;
+    let node = start(job_config(db.url(), "a")).await;
+    let jobs = node.jobs();
+
+    // Queued (scheduled an hour from now): cancelled at once.
+    let queued = inserted(
+        jobs.enqueue_job(NewJob::new(plain, Behave::tag("q")).delay(Duration::from_secs(3600)))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        jobs.get(queued).await.unwrap().unwrap().state,
+        JobState::Scheduled
+    );
+    assert_eq!(jobs.cancel(queued).await.unwrap(), CancelOutcome::Cancelled);
+    let job = jobs.get(queued).await.unwrap().unwrap();
+    assert_eq!(job.state, JobState::Cancelled);
+    assert_eq!(job.attempt, 0);
+
+    // Running: the node is told, drops the handler and records the cancel.
+    let running = inserted(
+        jobs.enqueue(
+            plain,
+            Behave {
+                sleep_ms: 60_000,
+                ..Behave::tag("r")
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    wait_until(
+        "the job to start",
+        SOON,
+        Duration::from_millis(10),
+        || async { (!runs(&pool, running).await.is_empty()).then_some(()) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        jobs.cancel(running).await.unwrap(),
+        CancelOutcome::Requested
+    );
+    let job = wait_state(&pool, running, JobState::Cancelled).await;
+    assert!(job.cancel_requested);
+    assert_eq!(job.errors.last().unwrap().reason, "cancelled");
+    assert!(
+        !runs(&pool, running).await[0].3,
+        "the handler did not finish"
+    );
+
+    // Finished and unknown jobs.
+    assert_eq!(
+        jobs.cancel(running).await.unwrap(),
+        CancelOutcome::Finished(JobState::Cancelled)
+    );
+    let done = inserted(jobs.enqueue(plain, Behave::tag("d")).await.unwrap());
+    wait_state(&pool, done, JobState::Completed).await;
+    assert_eq!(
+        jobs.cancel(done).await.unwrap(),
+        CancelOutcome::Finished(JobState::Completed)
+    );
+    assert_eq!(
+        jobs.cancel(JobId(987_654)).await.unwrap(),
+        CancelOutcome::NotFound
+    );
+    // Counted once the worker has heard back from the database.
+    wait_until(
+        "the cancel to be counted",
+        SOON,
+        Duration::from_millis(10),
+        || {
+            let text = node.render_metrics();
+            async move {
+                (metric(
+                    &text,
+                    r#"forge_job_cancelled_total{queue="default",job="plain"}"#,
+                ) == Some(1.0))
+                .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_enqueued_in_a_rolled_back_transaction_does_not_exist() {
+    let (db, pool) = setup().await;
+    let node = start(job_config(db.url(), "a")).await;
+
+    let mut tx = pool.begin().await.unwrap();
+    let ghost = inserted(
+        forge::jobs::enqueue(&mut *tx, plain, Behave::tag("ghost"))
+            .await
+            .unwrap(),
+    );
+    tx.rollback().await.unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("CREATE TABLE orders (id int)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let real = inserted(
+        node.jobs()
+            .enqueue_in(&mut *tx, NewJob::new(plain, Behave::tag("real")))
+            .await
+            .unwrap(),
+    );
+    // Not visible, not run, before the commit.
+    assert!(forge::jobs::get(&pool, real).await.unwrap().is_none());
+    tx.commit().await.unwrap();
+    wait_state(&pool, real, JobState::Completed).await;
+
+    assert!(forge::jobs::get(&pool, ghost).await.unwrap().is_none());
+    assert!(runs(&pool, ghost).await.is_empty());
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM forge.jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(total, 1);
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_enqueued_jobs_all_run_exactly_once_on_two_nodes() {
+    let (db, pool) = setup().await;
+    let a = start(job_config(db.url(), "a")).await;
+    let b = start(job_config(db.url(), "b")).await;
+    let batch: Vec<NewJob> = (0..600)
+        .map(|i| {
+            let job = NewJob::new(plain, Behave::tag(format!("{i}")));
+            if i % 7 == 0 {
+                job.queue("mailers")
+            } else {
+                job
+            }
+        })
+        .collect();
+    let results = a.jobs().enqueue_many(batch).await.unwrap();
+    assert_eq!(results.len(), 600);
+    let ids: Vec<i64> = results.iter().map(|r| inserted(*r).0).collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(ids, sorted, "results come back in input order");
+
+    // mailers is not in [jobs.queues]: those jobs wait; the others are completed.
+    wait_until(
+        "the default queue to drain",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let open: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM forge.jobs WHERE queue = 'default' AND state <> 'completed'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (open == 0).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let (completed, runs, per_node): (i64, i64, Vec<String>) = (
+        sqlx::query_scalar("SELECT count(*) FROM forge.jobs WHERE state = 'completed'")
+            .fetch_one(&pool)
+            .await
+            .unwrap(),
+        sqlx::query_scalar("SELECT count(*) FROM job_runs")
+            .fetch_one(&pool)
+            .await
+            .unwrap(),
+        sqlx::query_scalar(
+            "SELECT DISTINCT node_id FROM forge.jobs WHERE state = 'completed' ORDER BY 1",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap(),
+    );
+    assert_eq!(completed, 600 - 86);
+    assert_eq!(runs, completed, "every job ran exactly once");
+    assert_eq!(per_node, ["a", "b"], "both nodes claimed jobs");
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM forge.jobs WHERE queue = 'mailers' AND state = 'available'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(waiting, 86);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priorities_order_waiting_jobs_and_run_at_defers_them() {
+    let (db, pool) = setup().await;
+    // Enqueue while no node works the queue, then start one with a single slot.
+    let jobs = forge::jobs::Jobs::new(pool.clone());
+    let mut expected = Vec::new();
+    for (tag, priority) in [("p5", 5), ("p0-a", 0), ("p-3", -3), ("p0-b", 0), ("p9", 9)] {
+        let id = inserted(
+            jobs.enqueue_job(NewJob::new(plain, Behave::tag(tag)).priority(priority))
+                .await
+                .unwrap(),
+        );
+        expected.push((priority, id, tag));
+    }
+    expected.sort();
+    let delayed = inserted(
+        jobs.enqueue_job(
+            NewJob::new(plain, Behave::tag("later")).delay(Duration::from_millis(1500)),
+        )
+        .await
+        .unwrap(),
+    );
+    let at = Utc::now() + TimeDelta::milliseconds(2500);
+    let timed = inserted(
+        jobs.enqueue_job(NewJob::new(plain, Behave::tag("at")).run_at(at))
+            .await
+            .unwrap(),
+    );
+    let info = jobs.get(delayed).await.unwrap().unwrap();
+    assert_eq!(info.state, JobState::Scheduled);
+
+    let mut config = job_config(db.url(), "a");
+    config.jobs.queues = [("default".to_owned(), 1)].into_iter().collect();
+    let node = start(config).await;
+    for (_, id, _) in &expected {
+        wait_state(&pool, *id, JobState::Completed).await;
+    }
+    let order: Vec<i64> = sqlx::query_scalar("SELECT job_id FROM job_runs ORDER BY started_at")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let want: Vec<i64> = expected.iter().map(|(_, id, _)| id.0).collect();
+    assert_eq!(
+        &order[..5],
+        &want[..],
+        "priority order, then FIFO: {expected:?}"
+    );
+
+    for (id, due) in [(delayed, info.run_at), (timed, at)] {
+        let job = wait_state(&pool, id, JobState::Completed).await;
+        let started = job.attempted_at.unwrap();
+        assert!(started >= due, "job {id} started at {started}, due {due}");
+        // Promoted by the scheduler leader's timer, not a poll.
+        assert!(
+            started - due < TimeDelta::milliseconds(500),
+            "job {id} started {} ms after it was due",
+            (started - due).num_milliseconds()
+        );
+    }
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_jobs_run_only_on_the_roles_leader() {
+    let (db, pool) = setup().await;
+    let start_reporter = |id: &'static str| {
+        let mut config = job_config(db.url(), id);
+        config.node.roles = vec!["scheduler".into(), "reports".into()];
+        Node::builder(config)
+            .auto_register(false)
+            .job(plain)
+            .job(report)
+            .start()
+    };
+    let a = start_reporter("a").await.unwrap();
+    let b = start_reporter("b").await.unwrap();
+    let reports = Role::new("reports").unwrap();
+    let (leader, epoch) = wait_single_leader(&[&a, &b], &reports).await;
+    let leader_id = ["a", "b"][leader];
+
+    let results = a
+        .jobs()
+        .enqueue_many((0..20).map(|i| NewJob::new(report, Behave::tag(format!("{i}")))))
+        .await
+        .unwrap();
+    for result in &results {
+        let job = wait_state(&pool, result.id(), JobState::Completed).await;
+        assert_eq!(job.node_id.as_deref(), Some(leader_id));
+        assert_eq!(job.role.as_deref(), Some("reports"));
+    }
+    let nodes: Vec<String> = sqlx::query_scalar("SELECT DISTINCT node FROM job_runs")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(nodes, [leader_id]);
+    let epochs: Vec<Option<i64>> =
+        sqlx::query_scalar("SELECT DISTINCT epoch FROM forge.jobs WHERE role = 'reports'")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(epochs, [Some(epoch)]);
+
+    // The leader goes away: the other node leads and runs the next role jobs.
+    let (old, new) = if leader == 0 { (a, b) } else { (b, a) };
+    old.shutdown().await;
+    wait_until(
+        "the other node to lead reports",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            matches!(new.role_state(&reports), Some(RoleState::Leader { .. })).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let next = inserted(
+        new.jobs()
+            .enqueue(report, Behave::tag("next"))
+            .await
+            .unwrap(),
+    );
+    let job = wait_state(&pool, next, JobState::Completed).await;
+    assert_eq!(job.node_id.as_deref(), Some(new.id().as_str()));
+    new.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_running_jobs_then_releases_the_rest() {
+    let (db, pool) = setup().await;
+    let mut config = job_config(db.url(), "a");
+    config.jobs.drain_timeout = Duration::from_secs(1);
+    let a = start(config).await;
+    let quick = inserted(
+        a.jobs()
+            .enqueue(
+                plain,
+                Behave {
+                    sleep_ms: 300,
+                    ..Behave::tag("quick")
+                },
+            )
+            .await
+            .unwrap(),
+    );
+    let slow = inserted(
+        a.jobs()
+            .enqueue(
+                plain,
+                Behave {
+                    sleep_ms: 60_000,
+                    sleep_on_node: Some("a".into()),
+                    ..Behave::tag("slow")
+                },
+            )
+            .await
+            .unwrap(),
+    );
+    wait_until(
+        "both jobs to start",
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            let started: i64 = sqlx::query_scalar("SELECT count(*) FROM job_runs")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            (started == 2).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let stopping = tokio::time::Instant::now();
+    a.shutdown().await;
+    let took = stopping.elapsed();
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+
+    // The quick one finished during the drain; the slow one went back, attempt not counted.
+    assert_eq!(
+        forge::jobs::get(&pool, quick).await.unwrap().unwrap().state,
+        JobState::Completed
+    );
+    let job = forge::jobs::get(&pool, slow).await.unwrap().unwrap();
+    assert_eq!(job.state, JobState::Available, "{job:?}");
+    assert_eq!(job.attempt, 1);
+    assert_eq!(
+        job.max_attempts,
+        Some(21),
+        "one more than [jobs] default_max_attempts"
+    );
+    assert_eq!(job.errors.len(), 1);
+    assert_eq!(job.errors[0].reason, "released");
+    let stopped: Option<chrono::DateTime<Utc>> =
+        sqlx::query_scalar("SELECT stopped_at FROM forge.nodes WHERE node_id = 'a'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(stopped.is_some());
+
+    // Another node picks it up (and does not sleep).
+    let b = start(job_config(db.url(), "b")).await;
+    let job = wait_state(&pool, slow, JobState::Completed).await;
+    assert_eq!(job.attempt, 2);
+    assert_eq!(job.node_id.as_deref(), Some("b"));
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_reports_queue_depth_and_prunes_finished_jobs() {
+    let (db, pool) = setup().await;
+    let mut config = job_config(db.url(), "a");
+    config.jobs.completed_retention = Duration::from_millis(500);
+    let node = start(config).await;
+    wait_single_leader(&[&node], &Role::SCHEDULER).await;
+    let done = inserted(
+        node.jobs()
+            .enqueue(plain, Behave::tag("done"))
+            .await
+            .unwrap(),
+    );
+    wait_state(&pool, done, JobState::Completed).await;
+    // Waiting in a queue nobody works here.
+    node.jobs()
+        .enqueue_many((0..3).map(|i| NewJob::new(mailer, Behave::tag(format!("{i}")))))
+        .await
+        .unwrap();
+    let text = wait_until(
+        "the queue depth gauge",
+        SOON,
+        Duration::from_millis(50),
+        || {
+            let text = node.render_metrics();
+            async move {
+                (metric(
+                    &text,
+                    r#"forge_job_queue_depth{queue="mailers",job="mailer",state="available"}"#,
+                ) == Some(3.0))
+                .then_some(text)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(text.contains("# HELP forge_job_queue_depth"), "{text}");
+    wait_until(
+        "the completed job to be pruned",
+        SOON,
+        Duration::from_millis(50),
+        || async {
+            forge::jobs::get(&pool, done)
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_crash_mid_job_neither_loses_nor_reruns_it() {
+    let server = forge_testkit::PgServer::start().unwrap();
+    let db = server.create_database().await.unwrap();
+    let pool = db.pool().await.unwrap();
+    sqlx::raw_sql(RUNS_TABLE_SQL).execute(&pool).await.unwrap();
+    let node = start(job_config(db.url(), "a")).await;
+    let during = inserted(
+        node.jobs()
+            .enqueue(
+                plain,
+                Behave {
+                    sleep_ms: 1500,
+                    ..Behave::tag("during")
+                },
+            )
+            .await
+            .unwrap(),
+    );
+    wait_until(
+        "the job to start",
+        SOON,
+        Duration::from_millis(5),
+        || async { (!runs(&pool, during).await.is_empty()).then_some(()) },
+    )
+    .await
+    .unwrap();
+
+    // Every session ends; the handler keeps running; the node reconnects.
+    tokio::task::block_in_place(|| server.restart_immediate()).unwrap();
+
+    // The outcome is recorded once the database is back. The scheduler leader's first pass
+    // after the restart must not take the node for dead while it reconnects.
+    let job = wait_state(&pool, during, JobState::Completed).await;
+    assert_eq!(job.attempt, 1, "{job:?}");
+    assert!(job.errors.is_empty(), "{:?}", job.errors);
+    // Notifications flow again (the LISTEN session was restored).
+    let after = inserted(
+        node.jobs()
+            .enqueue(plain, Behave::tag("after"))
+            .await
+            .unwrap(),
+    );
+    wait_state(&pool, after, JobState::Completed).await;
+    assert_eq!(runs(&pool, during).await.len(), 1, "ran once");
+    node.shutdown().await;
+}
+
+/// A job type whose kind collides with `plain`'s.
+#[allow(non_camel_case_types)]
+struct impostor;
+
+impl Job for impostor {
+    type Args = ();
+    const KIND: &'static str = "plain";
+
+    async fn run(&self, _: JobContext, _: ()) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+/// A job type with a role name that cannot be a role.
+#[allow(non_camel_case_types)]
+struct bad_role;
+
+impl Job for bad_role {
+    type Args = ();
+    const KIND: &'static str = "bad_role";
+
+    fn options(&self) -> JobOptions {
+        JobOptions::new().role("Not A Role")
+    }
+
+    async fn run(&self, _: JobContext, _: ()) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_job_declarations_and_config_are_clear_errors() {
+    let url = "postgres://nobody@127.0.0.1:1/none";
+    let err = Node::builder(job_config(url, "a"))
+        .auto_register(false)
+        .job(plain)
+        .job(plain) // the same type twice: fine
+        .job(impostor)
+        .start()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("two different job types have the kind `plain`"),
+        "{err}"
+    );
+
+    let err = Node::builder(job_config(url, "a"))
+        .auto_register(false)
+        .job(bad_role)
+        .start()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("job `bad_role`") && err.contains("role"),
+        "{err}"
+    );
+
+    let mut config = job_config(url, "a");
+    config.jobs.queues = [("default".to_owned(), 0)].into_iter().collect();
+    let err = Node::builder(config)
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("jobs.queues.default") && err.contains("concurrency 0"),
+        "{err}"
+    );
+
+    let mut config = job_config(url, "a");
+    config.jobs.rescue_after = config.jobs.heartbeat_interval;
+    let err = Node::builder(config)
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("rescue_after"), "{err}");
+
+    // Bad per-job input is an error at enqueue, not a panic or a bad row.
+    let (_db, pool) = setup().await;
+    let err = forge::jobs::enqueue_job(&pool, NewJob::new(plain, Behave::tag("x")).max_attempts(0))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("max_attempts must be at least 1"), "{err}");
+    let err = forge::jobs::enqueue_job(
+        &pool,
+        NewJob::new(plain, Behave::tag("x")).queue("no spaces"),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("queue name"), "{err}");
+    let mut broken = BTreeMap::new();
+    broken.insert(vec![1u8], 2u8); // a map with non-string keys cannot be JSON
+    #[allow(non_camel_case_types)]
+    struct map_job;
+    impl Job for map_job {
+        type Args = BTreeMap<Vec<u8>, u8>;
+        const KIND: &'static str = "map_job";
+        async fn run(&self, _: JobContext, _: Self::Args) -> Result<(), JobError> {
+            Ok(())
+        }
+    }
+    let err = forge::jobs::enqueue(&pool, map_job, broken)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("job arguments of `map_job`"), "{err}");
+}
+
+#[test]
+fn backoff_grows_with_jitter_and_respects_its_cap() {
+    let backoff = Backoff::exponential(Duration::from_secs(1)).capped(Duration::from_secs(10));
+    for _ in 0..100 {
+        let first = backoff.delay(1);
+        assert!(first >= Duration::from_millis(750) && first <= Duration::from_millis(1250));
+        let third = backoff.delay(3);
+        assert!(third >= Duration::from_secs(3) && third <= Duration::from_secs(5));
+        assert!(backoff.delay(30) <= Duration::from_secs(10));
+        assert!(backoff.delay(u32::MAX) <= Duration::from_secs(10));
+    }
+    assert_eq!(
+        Backoff::fixed(Duration::from_millis(50)).delay(7),
+        Duration::from_millis(50)
+    );
+}

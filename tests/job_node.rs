@@ -1,0 +1,58 @@
+//! The job node process used by the multi-process job tests (`tests/it/jobs_process.rs`).
+//!
+//! `forge-job-node [forge.toml]`: configuration from the file if given, then the environment
+//! (`DATABASE_URL`, `FORGE_NODE_ID`, `FORGE_ROLES`, ...). It registers the job types of
+//! `job_types.rs`, prints `FORGE-JOBS READY node=<id>` once started, and runs until SIGTERM
+//! (graceful shutdown, then `FORGE-JOBS STOPPED node=<id>`) or SIGKILL.
+
+#[path = "job_types.rs"]
+mod job_types;
+
+use std::process::ExitCode;
+
+use job_types::*;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,forge::job=info".into()),
+        )
+        .init();
+    let config = match std::env::args().nth(1) {
+        Some(path) => forge::Config::load(path),
+        None => forge::Config::from_env(),
+    };
+    let config = match config {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let node = forge::Node::builder(config)
+        .auto_register(false)
+        .job(plain)
+        .job(retrying)
+        .job(quick_retry)
+        .job(report)
+        .start()
+        .await;
+    let node = match node {
+        Ok(node) => node,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(err) = sqlx::raw_sql(RUNS_TABLE_SQL).execute(node.pool()).await {
+        eprintln!("error: {err}");
+        return ExitCode::FAILURE;
+    }
+    println!("FORGE-JOBS READY node={}", node.id());
+    node.run_until_signal().await;
+    println!("FORGE-JOBS STOPPED node={}", node.id());
+    ExitCode::SUCCESS
+}

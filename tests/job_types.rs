@@ -1,0 +1,175 @@
+//! Job types shared by the job tests (`tests/it/jobs*.rs`) and the `forge-job-node` process.
+//!
+//! Every type runs [`behave`]: it records the attempt in `job_runs` (one row per job and
+//! attempt, primary key (job_id, attempt)), then does what its [`Behave`] arguments say, and
+//! stamps `finished_at` when its handler returns normally.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use forge::jobs::{Backoff, Job, JobContext, JobError, JobOptions};
+
+/// The table the jobs record their attempts in.
+pub(crate) const RUNS_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS job_runs (
+    job_id      bigint      NOT NULL,
+    attempt     integer     NOT NULL,
+    node        text        NOT NULL,
+    kind        text        NOT NULL,
+    started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    finished_at timestamptz,
+    PRIMARY KEY (job_id, attempt)
+)";
+
+/// What a test job does.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Behave {
+    /// Fail attempts 1..=fail_attempts.
+    #[serde(default)]
+    pub(crate) fail_attempts: u32,
+    /// Fail with `JobError::discard` (on the failing attempts).
+    #[serde(default)]
+    pub(crate) discard: bool,
+    /// Panic instead of returning an error (on the failing attempts).
+    #[serde(default)]
+    pub(crate) panic: bool,
+    /// Fail with `JobError::retry_after` this many ms.
+    #[serde(default)]
+    pub(crate) retry_after_ms: Option<u64>,
+    /// Sleep this long before finishing.
+    #[serde(default)]
+    pub(crate) sleep_ms: u64,
+    /// Sleep only when running on this node.
+    #[serde(default)]
+    pub(crate) sleep_on_node: Option<String>,
+    /// Sleep only on attempts 1..=sleep_attempts (0: on every attempt).
+    #[serde(default)]
+    pub(crate) sleep_attempts: u32,
+    /// A label, so that otherwise equal arguments differ.
+    #[serde(default)]
+    pub(crate) tag: String,
+}
+
+impl Behave {
+    pub(crate) fn tag(tag: impl Into<String>) -> Behave {
+        Behave {
+            tag: tag.into(),
+            ..Behave::default()
+        }
+    }
+}
+
+/// Runs one attempt as `b` says.
+pub(crate) async fn behave(ctx: JobContext, b: Behave) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO job_runs (job_id, attempt, node, kind) VALUES ($1, $2, $3, $4)")
+        .bind(ctx.id().0)
+        .bind(ctx.attempt() as i32)
+        .bind(ctx.node_id().as_str())
+        .bind(ctx.kind())
+        .execute(ctx.pool())
+        .await?;
+    let sleeps = b
+        .sleep_on_node
+        .as_deref()
+        .is_none_or(|node| node == ctx.node_id().as_str())
+        && (b.sleep_attempts == 0 || ctx.attempt() <= b.sleep_attempts);
+    if b.sleep_ms > 0 && sleeps {
+        tokio::time::sleep(Duration::from_millis(b.sleep_ms)).await;
+    }
+    if ctx.attempt() <= b.fail_attempts {
+        if b.panic {
+            panic!("test panic on attempt {}", ctx.attempt());
+        }
+        if b.discard {
+            return Err(JobError::discard(format!(
+                "discarded on attempt {}",
+                ctx.attempt()
+            )));
+        }
+        if let Some(ms) = b.retry_after_ms {
+            return Err(JobError::retry_after(
+                format!("retry after {ms}ms"),
+                Duration::from_millis(ms),
+            ));
+        }
+        return Err(JobError::retry(format!("failed attempt {}", ctx.attempt())));
+    }
+    sqlx::query(
+        "UPDATE job_runs SET finished_at = clock_timestamp() WHERE job_id = $1 AND attempt = $2",
+    )
+    .bind(ctx.id().0)
+    .bind(ctx.attempt() as i32)
+    .execute(ctx.pool())
+    .await?;
+    Ok(())
+}
+
+macro_rules! behaving_job {
+    ($(#[$meta:meta])* $name:ident, $options:expr) => {
+        $(#[$meta])*
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug)]
+        pub(crate) struct $name;
+
+        impl Job for $name {
+            type Args = Behave;
+            const KIND: &'static str = stringify!($name);
+
+            fn options(&self) -> JobOptions {
+                $options
+            }
+
+            fn run(
+                &self,
+                ctx: JobContext,
+                args: Behave,
+            ) -> impl Future<Output = Result<(), JobError>> + Send {
+                behave(ctx, args)
+            }
+        }
+    };
+}
+
+behaving_job!(
+    /// Default options.
+    plain,
+    JobOptions::new()
+);
+behaving_job!(
+    /// 3 attempts, exponential backoff from 200 ms.
+    retrying,
+    JobOptions::new()
+        .max_attempts(3)
+        .backoff(Backoff::exponential(Duration::from_millis(200)))
+);
+behaving_job!(
+    /// 2 attempts, 50 ms apart, 300 ms timeout.
+    timing_out,
+    JobOptions::new()
+        .max_attempts(2)
+        .backoff(Backoff::fixed(Duration::from_millis(50)))
+        .timeout(Duration::from_millis(300))
+);
+behaving_job!(
+    /// 5 attempts, 20 ms apart.
+    quick_retry,
+    JobOptions::new()
+        .max_attempts(5)
+        .backoff(Backoff::fixed(Duration::from_millis(20)))
+);
+behaving_job!(
+    /// Unique by its arguments.
+    unique_by_args,
+    JobOptions::new().unique(true)
+);
+behaving_job!(
+    /// Runs only on the leader of role `reports`.
+    report,
+    JobOptions::new().role("reports")
+);
+behaving_job!(
+    /// In the `mailers` queue.
+    mailer,
+    JobOptions::new().queue("mailers")
+);

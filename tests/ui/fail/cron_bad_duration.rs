@@ -1,0 +1,10 @@
+#[forge::cron("0 * * * *", timeout = "soon")]
+async fn a() {}
+
+#[forge::cron("0 * * * *", timeout = "30")]
+async fn b() {}
+
+#[forge::cron("0 * * * *", catch_up_window = "0s")]
+async fn c() {}
+
+fn main() {}

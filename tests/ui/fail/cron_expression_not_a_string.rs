@@ -1,0 +1,4 @@
+#[forge::cron(0 * * * *)]
+async fn compact() {}
+
+fn main() {}

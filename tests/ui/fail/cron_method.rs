@@ -1,0 +1,8 @@
+struct Reports;
+
+impl Reports {
+    #[forge::cron("0 * * * *")]
+    async fn compact(&self) {}
+}
+
+fn main() {}

@@ -1,0 +1,4 @@
+#[forge::cron("0 * * * *")]
+struct Compact;
+
+fn main() {}

@@ -1,0 +1,7 @@
+#[forge::job(retries = 5)]
+async fn a(_args: String) {}
+
+#[forge::job(queu = "mailers")]
+async fn b(_args: String) {}
+
+fn main() {}
