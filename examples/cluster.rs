@@ -1,6 +1,7 @@
-//! The FORGE demo: three node processes share one PostgreSQL and run a per-second cron; the
-//! Scheduler leader is SIGKILLed, then the next one is stopped gracefully; the takeover gaps
-//! are measured and the cron's tick ledger is printed around both: no duplicate, no gap.
+//! The FORGE demo: three node processes share one PostgreSQL, run a per-second cron and work
+//! a job queue; jobs are drained across the nodes (one fails, retries and is dead-lettered);
+//! the Scheduler leader is SIGKILLed, then the next one is stopped gracefully; the takeover
+//! gaps are measured and the cron's tick ledger is printed around both: no duplicate, no gap.
 //!
 //! ```text
 //! cargo run --example cluster
@@ -15,8 +16,10 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use forge::{CatchUp, Config, CronContext, CronJob, Leadership, Node, Role, Schedule};
+use forge::jobs::NewJob;
+use forge::{Config, CronContext, JobContext, JobError, Leadership, Node, Role};
 use forge_testkit::{NodeProcess, PgServer};
+use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgListener;
 use tokio::process::Command;
 use tokio::time::Instant;
@@ -49,12 +52,8 @@ async fn run_node() -> Result<(), BoxError> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
-    let mut builder = Node::builder(Config::from_env()?)
-        .auto_register(false)
-        .cron(
-            CronJob::new("every_second", Schedule::parse("* * * * * *")?, tick)
-                .catch_up(CatchUp::All),
-        );
+    // The #[cron] and #[job] below are registered automatically.
+    let mut builder = Node::builder(Config::from_env()?);
     for role in Role::BUILTIN {
         builder = builder.leader_task(role, "demo", lead);
     }
@@ -66,6 +65,7 @@ async fn run_node() -> Result<(), BoxError> {
 
 /// The demo cron: the ledger row the runtime writes for each tick is the point; the handler
 /// itself only says where it ran.
+#[forge::cron("* * * * * *", name = "every_second", catch_up = "all")]
 async fn tick(ctx: CronContext) {
     println!(
         "tick {} on epoch {} (attempt {})",
@@ -73,6 +73,27 @@ async fn tick(ctx: CronContext) {
         ctx.epoch(),
         ctx.attempt()
     );
+}
+
+/// The demo job's arguments.
+#[derive(Serialize, Deserialize)]
+struct Thumbnail {
+    image: u32,
+}
+
+/// The demo job: "renders a thumbnail" for 50 ms; image 13 is corrupt and fails every
+/// attempt, so it is retried with backoff and then dead-lettered.
+#[forge::job(max_attempts = 3, backoff = "exponential", backoff_base = "100ms")]
+async fn thumbnail(ctx: JobContext, args: Thumbnail) -> Result<(), JobError> {
+    if args.image == 13 {
+        return Err(JobError::retry(format!(
+            "image 13 is corrupt (attempt {} of {})",
+            ctx.attempt(),
+            ctx.max_attempts()
+        )));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    Ok(())
 }
 
 /// The demo's leader-only work: nothing but staying until told to stop.
@@ -131,6 +152,36 @@ async fn run_demo() -> Result<(), BoxError> {
     for (role, (node, epoch)) in &leaders {
         println!("  {role:<20} {node}  (epoch {epoch})");
     }
+
+    // Jobs: enqueued once, worked by every node.
+    let batch: Vec<NewJob> = (1..=60)
+        .map(|image| NewJob::new(thumbnail, Thumbnail { image }))
+        .collect();
+    forge::jobs::enqueue_many(&pool, batch).await?;
+    println!("\nenqueued 60 thumbnail jobs (image 13 is corrupt)");
+    let by_node = wait_jobs_settled(&pool).await?;
+    println!("jobs drained across the nodes:");
+    for (node, state, count) in &by_node {
+        println!("  {node:<8} {state:<10} {count}");
+    }
+    let (attempts, errors): (i32, serde_json::Value) = sqlx::query_as(
+        "SELECT attempt, errors FROM forge.jobs WHERE kind = 'thumbnail' AND state = 'dead'",
+    )
+    .fetch_one(&pool)
+    .await?;
+    println!("the corrupt image was dead-lettered after {attempts} attempts:");
+    for error in errors.as_array().into_iter().flatten() {
+        println!(
+            "  attempt {} on {}: {}",
+            error["attempt"],
+            error["node"].as_str().unwrap_or("?"),
+            error["error"].as_str().unwrap_or("?")
+        );
+    }
+    let nodes_used = by_node
+        .iter()
+        .filter(|(_, state, _)| state == "completed")
+        .count();
 
     wait_ticks(&pool, 2).await?;
 
@@ -259,6 +310,7 @@ async fn run_demo() -> Result<(), BoxError> {
         "  per-second cron: {} ticks across the kill and the handoff, no duplicate, no gap",
         ticks.len()
     );
+    println!("  jobs: 59 completed on {nodes_used} nodes, 1 dead-lettered after its retries");
     println!("  every node stopped cleanly");
     Ok(())
 }
@@ -293,6 +345,30 @@ async fn wait_heard(
         if pred(&heard) {
             return Ok(heard);
         }
+    }
+}
+
+/// Waits until every demo job is completed or dead; returns (node, state, count).
+async fn wait_jobs_settled(pool: &sqlx::PgPool) -> Result<Vec<(String, String, i64)>, BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM forge.jobs WHERE kind = 'thumbnail' AND state NOT IN ('completed', 'dead')",
+        )
+        .fetch_one(pool)
+        .await?;
+        if open == 0 {
+            return Ok(sqlx::query_as(
+                "SELECT coalesce(node_id, '-'), state, count(*) FROM forge.jobs
+                  WHERE kind = 'thumbnail' GROUP BY 1, 2 ORDER BY 1, 2",
+            )
+            .fetch_all(pool)
+            .await?);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{open} jobs still open after 60 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
