@@ -81,7 +81,7 @@ struct Thumbnail {
     image: u32,
 }
 
-/// The demo job: "renders a thumbnail" for 50 ms; image 13 is corrupt and fails every
+/// The demo job: "renders a thumbnail" for 100 ms; image 13 is corrupt and fails every
 /// attempt, so it is retried with backoff and then dead-lettered.
 #[forge::job(max_attempts = 3, backoff = "exponential", backoff_base = "100ms")]
 async fn thumbnail(ctx: JobContext, args: Thumbnail) -> Result<(), JobError> {
@@ -92,7 +92,7 @@ async fn thumbnail(ctx: JobContext, args: Thumbnail) -> Result<(), JobError> {
             ctx.max_attempts()
         )));
     }
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(())
 }
 
@@ -154,11 +154,11 @@ async fn run_demo() -> Result<(), BoxError> {
     }
 
     // Jobs: enqueued once, worked by every node.
-    let batch: Vec<NewJob> = (1..=60)
+    let batch: Vec<NewJob> = (1..=90)
         .map(|image| NewJob::new(thumbnail, Thumbnail { image }))
         .collect();
     forge::jobs::enqueue_many(&pool, batch).await?;
-    println!("\nenqueued 60 thumbnail jobs (image 13 is corrupt)");
+    println!("\nenqueued 90 thumbnail jobs (image 13 is corrupt)");
     let by_node = wait_jobs_settled(&pool).await?;
     println!("jobs drained across the nodes:");
     for (node, state, count) in &by_node {
@@ -310,7 +310,7 @@ async fn run_demo() -> Result<(), BoxError> {
         "  per-second cron: {} ticks across the kill and the handoff, no duplicate, no gap",
         ticks.len()
     );
-    println!("  jobs: 59 completed on {nodes_used} nodes, 1 dead-lettered after its retries");
+    println!("  jobs: 89 completed on {nodes_used} nodes, 1 dead-lettered after its retries");
     println!("  every node stopped cleanly");
     Ok(())
 }

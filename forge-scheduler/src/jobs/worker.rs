@@ -157,14 +157,24 @@ type InFlight = Pin<Box<dyn Future<Output = RoundTrip> + Send>>;
 
 /// An exponential moving average.
 #[derive(Default)]
-struct Average(Option<f64>);
+struct Average(Option<f64>, u32);
 
 impl Average {
+    /// Samples needed before the average is trusted: one unusually fast attempt (a job that
+    /// fails at once) must not make a worker claim a backlog ahead that idle nodes could run.
+    const TRUSTED_AFTER: u32 = 8;
+
     fn add(&mut self, value: f64) {
+        self.1 = self.1.saturating_add(1);
         self.0 = Some(match self.0 {
             Some(mean) => mean + (value - mean) / 8.0,
             None => value,
         });
+    }
+
+    /// The mean, once enough samples were seen.
+    fn trusted(&self) -> Option<f64> {
+        self.0.filter(|_| self.1 >= Average::TRUSTED_AFTER)
     }
 }
 
@@ -271,7 +281,7 @@ impl Worker {
 
     /// How many jobs beyond free slots to hold (see "claiming ahead").
     fn ahead(&self) -> usize {
-        match (self.round_trip.0, self.attempt_time.0) {
+        match (self.round_trip.0, self.attempt_time.trusted()) {
             (Some(trip), Some(attempt)) if attempt < trip => {
                 let ahead = self.concurrency as f64 * trip / attempt.max(1e-6);
                 (ahead as usize).min(CLAIM_AHEAD_MAX * self.concurrency)
