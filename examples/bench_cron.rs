@@ -26,14 +26,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("--node") {
-        return match forge::Config::load(args.get(2).cloned().unwrap_or_default()) {
-            Ok(config) => forge_testkit::probe::run(config).await,
-            Err(err) => {
-                eprintln!("error: {err}");
-                ExitCode::FAILURE
-            }
-        };
+    if let Some(code) = forge_testkit::probe::run_if_node_mode(&args).await {
+        return code;
     }
     let quick = args.iter().any(|a| a == "--quick");
     match bench(quick).await {

@@ -30,15 +30,8 @@ const FROZEN_LEASE_SECS: u64 = 5;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("--node") {
-        let path = args.get(2).cloned().unwrap_or_default();
-        return match forge::Config::load(&path) {
-            Ok(config) => forge_testkit::probe::run(config).await,
-            Err(err) => {
-                eprintln!("error: {err}");
-                ExitCode::FAILURE
-            }
-        };
+    if let Some(code) = forge_testkit::probe::run_if_node_mode(&args).await {
+        return code;
     }
     let quick = args.iter().any(|a| a == "--quick");
     match bench(quick).await {

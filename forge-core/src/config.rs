@@ -439,6 +439,46 @@ impl Config {
         }
         LockNamespace::new(&self.cluster.lock_namespace)
             .map_err(|message| at.error("cluster.lock_namespace", message))?;
+        self.validate_jobs(at)
+    }
+
+    fn validate_jobs(&self, at: &Located<'_>) -> Result<()> {
+        let jobs = &self.jobs;
+        for (queue, concurrency) in &jobs.queues {
+            let key = format!("jobs.queues.{queue}");
+            validate_queue_name(queue).map_err(|message| at.error(&key, message))?;
+            if *concurrency == 0 {
+                return Err(at.error(
+                    &key,
+                    "concurrency 0 works nothing: use at least 1, or remove the queue so this node does not work it".into(),
+                ));
+            }
+        }
+        if jobs.default_max_attempts == 0 {
+            return Err(at.error("jobs.default_max_attempts", "must be at least 1".into()));
+        }
+        for (key, value) in [
+            ("jobs.heartbeat_interval", jobs.heartbeat_interval),
+            ("jobs.maintenance_interval", jobs.maintenance_interval),
+            ("jobs.rescue_after", jobs.rescue_after),
+        ] {
+            if value < Duration::from_millis(100) {
+                return Err(at.error(
+                    key,
+                    format!("{} is too short: use at least 100ms", fmt_duration(value)),
+                ));
+            }
+        }
+        if jobs.rescue_after <= jobs.heartbeat_interval {
+            return Err(at.error(
+                "jobs.rescue_after",
+                format!(
+                    "rescue_after ({}) must be longer than heartbeat_interval ({}), or live nodes' jobs would be rescued; use at least twice as long",
+                    fmt_duration(jobs.rescue_after),
+                    fmt_duration(jobs.heartbeat_interval)
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -578,6 +618,23 @@ fn fmt_duration(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }
 
+/// The rule for queue names (in `[jobs.queues]` and in job declarations): 1 to 63 ASCII
+/// letters, digits, `_`, `-` or `.`.
+pub fn validate_queue_name(queue: &str) -> Result<(), String> {
+    let ok = !queue.is_empty()
+        && queue.len() <= 63
+        && queue
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "queue name {queue:?} is not usable: use 1 to 63 ASCII letters, digits, '_', '-' or '.'"
+        ))
+    }
+}
+
 /// Serde adapter for human durations (`"5s"`, `"250ms"`, `"1m 30s"`).
 mod human_duration {
     use std::time::Duration;
@@ -682,6 +739,22 @@ mod tests {
         );
         let msg = parse_err("[node]\nroles = [\"Scheduler\"]\n");
         assert!(msg.starts_with("forge.toml:2: `node.roles`"), "{msg}");
+    }
+
+    #[test]
+    fn bad_job_settings_name_the_key_and_line() {
+        let msg = parse_err("[jobs]\nheartbeat_interval = \"1m\"\nrescue_after = \"30s\"\n");
+        assert!(
+            msg.starts_with("forge.toml:3: `jobs.rescue_after`"),
+            "{msg}"
+        );
+        let msg = parse_err("[jobs.queues]\ndefault = 0\n");
+        assert!(
+            msg.starts_with("forge.toml:2: `jobs.queues.default`"),
+            "{msg}"
+        );
+        let msg = parse_err("[jobs.queues]\n\"mail ers\" = 4\n");
+        assert!(msg.contains("not usable"), "{msg}");
     }
 
     #[test]

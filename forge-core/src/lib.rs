@@ -47,7 +47,7 @@ mod util;
 pub use config::reference_path;
 pub use config::{
     ClusterConfig, Config, CronConfig, DatabaseConfig, Env, JobsConfig, LeaderElectionConfig,
-    MetricsConfig, NodeConfig, ProcessEnv, no_env,
+    MetricsConfig, NodeConfig, ProcessEnv, no_env, validate_queue_name,
 };
 pub use election::{LeaderInfo, RoleState};
 pub use error::{Error, Result, redact_url};

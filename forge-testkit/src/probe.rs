@@ -242,6 +242,23 @@ pub async fn run(config: Config) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// For binaries that re-execute themselves as probe nodes (the benchmarks): with arguments
+/// `--node <forge.toml>`, runs a probe node from that file and returns its exit code;
+/// otherwise `None`.
+pub async fn run_if_node_mode(args: &[String]) -> Option<ExitCode> {
+    if args.get(1).map(String::as_str) != Some("--node") {
+        return None;
+    }
+    let path = args.get(2).cloned().unwrap_or_default();
+    Some(match Config::load(&path) {
+        Ok(config) => run(config).await,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    })
+}
+
 /// Creates `forge_probe_work`; several probes may start at once, so the CREATE is serialized.
 async fn create_table(config: &Config) -> Result<(), Box<dyn std::error::Error>> {
     use sqlx::Connection;

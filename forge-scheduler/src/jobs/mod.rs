@@ -734,20 +734,7 @@ fn validate_kind(kind: &str) -> Result<()> {
 }
 
 /// Checks a queue name: it appears in `forge.toml`, in notifications and in metric labels.
-pub(crate) fn validate_queue(queue: &str) -> Result<(), String> {
-    let ok = !queue.is_empty()
-        && queue.len() <= 63
-        && queue
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "queue name {queue:?} is not usable: use 1 to 63 ASCII letters, digits, '_', '-' or '.'"
-        ))
-    }
-}
+pub(crate) use forge_core::validate_queue_name as validate_queue;
 
 /// A duration for messages: `300ms`, `2s`.
 pub(crate) fn fmt_duration(d: Duration) -> String {

@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 use tokio::time::sleep;
 use tracing::{info, warn};
 
-use super::{JobRegistry, JobType, fmt_duration, maintenance, validate_queue, worker};
+use super::{JobRegistry, JobType, maintenance, validate_queue, worker};
 
 /// Jobs became available: payload `<namespace> <queue>` or `<namespace> @<role>`.
 pub(crate) const CHANNEL_AVAILABLE: &str = "forge_jobs";
@@ -123,56 +123,6 @@ impl Shared {
     }
 }
 
-fn config_error(key: &str, message: String) -> Error {
-    Error::Config {
-        path: None,
-        line: None,
-        key: key.to_owned(),
-        message,
-    }
-}
-
-fn check_config(config: &JobsConfig) -> Result<()> {
-    for (queue, concurrency) in &config.queues {
-        validate_queue(queue).map_err(|m| config_error(&format!("jobs.queues.{queue}"), m))?;
-        if *concurrency == 0 {
-            return Err(config_error(
-                &format!("jobs.queues.{queue}"),
-                "concurrency 0 works nothing: use at least 1, or remove the queue so this node does not work it".into(),
-            ));
-        }
-    }
-    if config.default_max_attempts == 0 {
-        return Err(config_error(
-            "jobs.default_max_attempts",
-            "must be at least 1".into(),
-        ));
-    }
-    for (key, value) in [
-        ("jobs.heartbeat_interval", config.heartbeat_interval),
-        ("jobs.maintenance_interval", config.maintenance_interval),
-        ("jobs.rescue_after", config.rescue_after),
-    ] {
-        if value < Duration::from_millis(100) {
-            return Err(config_error(
-                key,
-                format!("{} is too short: use at least 100ms", fmt_duration(value)),
-            ));
-        }
-    }
-    if config.rescue_after <= config.heartbeat_interval {
-        return Err(config_error(
-            "jobs.rescue_after",
-            format!(
-                "rescue_after ({}) must be longer than heartbeat_interval ({}), or live nodes' jobs would be rescued; use at least twice as long",
-                fmt_duration(config.rescue_after),
-                fmt_duration(config.heartbeat_interval)
-            ),
-        ));
-    }
-    Ok(())
-}
-
 fn check_type(ty: &JobType) -> Result<Option<Role>> {
     let invalid = |message: String| Error::Registration {
         message: format!("job `{}`: {message}", ty.kind),
@@ -200,7 +150,6 @@ pub(crate) fn install(registry: JobRegistry, builder: NodeBuilder) -> Result<Nod
         return Ok(builder);
     }
     let config = builder.config().clone();
-    check_config(&config.jobs)?;
     let namespace = config.lock_namespace()?;
 
     let mut queue_kinds: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
