@@ -245,9 +245,9 @@ async fn bench(quick: bool) -> Result<(), BoxError> {
         stop_to_leader.push((elected.heard - stopped).as_secs_f64() * 1000.0);
         let gap: f64 = sqlx::query_scalar(
             "SELECT extract(epoch FROM e.at - r.at)::float8 * 1000
-               FROM forge.leader_events r JOIN forge.leader_events e
-                 ON e.role = r.role AND e.epoch = r.epoch + 1 AND e.event = 'elected'
-              WHERE r.role = 'scheduler' AND r.event = 'released' AND r.epoch = $1",
+               FROM forge.events r JOIN forge.events e
+                 ON e.role = r.role AND e.epoch = r.epoch + 1 AND e.kind = 'leader_elected'
+              WHERE r.role = 'scheduler' AND r.kind = 'leader_released' AND r.epoch = $1",
         )
         .bind(epoch)
         .fetch_one(&pool)

@@ -218,7 +218,7 @@ struct Drain {
 /// and waits until every job is completed.
 async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, BoxError> {
     let (_db, pool, config) = bench.database().await?;
-    let jobs = Jobs::new(pool.clone());
+    let jobs = Jobs::new(pool.clone(), &forge::LockNamespace::default());
     let started = Instant::now();
     for chunk in 0..total.div_ceil(1000) {
         let n = 1000.min(total - chunk * 1000);
@@ -292,7 +292,7 @@ async fn latency(bench: &mut Bench, n: usize) -> Result<(Vec<f64>, Vec<f64>), Bo
         .max_connections(1)
         .connect(db.url())
         .await?;
-    let jobs = Jobs::new(client);
+    let jobs = Jobs::new(client, &forge::LockNamespace::default());
     let warmup = 50;
     let start = Instant::now();
     for i in 0..(warmup + n) {

@@ -157,7 +157,9 @@ async fn run_demo() -> Result<(), BoxError> {
     let batch: Vec<NewJob> = (1..=90)
         .map(|image| NewJob::new(thumbnail, Thumbnail { image }))
         .collect();
-    forge::jobs::enqueue_many(&pool, batch).await?;
+    forge::jobs::Jobs::new(pool.clone(), &forge::LockNamespace::default())
+        .enqueue_many(batch)
+        .await?;
     println!("\nenqueued 90 thumbnail jobs (image 13 is corrupt)");
     let by_node = wait_jobs_settled(&pool).await?;
     println!("jobs drained across the nodes:");
@@ -226,9 +228,9 @@ async fn run_demo() -> Result<(), BoxError> {
         .await?;
     let (handoff_ms, failover): (f64, bool) = sqlx::query_as(
         "SELECT extract(epoch FROM e.at - r.at)::float8 * 1000, coalesce((e.detail->>'failover')::boolean, false)
-           FROM forge.leader_events r JOIN forge.leader_events e
-             ON e.role = r.role AND e.epoch = r.epoch + 1 AND e.event = 'elected'
-          WHERE r.role = 'scheduler' AND r.event = 'released' AND r.epoch = $1",
+           FROM forge.events r JOIN forge.events e
+             ON e.role = r.role AND e.epoch = r.epoch + 1 AND e.kind = 'leader_elected'
+          WHERE r.role = 'scheduler' AND r.kind = 'leader_released' AND r.epoch = $1",
     )
     .bind(released.epoch)
     .fetch_one(&pool)
@@ -253,11 +255,12 @@ async fn run_demo() -> Result<(), BoxError> {
         println!("  {role:<20} {node}  (epoch {epoch})");
     }
 
-    println!("\nleadership history (forge.leader_events):");
+    println!("\nleadership history (forge.events):");
     let history: Vec<(String, i64, String, String, bool)> = sqlx::query_as(
-        "SELECT to_char(at, 'HH24:MI:SS.MS'), epoch, role, node_id || ' ' || event,
+        "SELECT to_char(at, 'HH24:MI:SS.MS'), epoch, role,
+                node_id || ' ' || replace(kind, 'leader_', ''),
                 coalesce((detail->>'failover')::boolean, false)
-           FROM forge.leader_events ORDER BY id",
+           FROM forge.events WHERE kind LIKE 'leader_%' ORDER BY id",
     )
     .fetch_all(&pool)
     .await?;

@@ -52,18 +52,49 @@
 //! See the README for configuration (`forge.toml`) and operations (metrics, alerts), and
 //! ARCHITECTURE.md for how the election works.
 
+mod config;
+mod node;
+
+pub use config::Config;
+pub use node::{Node, NodeBuilder};
+
 pub use forge_core::{
-    ClusterConfig, Config, CronConfig, DatabaseConfig, Env, Epoch, Error, FenceToken, JobsConfig,
-    LeaderElectionConfig, LeaderInfo, Leadership, ListenerEvent, LockKey, LockNamespace, Metrics,
-    MetricsConfig, NodeConfig, NodeContext, NodeId, ProcessEnv, Result, Role, RoleState, no_env,
-    redact_url, shutdown_signal,
+    Assembly, Component, Epoch, Error, FenceToken, LeaderInfo, Leadership, ListenerEvent, LockKey,
+    LockNamespace, Metrics, NodeContext, NodeId, Result, Role, RoleState, redact_url,
+    shutdown_signal,
 };
 pub use forge_macros::{cron, job};
+pub use forge_scheduler::cron::{CronContext, CronError};
 pub use forge_scheduler::jobs::{JobContext, JobError};
-pub use forge_scheduler::{
-    CatchUp, Cron, CronContext, CronError, CronJob, Interrupted, IntoCronResult, Node, NodeBuilder,
-    Overlap, Schedule, ScheduleError, jobs,
-};
+pub use forge_scheduler::{Schedule, ScheduleError};
+
+/// The sqlx FORGE is built on: use this one for the transactions you hand to FORGE
+/// (`forge::sqlx::query(...)`), or depend on the same version (see the README).
+pub use sqlx;
+
+/// The sections of [`Config`], and what reading them needs.
+pub mod config_sections {
+    pub use forge_core::config::ConfigSource;
+    pub use forge_core::{
+        ClusterConfig, DatabaseConfig, Env, LeaderElectionConfig, MembershipConfig, MetricsConfig,
+        NodeConfig, ProcessEnv, no_env,
+    };
+    pub use forge_scheduler::{CronConfig, JobsConfig};
+}
+
+/// Crons: definitions, policies, the handler context, the tick ledger's states.
+pub mod cron {
+    pub use forge_scheduler::cron::{
+        CatchUp, Cron, CronContext, CronError, CronJob, Crons, Interrupted, IntoCronResult,
+        Overlap, TickState,
+    };
+    pub use forge_scheduler::{Schedule, ScheduleError};
+}
+
+/// Durable jobs: declaring, enqueueing, running, inspecting.
+pub mod jobs {
+    pub use forge_scheduler::jobs::*;
+}
 
 #[doc(hidden)]
 pub mod __private {

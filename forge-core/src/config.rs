@@ -1,44 +1,25 @@
-//! `forge.toml`: typed configuration with human durations, environment overrides for what
-//! differs per node, and errors that name the file, the key and the line.
+//! The sections of `forge.toml` the core reads, and the machinery every section uses: human
+//! durations, environment overrides, and errors that name the file, the key and the line.
 //!
-//! Every key, with its default, is documented in the workspace's `forge.toml`, which a test
-//! parses and compares with [`Config::default`], so the reference cannot drift from the code.
+//! The whole file is one type, `forge::Config`, in the facade crate: it is made of these
+//! sections and of the scheduler's (`[cron]`, `[jobs]`). Each section validates itself against a
+//! [`ConfigSource`], so an error points at the line that set the offending key.
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
+use forge_rules::{Name, check_name};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::role::{LockNamespace, NodeId, Role, validate_name};
+use crate::role::{LockNamespace, NodeId, Role};
 
-/// The whole configuration of a node.
-///
-/// Build it from a file with [`Config::load`], from text with [`Config::from_toml`], or start
-/// from [`Config::default`] and set fields in code.
-///
-/// ```
-/// use forge_core::Config;
-///
-/// let config = Config::from_toml(
-///     r#"
-///     [database]
-///     url = "postgres://app@localhost/app"
-///
-///     [cluster.leader_election]
-///     lease_duration = "10s"
-///     refresh_interval = "2s"
-///     "#,
-/// )
-/// .unwrap();
-/// assert_eq!(config.cluster.leader_election.lease_duration.as_secs(), 10);
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// The core's part of the configuration: what a node needs to connect, campaign and report.
+#[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
-pub struct Config {
+pub struct CoreConfig {
     /// `[database]`
     pub database: DatabaseConfig,
     /// `[node]`
@@ -47,24 +28,87 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// `[metrics]`
     pub metrics: MetricsConfig,
-    /// `[cron]`
-    pub cron: CronConfig,
-    /// `[jobs]`
-    pub jobs: JobsConfig,
+}
+
+impl CoreConfig {
+    /// The core sections, validated together.
+    pub fn new(
+        database: DatabaseConfig,
+        node: NodeConfig,
+        cluster: ClusterConfig,
+        metrics: MetricsConfig,
+    ) -> CoreConfig {
+        CoreConfig {
+            database,
+            node,
+            cluster,
+            metrics,
+        }
+    }
+
+    /// Applies the environment overrides of the core sections: `DATABASE_URL`,
+    /// `FORGE_NODE_ID` (else `HOSTNAME`), `FORGE_ROLES`, `FORGE_METRICS_LISTEN`.
+    pub fn apply_env(&mut self, env: &dyn Env) -> Result<()> {
+        if let Some(url) = env.var("DATABASE_URL").filter(|v| !v.is_empty()) {
+            self.database.url = Some(url);
+        }
+        if let Some(id) = env.var("FORGE_NODE_ID").filter(|v| !v.is_empty()) {
+            self.node.id = Some(id);
+        } else if self.node.id.is_none()
+            && let Some(host) = env.var("HOSTNAME").filter(|v| !v.is_empty())
+        {
+            self.node.id = Some(host);
+        }
+        if let Some(roles) = env.var("FORGE_ROLES") {
+            self.node.roles = roles
+                .split(',')
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .map(str::to_owned)
+                .collect();
+        }
+        if let Some(listen) = env.var("FORGE_METRICS_LISTEN") {
+            self.metrics.listen = parse_listen("FORGE_METRICS_LISTEN", &listen)?;
+        }
+        Ok(())
+    }
+
+    /// Checks values and combinations of the core sections.
+    pub fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
+        self.database.validate(at)?;
+        self.node.validate(at)?;
+        self.cluster.validate(at)
+    }
+}
+
+/// Parses a `host:port` listen address from the environment (`off` or empty: none).
+pub fn parse_listen(variable: &str, value: &str) -> Result<Option<SocketAddr>> {
+    let value = value.trim();
+    if value.is_empty() || value == "off" {
+        return Ok(None);
+    }
+    value.parse().map(Some).map_err(|_| Error::Config {
+        path: None,
+        line: None,
+        key: variable.into(),
+        message: format!(
+            "{value:?} is not a socket address: use host:port such as 0.0.0.0:9464, or `off`"
+        ),
+    })
 }
 
 /// `[database]`: where PostgreSQL is and how FORGE uses it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct DatabaseConfig {
     /// `postgres://user:password@host:port/database`. Overridden by `DATABASE_URL`. Required.
     pub url: Option<String>,
     /// Size of the node's connection pool (fenced writes, job claims, your own queries). The
-    /// node also opens one dedicated connection per campaigned role and one for LISTEN.
+    /// node also opens one dedicated connection per campaigned role and one node session.
     pub max_connections: u32,
     /// How long `Node::start` keeps trying to reach PostgreSQL before giving up.
-    #[serde(with = "human_duration")]
+    #[serde(with = "duration")]
     pub connect_timeout: Duration,
     /// Apply FORGE's migrations (schema `forge`) on start. Several nodes starting at once
     /// serialize on a lock, so this is safe to leave on.
@@ -82,13 +126,61 @@ impl Default for DatabaseConfig {
     }
 }
 
+// The URL holds the password: never print it.
+impl fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("url", &self.url.as_deref().map(crate::error::redact_url))
+            .field("max_connections", &self.max_connections)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("migrate", &self.migrate)
+            .finish()
+    }
+}
+
+impl DatabaseConfig {
+    /// The database URL, or an error that says how to provide one.
+    pub fn url(&self) -> Result<&str> {
+        self.url.as_deref().ok_or_else(|| Error::Config {
+            path: None,
+            line: None,
+            key: "database.url".into(),
+            message: "no database URL: set DATABASE_URL or [database] url in forge.toml (postgres://user:password@host:port/database)".into(),
+        })
+    }
+
+    fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
+        if self.max_connections == 0 {
+            return Err(at.error("database.max_connections", "must be at least 1".into()));
+        }
+        at.check_duration(
+            "database.connect_timeout",
+            self.connect_timeout,
+            Duration::from_millis(100),
+        )?;
+        if let Some(url) = &self.url
+            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        {
+            return Err(at.error(
+                "database.url",
+                format!(
+                    "{:?} is not a PostgreSQL URL: use postgres://user:password@host:port/database",
+                    crate::error::redact_url(url)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// `[node]`: this node's identity and which roles it may lead.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct NodeConfig {
     /// The node's id in the cluster. Overridden by `FORGE_NODE_ID`; when neither is set,
-    /// `$HOSTNAME`, else a generated `node-xxxxxxxx`.
+    /// `$HOSTNAME`, else a generated `node-xxxxxxxx`. Two live nodes never share an id: the
+    /// second is refused at start.
     pub id: Option<String>,
     /// The roles this node campaigns for. Overridden by `FORGE_ROLES` (comma-separated). A node
     /// campaigns for a listed role only when it has work registered for it, unless
@@ -111,6 +203,36 @@ impl Default for NodeConfig {
     }
 }
 
+impl NodeConfig {
+    /// The roles listed in `roles`, parsed.
+    pub fn roles(&self) -> Result<Vec<Role>> {
+        self.roles.iter().map(|name| Role::new(name)).collect()
+    }
+
+    /// The node id: the configured one, else a generated one.
+    pub fn node_id(&self) -> Result<NodeId> {
+        match &self.id {
+            Some(id) => NodeId::new(id).map_err(|err| Error::Config {
+                path: None,
+                line: None,
+                key: "node.id".into(),
+                message: err.to_string(),
+            }),
+            None => Ok(NodeId::generate()),
+        }
+    }
+
+    fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
+        if let Some(id) = &self.id {
+            check_name(Name::NodeId, id).map_err(|err| at.error("node.id", err.to_string()))?;
+        }
+        for role in &self.roles {
+            check_name(Name::Role, role).map_err(|err| at.error("node.roles", err.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
 /// `[cluster]`
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -122,6 +244,8 @@ pub struct ClusterConfig {
     pub lock_namespace: String,
     /// `[cluster.leader_election]`
     pub leader_election: LeaderElectionConfig,
+    /// `[cluster.membership]`
+    pub membership: MembershipConfig,
 }
 
 impl Default for ClusterConfig {
@@ -129,7 +253,95 @@ impl Default for ClusterConfig {
         ClusterConfig {
             lock_namespace: LockNamespace::default().name().to_owned(),
             leader_election: LeaderElectionConfig::default(),
+            membership: MembershipConfig::default(),
         }
+    }
+}
+
+impl ClusterConfig {
+    /// The lock namespace, parsed.
+    pub fn namespace(&self) -> Result<LockNamespace> {
+        LockNamespace::new(&self.lock_namespace).map_err(|err| Error::Config {
+            path: None,
+            line: None,
+            key: "cluster.lock_namespace".into(),
+            message: err.to_string(),
+        })
+    }
+
+    fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
+        check_name(Name::Namespace, &self.lock_namespace)
+            .map_err(|err| at.error("cluster.lock_namespace", err.to_string()))?;
+        self.leader_election.validate(at)?;
+        self.membership.validate(at)
+    }
+}
+
+/// `[cluster.membership]`: heartbeats, and when a silent node counts as drifted or down.
+///
+/// A node heartbeats on its own node session (never on the pool). The scheduler leader marks a
+/// node `drifted` after `drift_after` without a heartbeat (a warning: frozen, starved, or cut
+/// off) and `down` after `down_after`, or sooner when its node session ended while PostgreSQL
+/// stayed up (the process was killed) and it did not come back within one heartbeat interval.
+/// The running jobs of a down node are rescued. After a PostgreSQL restart or failover the
+/// ages count from when the scheduler leader took over, so reconnecting nodes are never
+/// marked down for the outage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct MembershipConfig {
+    /// How often each node heartbeats (one statement on its node session). A node session
+    /// that stopped answering (half-open connection) is replaced within about this long.
+    #[serde(with = "duration")]
+    pub heartbeat_interval: Duration,
+    /// No heartbeat for this long: the node is `drifted`.
+    #[serde(with = "duration")]
+    pub drift_after: Duration,
+    /// No heartbeat for this long: the node is `down` and its running jobs are rescued.
+    #[serde(with = "duration")]
+    pub down_after: Duration,
+}
+
+impl Default for MembershipConfig {
+    fn default() -> Self {
+        MembershipConfig {
+            heartbeat_interval: Duration::from_secs(5),
+            drift_after: Duration::from_secs(15),
+            down_after: Duration::from_secs(60),
+        }
+    }
+}
+
+impl MembershipConfig {
+    fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
+        let key = |name: &str| format!("cluster.membership.{name}");
+        at.check_duration(
+            &key("heartbeat_interval"),
+            self.heartbeat_interval,
+            Duration::from_millis(100),
+        )?;
+        if self.drift_after < self.heartbeat_interval * 2 {
+            return Err(at.error(
+                &key("drift_after"),
+                format!(
+                    "drift_after ({}) must be at least twice heartbeat_interval ({}), or one late heartbeat marks a healthy node drifted",
+                    fmt_duration(self.drift_after),
+                    fmt_duration(self.heartbeat_interval)
+                ),
+            ));
+        }
+        at.check_duration(&key("drift_after"), self.drift_after, Duration::ZERO)?;
+        if self.down_after <= self.drift_after {
+            return Err(at.error(
+                &key("down_after"),
+                format!(
+                    "down_after ({}) must be longer than drift_after ({}): a node is drifted before it is down",
+                    fmt_duration(self.down_after),
+                    fmt_duration(self.drift_after)
+                ),
+            ));
+        }
+        at.check_duration(&key("down_after"), self.down_after, Duration::ZERO)
     }
 }
 
@@ -141,25 +353,26 @@ pub struct LeaderElectionConfig {
     /// How often a node whose lock session is down (PostgreSQL unreachable or restarting)
     /// retries: the cap of its reconnect backoff. Followers whose session is up need no
     /// polling: they wait inside PostgreSQL, and the lock grant is the notification.
-    #[serde(with = "human_duration")]
+    #[serde(with = "duration")]
     pub check_interval: Duration,
     /// How long a leadership lasts without renewal. PostgreSQL ends a lock session that stays
     /// silent this long (`idle_session_timeout`), so a frozen or cut-off leader is replaced
     /// after about this time; the leader itself stops trusting its leadership a safety margin
     /// earlier.
-    #[serde(with = "human_duration")]
+    #[serde(with = "duration")]
     pub lease_duration: Duration,
     /// How often the leader renews its lease. At most half of `lease_duration`.
-    #[serde(with = "human_duration")]
+    #[serde(with = "duration")]
     pub refresh_interval: Duration,
     /// The longest a follower waits inside `pg_advisory_lock` before the wait returns to prove
     /// its session alive and to check the leader's lease (one statement per wait). Also
     /// bounds every other lock wait of FORGE's sessions.
-    #[serde(with = "human_duration")]
+    #[serde(with = "duration")]
     pub lock_timeout: Duration,
     /// On graceful shutdown, how long the leader lets in-flight leader-only work finish
-    /// before cancelling it and handing over.
-    #[serde(with = "human_duration")]
+    /// before cancelling it and handing over. The leader keeps renewing its lease while it
+    /// drains, so no other node leads the role before the handover.
+    #[serde(with = "duration")]
     pub drain_timeout: Duration,
 }
 
@@ -182,6 +395,39 @@ impl LeaderElectionConfig {
     pub fn safety_margin(&self) -> Duration {
         (self.lease_duration / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
     }
+
+    fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
+        let key = |name: &str| format!("cluster.leader_election.{name}");
+        for (name, value) in [
+            ("check_interval", self.check_interval),
+            ("lease_duration", self.lease_duration),
+            ("refresh_interval", self.refresh_interval),
+            ("lock_timeout", self.lock_timeout),
+        ] {
+            at.check_duration(&key(name), value, Duration::from_millis(100))?;
+        }
+        at.check_duration(&key("drain_timeout"), self.drain_timeout, Duration::ZERO)?;
+        if self.lease_duration < Duration::from_secs(1) {
+            return Err(at.error(
+                &key("lease_duration"),
+                format!(
+                    "{} is too short: use at least 1s (PostgreSQL enforces it with idle_session_timeout)",
+                    fmt_duration(self.lease_duration)
+                ),
+            ));
+        }
+        if self.refresh_interval * 2 > self.lease_duration {
+            return Err(at.error(
+                &key("refresh_interval"),
+                format!(
+                    "refresh_interval ({}) must be at most half of lease_duration ({}), so that one slow renewal does not drop leadership",
+                    fmt_duration(self.refresh_interval),
+                    fmt_duration(self.lease_duration)
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `[metrics]`: the Prometheus endpoint.
@@ -193,81 +439,6 @@ pub struct MetricsConfig {
     /// Overridden by `FORGE_METRICS_LISTEN` (`off` disables). Unset: no HTTP listener; the
     /// text stays available through `Node::render_metrics`.
     pub listen: Option<SocketAddr>,
-}
-
-/// `[cron]`: how leader-only schedules behave around failovers.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-#[non_exhaustive]
-pub struct CronConfig {
-    /// A tick that is at most this late still fires under `catch_up = "skip"` (a tick due
-    /// during a fast failover is late, not missed).
-    #[serde(with = "human_duration")]
-    pub misfire_threshold: Duration,
-    /// How long the tick ledger (`forge.cron_ticks`) keeps finished ticks; the LogCompactor
-    /// leader prunes older ones.
-    #[serde(with = "human_duration")]
-    pub ledger_retention: Duration,
-}
-
-impl Default for CronConfig {
-    fn default() -> Self {
-        CronConfig {
-            misfire_threshold: Duration::from_secs(1),
-            ledger_retention: Duration::from_secs(7 * 24 * 3600),
-        }
-    }
-}
-
-/// `[jobs]`: the durable job queue.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-#[non_exhaustive]
-pub struct JobsConfig {
-    /// The queues this node works, with their concurrency (jobs running at once on this
-    /// node). Queues not listed are not worked here.
-    pub queues: std::collections::BTreeMap<String, u32>,
-    /// Attempts of a job whose declaration does not say `max_attempts`.
-    pub default_max_attempts: u32,
-    /// How often each node records that it is alive (`forge.nodes`).
-    #[serde(with = "human_duration")]
-    pub heartbeat_interval: Duration,
-    /// A running job whose node has not heartbeated for this long is rescued (retried or
-    /// dead-lettered). Jobs of a node whose sessions are gone (killed) are rescued at the next
-    /// maintenance pass, without waiting this long. Must be longer than `heartbeat_interval`
-    /// (checked when a node with jobs starts).
-    #[serde(with = "human_duration")]
-    pub rescue_after: Duration,
-    /// How often the Scheduler leader rescues, dead-letters and prunes (scheduled jobs are
-    /// promoted on time by a timer, not by this pass).
-    #[serde(with = "human_duration")]
-    pub maintenance_interval: Duration,
-    /// How long completed and cancelled jobs are kept before pruning.
-    #[serde(with = "human_duration")]
-    pub completed_retention: Duration,
-    /// How long dead-lettered jobs are kept before pruning.
-    #[serde(with = "human_duration")]
-    pub dead_retention: Duration,
-    /// On graceful shutdown, how long running jobs may take to finish before they are
-    /// cancelled and released for another node (the interrupted attempt does not count
-    /// against `max_attempts`).
-    #[serde(with = "human_duration")]
-    pub drain_timeout: Duration,
-}
-
-impl Default for JobsConfig {
-    fn default() -> Self {
-        JobsConfig {
-            queues: [("default".to_owned(), 16)].into_iter().collect(),
-            default_max_attempts: 20,
-            heartbeat_interval: Duration::from_secs(30),
-            rescue_after: Duration::from_secs(120),
-            maintenance_interval: Duration::from_secs(15),
-            completed_retention: Duration::from_secs(24 * 3600),
-            dead_retention: Duration::from_secs(7 * 24 * 3600),
-            drain_timeout: Duration::from_secs(30),
-        }
-    }
 }
 
 /// Environment variables FORGE reads, as a function so tests need not mutate the process
@@ -298,256 +469,22 @@ pub fn no_env(_: &str) -> Option<String> {
     None
 }
 
-impl Config {
-    /// Reads `path`, applies the environment overrides (`DATABASE_URL`, `FORGE_NODE_ID`,
-    /// `HOSTNAME`, `FORGE_ROLES`, `FORGE_METRICS_LISTEN`) and validates.
-    pub fn load(path: impl AsRef<Path>) -> Result<Config> {
-        Config::load_with_env(path, &ProcessEnv)
-    }
-
-    /// [`Config::load`] with an explicit environment.
-    pub fn load_with_env(path: impl AsRef<Path>, env: &dyn Env) -> Result<Config> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| Error::ConfigRead {
-            path: path.to_owned(),
-            source,
-        })?;
-        Config::parse(&text, Some(path), env)
-    }
-
-    /// Parses TOML text without consulting the environment, and validates.
-    pub fn from_toml(text: &str) -> Result<Config> {
-        Config::parse(text, None, &no_env)
-    }
-
-    /// Only the environment (no file): `DATABASE_URL` and the other overrides on top of the
-    /// defaults.
-    pub fn from_env() -> Result<Config> {
-        Config::parse("", None, &ProcessEnv)
-    }
-
-    /// Parses TOML text, applies overrides from `env`, and validates. `path` is only used in
-    /// error messages.
-    pub fn parse(text: &str, path: Option<&Path>, env: &dyn Env) -> Result<Config> {
-        let located = Located { text, path };
-        let mut config: Config = toml::from_str(text).map_err(|err| located.toml_error(&err))?;
-        config.apply_env(env)?;
-        config.validate_located(&located)?;
-        Ok(config)
-    }
-
-    fn apply_env(&mut self, env: &dyn Env) -> Result<()> {
-        if let Some(url) = env.var("DATABASE_URL").filter(|v| !v.is_empty()) {
-            self.database.url = Some(url);
-        }
-        if let Some(id) = env.var("FORGE_NODE_ID").filter(|v| !v.is_empty()) {
-            self.node.id = Some(id);
-        } else if self.node.id.is_none()
-            && let Some(host) = env.var("HOSTNAME").filter(|v| !v.is_empty())
-        {
-            self.node.id = Some(host);
-        }
-        if let Some(roles) = env.var("FORGE_ROLES") {
-            self.node.roles = roles
-                .split(',')
-                .map(str::trim)
-                .filter(|r| !r.is_empty())
-                .map(str::to_owned)
-                .collect();
-        }
-        if let Some(listen) = env.var("FORGE_METRICS_LISTEN") {
-            let listen = listen.trim();
-            self.metrics.listen = if listen.is_empty() || listen == "off" {
-                None
-            } else {
-                Some(listen.parse().map_err(|_| Error::Config {
-                    path: None,
-                    line: None,
-                    key: "FORGE_METRICS_LISTEN".into(),
-                    message: format!(
-                        "{listen:?} is not a socket address: use host:port such as 0.0.0.0:9464, or `off`"
-                    ),
-                })?)
-            };
-        }
-        Ok(())
-    }
-
-    /// Checks values and combinations (a config built in code should be validated too;
-    /// `Node::start` does it).
-    pub fn validate(&self) -> Result<()> {
-        self.validate_located(&Located {
-            text: "",
-            path: None,
-        })
-    }
-
-    fn validate_located(&self, at: &Located<'_>) -> Result<()> {
-        let le = &self.cluster.leader_election;
-        let election = "cluster.leader_election";
-        for (name, value) in [
-            ("check_interval", le.check_interval),
-            ("lease_duration", le.lease_duration),
-            ("refresh_interval", le.refresh_interval),
-            ("lock_timeout", le.lock_timeout),
-        ] {
-            if value < Duration::from_millis(100) {
-                return Err(at.error(
-                    &format!("{election}.{name}"),
-                    format!("{} is too short: use at least 100ms", fmt_duration(value)),
-                ));
-            }
-        }
-        if le.lease_duration < Duration::from_secs(1) {
-            return Err(at.error(
-                &format!("{election}.lease_duration"),
-                format!(
-                    "{} is too short: use at least 1s (PostgreSQL enforces it with idle_session_timeout)",
-                    fmt_duration(le.lease_duration)
-                ),
-            ));
-        }
-        if le.refresh_interval * 2 > le.lease_duration {
-            return Err(at.error(
-                &format!("{election}.refresh_interval"),
-                format!(
-                    "refresh_interval ({}) must be at most half of lease_duration ({}), so that one slow renewal does not drop leadership",
-                    fmt_duration(le.refresh_interval),
-                    fmt_duration(le.lease_duration)
-                ),
-            ));
-        }
-        if self.database.max_connections == 0 {
-            return Err(at.error("database.max_connections", "must be at least 1".into()));
-        }
-        if let Some(url) = &self.database.url
-            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
-        {
-            return Err(at.error(
-                "database.url",
-                format!(
-                    "{:?} is not a PostgreSQL URL: use postgres://user:password@host:port/database",
-                    crate::error::redact_url(url)
-                ),
-            ));
-        }
-        if let Some(id) = &self.node.id {
-            NodeId::new(id).map_err(|message| at.error("node.id", message))?;
-        }
-        for role in &self.node.roles {
-            validate_name(role).map_err(|message| at.error("node.roles", message))?;
-        }
-        LockNamespace::new(&self.cluster.lock_namespace)
-            .map_err(|message| at.error("cluster.lock_namespace", message))?;
-        self.validate_jobs(at)
-    }
-
-    fn validate_jobs(&self, at: &Located<'_>) -> Result<()> {
-        let jobs = &self.jobs;
-        for (queue, concurrency) in &jobs.queues {
-            let key = format!("jobs.queues.{queue}");
-            validate_queue_name(queue).map_err(|message| at.error(&key, message))?;
-            if *concurrency == 0 {
-                return Err(at.error(
-                    &key,
-                    "concurrency 0 works nothing: use at least 1, or remove the queue so this node does not work it".into(),
-                ));
-            }
-        }
-        if jobs.default_max_attempts == 0 {
-            return Err(at.error("jobs.default_max_attempts", "must be at least 1".into()));
-        }
-        for (key, value) in [
-            ("jobs.heartbeat_interval", jobs.heartbeat_interval),
-            ("jobs.maintenance_interval", jobs.maintenance_interval),
-            ("jobs.rescue_after", jobs.rescue_after),
-        ] {
-            if value < Duration::from_millis(100) {
-                return Err(at.error(
-                    key,
-                    format!("{} is too short: use at least 100ms", fmt_duration(value)),
-                ));
-            }
-        }
-        if jobs.rescue_after <= jobs.heartbeat_interval {
-            return Err(at.error(
-                "jobs.rescue_after",
-                format!(
-                    "rescue_after ({}) must be longer than heartbeat_interval ({}), or live nodes' jobs would be rescued; use at least twice as long",
-                    fmt_duration(jobs.rescue_after),
-                    fmt_duration(jobs.heartbeat_interval)
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The database URL, or an error that says how to provide one.
-    pub fn database_url(&self) -> Result<&str> {
-        self.database.url.as_deref().ok_or_else(|| Error::Config {
-            path: None,
-            line: None,
-            key: "database.url".into(),
-            message: "no database URL: set DATABASE_URL or [database] url in forge.toml (postgres://user:password@host:port/database)".into(),
-        })
-    }
-
-    /// The roles listed in `[node] roles`, parsed.
-    pub fn roles(&self) -> Result<Vec<Role>> {
-        self.node.roles.iter().map(|name| Role::new(name)).collect()
-    }
-
-    /// The lock namespace, parsed.
-    pub fn lock_namespace(&self) -> Result<LockNamespace> {
-        LockNamespace::new(&self.cluster.lock_namespace).map_err(|message| Error::Config {
-            path: None,
-            line: None,
-            key: "cluster.lock_namespace".into(),
-            message,
-        })
-    }
-
-    /// The node id: the configured one, else a generated one.
-    pub fn node_id(&self) -> Result<NodeId> {
-        match &self.node.id {
-            Some(id) => NodeId::new(id).map_err(|message| Error::Config {
-                path: None,
-                line: None,
-                key: "node.id".into(),
-                message,
-            }),
-            None => Ok(NodeId::generate()),
-        }
-    }
-}
-
-/// Where a config came from, to turn spans into lines.
-struct Located<'a> {
+/// Where a configuration came from: its text and file, to turn keys into line numbers in
+/// errors. A config built in code has an empty source (errors then name only the key).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ConfigSource<'a> {
     text: &'a str,
     path: Option<&'a Path>,
 }
 
-impl Located<'_> {
-    fn line_of(&self, offset: usize) -> usize {
-        self.text[..offset.min(self.text.len())]
-            .bytes()
-            .filter(|b| *b == b'\n')
-            .count()
-            + 1
+impl<'a> ConfigSource<'a> {
+    /// The source of a parsed file (`path` only appears in messages).
+    pub fn new(text: &'a str, path: Option<&'a Path>) -> ConfigSource<'a> {
+        ConfigSource { text, path }
     }
 
-    /// The line of a dotted key in the text, when the text sets it.
-    fn line_of_key(&self, dotted: &str) -> Option<usize> {
-        let root = toml::de::DeTable::parse(self.text).ok()?;
-        let mut parts = dotted.split('.');
-        let mut value = root.get_ref().get(parts.next()?)?;
-        for part in parts {
-            value = value.get_ref().get(part)?;
-        }
-        Some(self.line_of(value.span().start))
-    }
-
-    fn error(&self, key: &str, message: String) -> Error {
+    /// An error about `key` (dotted, such as `jobs.queues.mail`), with the line that sets it.
+    pub fn error(&self, key: &str, message: String) -> Error {
         Error::Config {
             path: self.path.map(Path::to_owned),
             line: self.line_of_key(key),
@@ -556,7 +493,24 @@ impl Located<'_> {
         }
     }
 
-    fn toml_error(&self, err: &toml::de::Error) -> Error {
+    /// Checks a duration against a lower bound and FORGE's upper bound
+    /// ([`forge_rules::MAX_DURATION`]).
+    pub fn check_duration(&self, key: &str, value: Duration, at_least: Duration) -> Result<()> {
+        if value < at_least {
+            return Err(self.error(
+                key,
+                format!(
+                    "{} is too short: use at least {}",
+                    fmt_duration(value),
+                    fmt_duration(at_least)
+                ),
+            ));
+        }
+        forge_rules::check_duration(value).map_err(|message| self.error(key, message))
+    }
+
+    /// Turns a TOML parse error into one that names the key and the line.
+    pub fn toml_error(&self, err: &toml::de::Error) -> Error {
         let line = err.span().map(|span| self.line_of(span.start));
         let message = err.message().trim().to_owned();
         // serde names the offending field in its message; recover the key path from the span.
@@ -575,6 +529,25 @@ impl Located<'_> {
             key,
             message,
         }
+    }
+
+    fn line_of(&self, offset: usize) -> usize {
+        self.text[..offset.min(self.text.len())]
+            .bytes()
+            .filter(|b| *b == b'\n')
+            .count()
+            + 1
+    }
+
+    /// The line of a dotted key in the text, when the text sets it.
+    fn line_of_key(&self, dotted: &str) -> Option<usize> {
+        let root = toml::de::DeTable::parse(self.text).ok()?;
+        let mut parts = dotted.split('.');
+        let mut value = root.get_ref().get(parts.next()?)?;
+        for part in parts {
+            value = value.get_ref().get(part)?;
+        }
+        Some(self.line_of(value.span().start))
     }
 
     /// The dotted path of the deepest key whose own span, or whose (non-table) value's span,
@@ -614,253 +587,37 @@ impl Located<'_> {
     }
 }
 
+/// Reads a config file, with an error naming it when it cannot be read.
+pub fn read_file(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| Error::ConfigRead {
+        path: path.to_owned(),
+        source,
+    })
+}
+
 fn fmt_duration(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
+    forge_rules::format_duration(d)
 }
 
-/// The rule for queue names (in `[jobs.queues]` and in job declarations): 1 to 63 ASCII
-/// letters, digits, `_`, `-` or `.`.
-pub fn validate_queue_name(queue: &str) -> Result<(), String> {
-    let ok = !queue.is_empty()
-        && queue.len() <= 63
-        && queue
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "queue name {queue:?} is not usable: use 1 to 63 ASCII letters, digits, '_', '-' or '.'"
-        ))
-    }
-}
-
-/// Serde adapter for human durations (`"5s"`, `"250ms"`, `"1m 30s"`).
-mod human_duration {
+/// Serde adapter for human durations (`"5s"`, `"250ms"`, `"1m 30s"`), bounded by
+/// [`forge_rules::MAX_DURATION`]: use it as `#[serde(with = "forge_core::config::duration")]`.
+pub mod duration {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&super::fmt_duration(*value))
+    /// Writes a duration as humans do (`"1m 30s"`).
+    pub fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&forge_rules::format_duration(*value))
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    /// Reads a human duration.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(d).map_err(|_| {
             serde::de::Error::custom(
                 "expected a duration string such as \"5s\", \"250ms\" or \"1m 30s\"",
             )
         })?;
-        humantime::parse_duration(&text).map_err(|err| {
-            serde::de::Error::custom(format!(
-                "invalid duration {text:?} ({err}): use a number with a unit, such as \"5s\", \"250ms\" or \"1m 30s\""
-            ))
-        })
-    }
-}
-
-impl fmt::Display for Config {
-    /// The configuration as TOML (the database password redacted).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut shown = self.clone();
-        shown.database.url = shown.database.url.as_deref().map(crate::error::redact_url);
-        match toml::to_string_pretty(&shown) {
-            Ok(text) => f.write_str(&text),
-            Err(_) => Err(fmt::Error),
-        }
-    }
-}
-
-/// The path of the reference file inside the workspace (used by tests).
-#[doc(hidden)]
-pub fn reference_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../forge.toml")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse_err(text: &str) -> String {
-        Config::parse(text, Some(Path::new("forge.toml")), &no_env)
-            .unwrap_err()
-            .to_string()
-    }
-
-    #[test]
-    fn defaults_are_valid() {
-        Config::default().validate().unwrap();
-        assert_eq!(Config::from_toml("").unwrap(), Config::default());
-    }
-
-    #[test]
-    fn unknown_keys_name_file_key_and_line() {
-        let msg =
-            parse_err("[cluster.leader_election]\nlease_duration = \"10s\"\nleese = \"1s\"\n");
-        assert!(
-            msg.starts_with("forge.toml:3: `cluster.leader_election.leese`"),
-            "{msg}"
-        );
-        assert!(msg.contains("unknown field `leese`"), "{msg}");
-        let msg = parse_err("[databse]\nurl = \"postgres://x\"\n");
-        assert!(msg.starts_with("forge.toml:1: `databse`"), "{msg}");
-    }
-
-    #[test]
-    fn bad_durations_say_what_is_valid() {
-        let msg = parse_err("[cluster.leader_election]\nlease_duration = \"ten seconds\"\n");
-        assert!(
-            msg.starts_with("forge.toml:2: `cluster.leader_election.lease_duration`"),
-            "{msg}"
-        );
-        assert!(msg.contains("\"5s\""), "{msg}");
-        let msg = parse_err("[cluster.leader_election]\nlock_timeout = 10\n");
-        assert!(msg.contains("expected a duration string"), "{msg}");
-    }
-
-    #[test]
-    fn impossible_combinations_are_rejected_at_the_right_line() {
-        let msg = parse_err(
-            "[cluster.leader_election]\nlease_duration = \"10s\"\nrefresh_interval = \"10s\"\n",
-        );
-        assert!(
-            msg.starts_with("forge.toml:3: `cluster.leader_election.refresh_interval`"),
-            "{msg}"
-        );
-        assert!(msg.contains("at most half of lease_duration"), "{msg}");
-        let msg = parse_err(
-            "[cluster.leader_election]\nlease_duration = \"500ms\"\nrefresh_interval = \"100ms\"\n",
-        );
-        assert!(msg.contains("at least 1s"), "{msg}");
-        let msg = parse_err("[database]\nurl = \"mysql://root:pw@x/db\"\n");
-        assert!(
-            msg.contains("not a PostgreSQL URL") && !msg.contains("pw"),
-            "{msg}"
-        );
-        let msg = parse_err("[node]\nroles = [\"Scheduler\"]\n");
-        assert!(msg.starts_with("forge.toml:2: `node.roles`"), "{msg}");
-    }
-
-    #[test]
-    fn bad_job_settings_name_the_key_and_line() {
-        let msg = parse_err("[jobs]\nheartbeat_interval = \"1m\"\nrescue_after = \"30s\"\n");
-        assert!(
-            msg.starts_with("forge.toml:3: `jobs.rescue_after`"),
-            "{msg}"
-        );
-        let msg = parse_err("[jobs.queues]\ndefault = 0\n");
-        assert!(
-            msg.starts_with("forge.toml:2: `jobs.queues.default`"),
-            "{msg}"
-        );
-        let msg = parse_err("[jobs.queues]\n\"mail ers\" = 4\n");
-        assert!(msg.contains("not usable"), "{msg}");
-    }
-
-    #[test]
-    fn environment_overrides_the_file() {
-        let env = |name: &str| match name {
-            "DATABASE_URL" => Some("postgres://env@db/app".to_owned()),
-            "HOSTNAME" => Some("pod-7".to_owned()),
-            "FORGE_METRICS_LISTEN" => Some("127.0.0.1:9999".to_owned()),
-            "FORGE_ROLES" => Some("scheduler, reports".to_owned()),
-            _ => None,
-        };
-        let text = "[database]\nurl = \"postgres://file@db/app\"\n";
-        let config = Config::parse(text, None, &env).unwrap();
-        assert_eq!(
-            config.database.url.as_deref(),
-            Some("postgres://env@db/app")
-        );
-        assert_eq!(config.node.id.as_deref(), Some("pod-7"));
-        assert_eq!(
-            config.metrics.listen,
-            Some("127.0.0.1:9999".parse().unwrap())
-        );
-        assert_eq!(config.node.roles, ["scheduler", "reports"]);
-
-        let env = |name: &str| match name {
-            "FORGE_NODE_ID" => Some("explicit".to_owned()),
-            "HOSTNAME" => Some("pod-7".to_owned()),
-            "FORGE_METRICS_LISTEN" => Some("off".to_owned()),
-            _ => None,
-        };
-        let config = Config::parse("[metrics]\nlisten = \"0.0.0.0:1\"", None, &env).unwrap();
-        assert_eq!(config.node.id.as_deref(), Some("explicit"));
-        assert_eq!(config.metrics.listen, None);
-
-        let env = |name: &str| (name == "FORGE_METRICS_LISTEN").then(|| "nope".to_owned());
-        let msg = Config::parse("", None, &env).unwrap_err().to_string();
-        assert!(
-            msg.contains("FORGE_METRICS_LISTEN") && msg.contains("host:port"),
-            "{msg}"
-        );
-    }
-
-    /// The reference forge.toml sets every key to its default, and documents the optional
-    /// ones as commented-out lines, each in its own section.
-    #[test]
-    fn reference_file_documents_every_key_with_its_default() {
-        let path = reference_path();
-        let text = std::fs::read_to_string(&path).unwrap();
-        let parsed = Config::parse(&text, Some(&path), &no_env).unwrap();
-        assert_eq!(
-            parsed,
-            Config::default(),
-            "forge.toml values differ from the defaults"
-        );
-
-        let mut full = Config::default();
-        full.database.url = Some("postgres://x@y/z".into());
-        full.node.id = Some("n".into());
-        full.metrics.listen = Some("0.0.0.0:1".parse().unwrap());
-        let mut keys = Vec::new();
-        collect_keys(&toml::Value::try_from(&full).unwrap(), "", &mut keys);
-        assert!(keys.len() >= 14, "{keys:?}");
-        for (section, key) in keys {
-            let documented = section_lines(&text, &section).any(|line| {
-                let line = line.trim_start_matches('#').trim_start();
-                line.strip_prefix(key.as_str())
-                    .is_some_and(|rest| rest.trim_start().starts_with('='))
-            });
-            assert!(
-                documented,
-                "forge.toml does not document `{key}` in [{section}]"
-            );
-        }
-    }
-
-    fn collect_keys(value: &toml::Value, section: &str, out: &mut Vec<(String, String)>) {
-        if let toml::Value::Table(table) = value {
-            for (key, child) in table {
-                if child.is_table() {
-                    let nested = if section.is_empty() {
-                        key.clone()
-                    } else {
-                        format!("{section}.{key}")
-                    };
-                    collect_keys(child, &nested, out);
-                } else {
-                    out.push((section.to_owned(), key.clone()));
-                }
-            }
-        }
-    }
-
-    fn section_lines<'a>(text: &'a str, section: &str) -> impl Iterator<Item = &'a str> {
-        let header = format!("[{section}]");
-        text.lines()
-            .skip_while(move |line| line.trim() != header)
-            .skip(1)
-            .take_while(|line| !line.trim_start().starts_with('['))
-    }
-
-    #[test]
-    fn missing_database_url_says_how_to_set_it() {
-        let msg = Config::default().database_url().unwrap_err().to_string();
-        assert!(
-            msg.contains("DATABASE_URL") && msg.contains("[database] url"),
-            "{msg}"
-        );
+        forge_rules::parse_duration(&text).map_err(serde::de::Error::custom)
     }
 }

@@ -9,25 +9,36 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, Row, SqlSafeStr};
 use tokio::time::Instant;
 
-use crate::config::{Config, LeaderElectionConfig};
+use crate::config::{DatabaseConfig, LeaderElectionConfig};
 use crate::error::{Error, Result, redact_url};
 
-/// FORGE's migrations, embedded. Applied in the `forge` schema with their own bookkeeping
-/// table (`forge._sqlx_migrations`), so they never clash with the host application's.
-const MIGRATIONS: &[(i64, &str, &str)] = &[
+/// One embedded migration: version, description, SQL. Every crate with tables brings its own
+/// list; a node applies them all, in version order, as one sequence in the `forge` schema with
+/// its own bookkeeping table (`forge._sqlx_migrations`), so they never clash with the host
+/// application's.
+pub type MigrationSource = (i64, &'static str, &'static str);
+
+/// The core's migrations: leadership, the cluster model.
+pub const MIGRATIONS: &[MigrationSource] = &[
     (
         1,
         "leaders",
         include_str!("../../migrations/0001_leaders.sql"),
     ),
-    (2, "cron", include_str!("../../migrations/0002_cron.sql")),
-    (3, "jobs", include_str!("../../migrations/0003_jobs.sql")),
+    (
+        4,
+        "cluster",
+        include_str!("../../migrations/0004_cluster.sql"),
+    ),
 ];
 
-/// The parsed connection options for `config`, with `application_name` set (PostgreSQL truncates
-/// it to 63 bytes).
-pub(crate) fn connect_options(config: &Config, application_name: &str) -> Result<PgConnectOptions> {
-    let url = config.database_url()?;
+/// The parsed connection options for `database`, with `application_name` set (PostgreSQL
+/// truncates it to 63 bytes).
+pub(crate) fn connect_options(
+    database: &DatabaseConfig,
+    application_name: &str,
+) -> Result<PgConnectOptions> {
+    let url = database.url()?;
     let options: PgConnectOptions = url.parse().map_err(|err: sqlx::Error| Error::Config {
         path: None,
         line: None,
@@ -195,10 +206,10 @@ pub(crate) async fn connect_once(
 }
 
 /// The node's pool (fenced writes, job claims, the application's own queries).
-pub(crate) fn pool(config: &Config, options: PgConnectOptions) -> PgPool {
+pub(crate) fn pool(database: &DatabaseConfig, options: PgConnectOptions) -> PgPool {
     PgPoolOptions::new()
-        .max_connections(config.database.max_connections)
-        .acquire_timeout(config.database.connect_timeout)
+        .max_connections(database.max_connections)
+        .acquire_timeout(database.connect_timeout)
         .connect_lazy_with(options)
 }
 
@@ -234,10 +245,14 @@ pub(crate) async fn check_not_pooled(options: &PgConnectOptions, patience: Durat
     Ok(())
 }
 
-/// Applies FORGE's migrations. Several nodes may run this at once: sqlx serializes migrators
-/// on an advisory lock, and the schema is created under that lock.
-pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<()> {
-    let migrations = MIGRATIONS
+/// Applies FORGE's migrations (every crate's, sorted by version). Several nodes may run this
+/// at once: sqlx serializes migrators on an advisory lock, and the schema is created under
+/// that lock.
+pub(crate) async fn migrate(conn: &mut PgConnection, sources: &[MigrationSource]) -> Result<()> {
+    let mut sources = sources.to_vec();
+    sources.sort_by_key(|(version, _, _)| *version);
+    sources.dedup_by_key(|(version, _, _)| *version);
+    let migrations = sources
         .iter()
         .map(|(version, description, sql)| {
             Migration::new(
@@ -258,19 +273,34 @@ pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<()> {
     Ok(())
 }
 
-/// Checks that FORGE's schema is there (for nodes started with `migrate = false`).
-pub(crate) async fn check_schema(conn: &mut PgConnection) -> Result<()> {
-    let present: bool = sqlx::query_scalar("SELECT to_regprocedure('forge.campaign(text,text,bigint,text,bigint,boolean)') IS NOT NULL")
-        .fetch_one(&mut *conn)
-        .await?;
-    if present {
+/// Checks that every FORGE migration is applied (for nodes started with `migrate = false`).
+pub(crate) async fn check_schema(
+    conn: &mut PgConnection,
+    sources: &[MigrationSource],
+) -> Result<()> {
+    let applied: Vec<i64> = sqlx::query_scalar(
+        "SELECT version FROM forge._sqlx_migrations WHERE success
+          UNION ALL SELECT -1 WHERE to_regclass('forge._sqlx_migrations') IS NULL",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap_or_default();
+    let missing: Vec<String> = sources
+        .iter()
+        .filter(|(version, _, _)| !applied.contains(version))
+        .map(|(version, description, _)| format!("{version:04}_{description}"))
+        .collect();
+    if missing.is_empty() {
         Ok(())
     } else {
         Err(Error::Config {
             path: None,
             line: None,
             key: "database.migrate".into(),
-            message: "FORGE's tables are missing from this database (schema `forge`): set [database] migrate = true for one start, or apply the files in migrations/".into(),
+            message: format!(
+                "FORGE's schema in this database is missing migrations {}: set [database] migrate = true for one start, or apply the files in migrations/",
+                missing.join(", ")
+            ),
         })
     }
 }
@@ -289,21 +319,40 @@ pub(crate) async fn setup_lock_session(
     election: &LeaderElectionConfig,
 ) -> Result<()> {
     let lease_ms = election.lease_duration.as_millis();
-    let lock_ms = election.lock_timeout.as_millis();
-    let keepalive_idle = (election.lease_duration.as_secs() / 3).max(1);
-    let mut sql = format!(
-        "SET lock_timeout = {lock_ms}; SET statement_timeout = 0; \
-         SET idle_in_transaction_session_timeout = {lease_ms}; SET synchronous_commit = on; \
-         SET tcp_keepalives_idle = {keepalive_idle}; SET tcp_keepalives_interval = 1; \
-         SET tcp_keepalives_count = 3; SET tcp_user_timeout = {lease_ms};"
-    );
+    let mut sql = session_settings(election, election.lock_timeout);
     if conn.server_version_num().unwrap_or(0) >= 140000 {
-        sql.push_str(&format!(
-            " SET idle_session_timeout = {lease_ms}; SET client_connection_check_interval = 1000;"
-        ));
+        sql.push_str(&format!(" SET idle_session_timeout = {lease_ms};"));
     }
     sqlx::raw_sql(AssertSqlSafe(sql))
         .execute(&mut *conn)
         .await?;
     Ok(())
+}
+
+/// Session settings of a node session (membership, LISTEN): those of a lock session without
+/// `idle_session_timeout` (it idles between heartbeats on purpose), with `lock_wait` bounding
+/// the wait for the node's lock. `client_connection_check_interval` is ignored before
+/// PostgreSQL 14.
+pub(crate) fn node_session_settings(
+    election: &LeaderElectionConfig,
+    lock_wait: std::time::Duration,
+) -> String {
+    session_settings(election, lock_wait)
+}
+
+fn session_settings(election: &LeaderElectionConfig, lock_wait: std::time::Duration) -> String {
+    let lease_ms = election.lease_duration.as_millis();
+    let lock_ms = lock_wait.as_millis().max(1);
+    let keepalive_idle = (election.lease_duration.as_secs() / 3).max(1);
+    // client_connection_check_interval is a PostgreSQL 14 setting: set_config with
+    // missing_ok semantics is not available, so it goes through a DO block that ignores
+    // servers without it.
+    format!(
+        "SET lock_timeout = {lock_ms}; SET statement_timeout = 0; \
+         SET idle_in_transaction_session_timeout = {lease_ms}; SET synchronous_commit = on; \
+         SET tcp_keepalives_idle = {keepalive_idle}; SET tcp_keepalives_interval = 1; \
+         SET tcp_keepalives_count = 3; SET tcp_user_timeout = {lease_ms}; \
+         DO $$ BEGIN PERFORM set_config('client_connection_check_interval', '1000', false); \
+         EXCEPTION WHEN undefined_object THEN NULL; END $$;"
+    )
 }

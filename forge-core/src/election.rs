@@ -6,7 +6,7 @@
 //!     ▲                   │  ▲ wait timed out: report         │
 //!     │  session error    │  └─ holder, fence expired holder  │ renewal error / 0 rows /
 //!     └───────────────────┴───────────────────────────────────┘ deadline / newer epoch seen
-//!                                                  shutdown: drain, release, close → Stopped
+//!                                shutdown: drain (still renewing), release, close → Stopped
 //! ```
 //!
 //! One task owns the role's dedicated lock session and is the only writer of the role's
@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use metrics::{Counter, Gauge, Histogram};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::{Connection, PgConnection, Row};
 use tokio::sync::{broadcast, watch};
@@ -31,9 +32,9 @@ use tracing::{debug, error, info, warn};
 use crate::config::LeaderElectionConfig;
 use crate::db;
 use crate::error::{Error, Result};
-use crate::leadership::{Leadership, Tenure};
-use crate::metrics::Metrics;
-use crate::node::{LEADER_CHANNEL, ListenerEvent};
+use crate::leadership::{Leadership, Tenure, TenureParts};
+use crate::membership::{LEADER_CHANNEL, ListenerEvent};
+use crate::metrics::{Metrics, defs};
 use crate::role::{Epoch, LockKey, LockNamespace, NodeId, Role};
 use crate::util::Backoff;
 
@@ -128,6 +129,54 @@ impl RoleHandle {
     }
 }
 
+/// The role's metrics, registered once per campaign.
+struct RoleMetrics {
+    metrics: Metrics,
+    role: Role,
+    is_leader: Gauge,
+    tenure: Gauge,
+    epoch: Gauge,
+    elections: Counter,
+    failovers: Counter,
+    lock_conflicts: Counter,
+    handoff: Histogram,
+    reconnects: Counter,
+}
+
+impl RoleMetrics {
+    fn new(metrics: &Metrics, role: &Role) -> RoleMetrics {
+        let labels = [("role", role.name())];
+        let session = format!("lock:{role}");
+        RoleMetrics {
+            metrics: metrics.clone(),
+            role: role.clone(),
+            is_leader: metrics.gauge(&defs::IS_LEADER, &labels),
+            tenure: metrics.gauge(&defs::TENURE, &labels),
+            epoch: metrics.gauge(&defs::EPOCH, &labels),
+            elections: metrics.counter(&defs::ELECTIONS, &labels),
+            failovers: metrics.counter(&defs::FAILOVERS, &labels),
+            lock_conflicts: metrics.counter(&defs::LOCK_CONFLICTS, &labels),
+            handoff: metrics.histogram(&defs::HANDOFF, &labels),
+            reconnects: metrics.counter(&defs::RECONNECTS, &[("session", &session)]),
+        }
+    }
+
+    fn not_leading(&self) {
+        self.is_leader.set(0.0);
+        self.tenure.set(0.0);
+    }
+
+    fn lost(&self, reason: &'static str) {
+        self.not_leading();
+        self.metrics
+            .counter(
+                &defs::LOSSES,
+                &[("role", self.role.name()), ("reason", reason)],
+            )
+            .increment(1);
+    }
+}
+
 /// Everything one campaign needs.
 pub(crate) struct Campaign {
     pub(crate) handle: Arc<RoleHandle>,
@@ -151,10 +200,19 @@ enum SessionEnd {
     Broken,
 }
 
+/// How holding a leadership ended.
+enum Hold {
+    /// The node shuts down: hand over.
+    Shutdown,
+    /// Lost, for this reason.
+    Lost(&'static str),
+}
+
 /// One row of `forge.campaign(...)`.
 struct CampaignRow {
     acquired: bool,
     epoch: Option<i64>,
+    tenure: Option<i64>,
     leader_node: Option<String>,
     leader_since: Option<DateTime<Utc>>,
     released: Option<bool>,
@@ -170,6 +228,7 @@ impl CampaignRow {
         Ok(CampaignRow {
             acquired: row.try_get("acquired")?,
             epoch: row.try_get("epoch")?,
+            tenure: row.try_get("tenure")?,
             leader_node: row.try_get("leader_node")?,
             leader_since: row.try_get("leader_since")?,
             released: row.try_get("released")?,
@@ -184,10 +243,10 @@ impl CampaignRow {
 
 /// The arguments of `forge.campaign`, owned so the call can outlive a borrow of the campaign.
 struct CallArgs {
-    namespace: String,
-    role: String,
+    namespace: LockNamespace,
+    role: Role,
     key: LockKey,
-    node: String,
+    node: NodeId,
     lease_ms: i64,
 }
 
@@ -207,10 +266,6 @@ async fn campaign_call(
         .fetch_one(&mut *conn)
         .await?;
     CampaignRow::from_row(&row)
-}
-
-fn role_label(handle: &RoleHandle) -> [(&'static str, &str); 1] {
-    [("role", handle.role.name())]
 }
 
 /// The `application_name` of a lock session; other nodes use its prefix to tell FORGE
@@ -247,19 +302,10 @@ impl Campaign {
         }
     }
 
-    fn label(&self) -> [(&'static str, &str); 1] {
-        role_label(&self.handle)
-    }
-
     /// Runs until shutdown: connect, follow, lead, reconnect.
     pub(crate) async fn run(mut self) {
-        let role_label = self.label();
-        self.metrics
-            .gauge("forge_leader_is_leader", &role_label)
-            .set(0.0);
-        self.metrics
-            .gauge("forge_leader_tenure_seconds", &role_label)
-            .set(0.0);
+        let metrics = RoleMetrics::new(&self.metrics, self.role());
+        metrics.not_leading();
         let mut backoff = Backoff::new(self.election.check_interval);
         loop {
             if self.shutdown.is_cancelled() {
@@ -272,16 +318,9 @@ impl Campaign {
             match connected {
                 Ok(conn) => {
                     backoff.reset();
-                    match self.session(conn).await {
+                    match self.session(conn, &metrics).await {
                         SessionEnd::Shutdown => break,
-                        SessionEnd::Broken => {
-                            self.metrics
-                                .counter(
-                                    "forge_db_reconnects_total",
-                                    &[("session", &format!("lock:{}", self.role()))],
-                                )
-                                .increment(1);
-                        }
+                        SessionEnd::Broken => metrics.reconnects.increment(1),
                     }
                 }
                 Err(err) => {
@@ -320,16 +359,20 @@ impl Campaign {
 
     fn call_args(&self) -> CallArgs {
         CallArgs {
-            namespace: self.namespace.name().to_owned(),
-            role: self.role().name().to_owned(),
+            namespace: self.namespace.clone(),
+            role: self.role().clone(),
             key: self.key,
-            node: self.node_id.as_str().to_owned(),
+            node: self.node_id.clone(),
             lease_ms: self.election.lease_duration.as_millis() as i64,
         }
     }
 
     /// Follows and leads on one lock session until it breaks or the node shuts down.
-    async fn session(&mut self, (conn, session_pid): (PgConnection, i32)) -> SessionEnd {
+    async fn session(
+        &mut self,
+        (conn, session_pid): (PgConnection, i32),
+        metrics: &RoleMetrics,
+    ) -> SessionEnd {
         let mut wait = false;
         // The wait returns after lock_timeout at the latest; a much longer silence means the
         // server or the network is gone.
@@ -351,7 +394,7 @@ impl Campaign {
             let outcome = loop {
                 tokio::select! {
                     result = &mut call => break result,
-                    event = self.events.recv() => self.follower_event(event),
+                    event = self.events.recv() => self.follower_event(event, metrics),
                     _ = self.shutdown.cancelled() => {
                         return self.stop_waiting(call.as_mut(), session_pid).await;
                     }
@@ -385,9 +428,9 @@ impl Campaign {
                 return SessionEnd::Broken;
             }
             if row.acquired {
-                return self.lead(conn, row, sent_at).await;
+                return self.lead(conn, row, sent_at, metrics).await;
             }
-            self.observe_follower(&row);
+            self.observe_follower(&row, metrics);
             idle_conn = Some(conn);
         }
     }
@@ -422,9 +465,9 @@ impl Campaign {
         if let Ok(Ok((mut conn, result))) = timeout(Duration::from_secs(2), call).await {
             if let Ok(row) = result
                 && row.acquired
-                && let Some(epoch) = row.epoch
+                && let (Some(epoch), Some(tenure)) = (row.epoch, row.tenure)
             {
-                let _ = self.release(&mut conn, Epoch(epoch)).await;
+                let _ = self.release(&mut conn, Epoch(epoch), tenure).await;
             }
             close(conn).await;
         }
@@ -449,7 +492,11 @@ impl Campaign {
         }
     }
 
-    fn follower_event(&self, event: Result<ListenerEvent, broadcast::error::RecvError>) {
+    fn follower_event(
+        &self,
+        event: Result<ListenerEvent, broadcast::error::RecvError>,
+        metrics: &RoleMetrics,
+    ) {
         if let Heard::Notice(notice) = self.hear(event) {
             let leader = (notice.event == "elected")
                 .then_some(notice.node)
@@ -459,47 +506,23 @@ impl Campaign {
                     epoch: Epoch(notice.epoch),
                 });
             self.set_state(RoleState::Follower { leader });
-            self.metrics
-                .gauge("forge_leader_epoch", &self.label())
-                .set(notice.epoch as f64);
+            metrics.epoch.set(notice.epoch as f64);
         }
     }
 
-    fn observe_follower(&self, row: &CampaignRow) {
+    fn observe_follower(&self, row: &CampaignRow, metrics: &RoleMetrics) {
         if let Some(fenced) = row.fenced_pid {
             warn!(target: "forge::leader", role = %self.role(), node = %self.node_id,
                   epoch = row.epoch, leader = row.leader_node.as_deref().unwrap_or("?"), pid = fenced,
                   "terminated the session of a leader whose lease had expired");
         }
-        if let (Some(pid), Some(application)) = (row.holder_pid, &row.holder_application) {
-            let forge_prefix = format!("forge:{}:", self.role());
-            if !application.starts_with(&forge_prefix) {
-                let err = if let Some(other) = application
-                    .strip_prefix("forge:")
-                    .and_then(|rest| rest.split(':').next())
-                {
-                    Error::DuplicateLockKey {
-                        first: self.role().name().to_owned(),
-                        second: other.to_owned(),
-                        key: self.key.0,
-                    }
-                } else {
-                    Error::LockKeyConflict {
-                        role: self.role().name().to_owned(),
-                        key: self.key.0,
-                        pid,
-                        application: application.clone(),
-                    }
-                };
-                error!(target: "forge::leader", role = %self.role(), node = %self.node_id, error = %err, "cannot campaign");
-                self.metrics
-                    .counter("forge_leader_lock_conflicts_total", &self.label())
-                    .increment(1);
-                self.set_state(RoleState::Conflict {
-                    message: err.to_string(),
-                });
-                return;
-            }
+        if let Some(err) = self.foreign_holder(row) {
+            error!(target: "forge::leader", role = %self.role(), node = %self.node_id, error = %err, "cannot campaign");
+            metrics.lock_conflicts.increment(1);
+            self.set_state(RoleState::Conflict {
+                message: err.to_string(),
+            });
+            return;
         }
         let leader = match (row.epoch, &row.leader_node, row.released) {
             (Some(epoch), Some(node), Some(false)) if row.holder_pid.is_some() => {
@@ -511,11 +534,35 @@ impl Campaign {
             _ => None,
         };
         if let Some(epoch) = row.epoch {
-            self.metrics
-                .gauge("forge_leader_epoch", &self.label())
-                .set(epoch as f64);
+            metrics.epoch.set(epoch as f64);
         }
         self.set_state(RoleState::Follower { leader });
+    }
+
+    /// The error to report when the key is held by something other than this role's nodes.
+    fn foreign_holder(&self, row: &CampaignRow) -> Option<Error> {
+        let (pid, application) = (row.holder_pid?, row.holder_application.as_ref()?);
+        if application.starts_with(&format!("forge:{}:", self.role())) {
+            return None;
+        }
+        Some(
+            match application
+                .strip_prefix("forge:")
+                .and_then(|rest| rest.split(':').next())
+            {
+                Some(other) => Error::DuplicateLockKey {
+                    first: self.role().name().to_owned(),
+                    second: other.to_owned(),
+                    key: self.key.0,
+                },
+                None => Error::LockKeyConflict {
+                    role: self.role().name().to_owned(),
+                    key: self.key.0,
+                    pid,
+                    application: application.clone(),
+                },
+            },
+        )
     }
 
     /// Leads until the leadership is lost or handed over.
@@ -524,155 +571,206 @@ impl Campaign {
         mut conn: PgConnection,
         row: CampaignRow,
         sent_at: Instant,
+        metrics: &RoleMetrics,
     ) -> SessionEnd {
         let epoch = Epoch(row.epoch.unwrap_or_default());
-        let lease = self.election.lease_duration;
-        let margin = self.election.safety_margin();
-        let refresh = self.election.refresh_interval;
-        let since = row.leader_since.unwrap_or_else(Utc::now);
-        let acquired = Instant::now();
-        // Trust is measured from when the campaign call was sent, and the call may have
-        // waited in the lock for up to lock_timeout. If that leaves less than one refresh
-        // interval of trust, confirm the lease first (one round trip) rather than start work
-        // on a leadership about to expire locally.
-        let mut sent_at = sent_at;
-        if acquired + refresh >= sent_at + lease - margin {
-            let send = Instant::now();
-            match timeout(lease - margin, self.renew(&mut conn, epoch)).await {
-                Ok(Ok(true)) => sent_at = send,
-                outcome => {
-                    let why = match outcome {
-                        Ok(Err(err)) => err.to_string(),
-                        _ => "the new lease could not be confirmed".to_owned(),
-                    };
-                    self.session_broken(&why);
+        let sent_at = match self.confirm_fresh_lease(&mut conn, &row, sent_at).await {
+            Ok(sent_at) => sent_at,
+            Err(why) => {
+                self.session_broken(&why);
+                close(conn).await;
+                return SessionEnd::Broken;
+            }
+        };
+        let leadership = self.begin_tenure(&row, sent_at, metrics);
+        let mut tasks = self.start_tasks(&leadership);
+        match self.hold(&mut conn, &leadership, metrics).await {
+            Hold::Shutdown => self.hand_over(conn, leadership, tasks, metrics).await,
+            Hold::Lost(reason) => {
+                // Stop leader-only work before anything else.
+                leadership.tenure().lost.cancel();
+                self.handle.set_current(None);
+                metrics.lost(reason);
+                warn!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = epoch.0, reason, "lost leadership");
+                self.set_state(RoleState::Connecting {
+                    last_error: Some(format!("lost leadership of epoch {epoch}: {reason}")),
+                });
+                stop_tasks(&mut tasks).await;
+                // Closing the session releases the lock if this node still holds it.
+                if reason == "deadline" {
+                    drop(conn);
+                } else {
                     close(conn).await;
-                    return SessionEnd::Broken;
                 }
+                SessionEnd::Broken
             }
         }
-        // Trust is measured from when the campaign call was sent: the server's idle timer can
-        // only have started after that.
-        let tenure = Tenure::new(
-            self.role().clone(),
-            self.namespace.clone(),
-            self.node_id.clone(),
-            epoch,
-            since,
-            lease,
-            self.pool.clone(),
-            self.metrics.clone(),
-            sent_at + lease - margin,
-        );
-        let leadership = Leadership::new(tenure);
-        let handle = self.handle.clone();
-        let labels = role_label(&handle);
-        self.metrics
-            .gauge("forge_leader_is_leader", &labels)
-            .set(1.0);
-        self.metrics
-            .gauge("forge_leader_epoch", &labels)
-            .set(epoch.0 as f64);
-        self.metrics
-            .counter("forge_leader_elections_total", &labels)
-            .increment(1);
+    }
+
+    /// Trust is measured from when the campaign call was sent, and the call may have waited in
+    /// the lock for up to lock_timeout. If that leaves less than one refresh interval of trust,
+    /// confirm the lease first (one round trip) rather than start work on a leadership about
+    /// to expire locally. Returns the send time trust is measured from.
+    async fn confirm_fresh_lease(
+        &self,
+        conn: &mut PgConnection,
+        row: &CampaignRow,
+        sent_at: Instant,
+    ) -> std::result::Result<Instant, String> {
+        let lease = self.election.lease_duration;
+        let margin = self.election.safety_margin();
+        if Instant::now() + self.election.refresh_interval < sent_at + lease - margin {
+            return Ok(sent_at);
+        }
+        let epoch = Epoch(row.epoch.unwrap_or_default());
+        let tenure = row.tenure.unwrap_or_default();
+        let send = Instant::now();
+        match timeout(lease - margin, self.renew(conn, epoch, tenure)).await {
+            Ok(Ok(true)) => Ok(send),
+            Ok(Err(err)) => Err(err.to_string()),
+            _ => Err("the new lease could not be confirmed".to_owned()),
+        }
+    }
+
+    /// Records the new tenure: its [`Leadership`], metrics, log line and state.
+    fn begin_tenure(
+        &self,
+        row: &CampaignRow,
+        sent_at: Instant,
+        metrics: &RoleMetrics,
+    ) -> Leadership {
+        let epoch = Epoch(row.epoch.unwrap_or_default());
+        let since = row.leader_since.unwrap_or_else(Utc::now);
+        let lease = self.election.lease_duration;
+        // The server's idle timer can only have started after the call was sent.
+        let deadline = sent_at + lease - self.election.safety_margin();
+        let leadership = Leadership::new(Tenure::new(
+            TenureParts {
+                role: self.role().clone(),
+                namespace: self.namespace.clone(),
+                node_id: self.node_id.clone(),
+                epoch,
+                id: row.tenure.unwrap_or_default(),
+                acquired_at: since,
+                lease,
+                pool: self.pool.clone(),
+                metrics: self.metrics.clone(),
+            },
+            deadline,
+        ));
+        metrics.is_leader.set(1.0);
+        metrics.epoch.set(epoch.0 as f64);
+        metrics.elections.increment(1);
         if row.failover {
-            self.metrics
-                .counter("forge_leader_failovers_total", &labels)
-                .increment(1);
+            metrics.failovers.increment(1);
         }
         info!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = epoch.0,
               failover = row.failover, "became leader");
         self.handle.set_current(Some(leadership.clone()));
         self.set_state(RoleState::Leader { epoch, since });
-        let tasks = self.start_tasks(&leadership);
+        leadership
+    }
 
-        let mut last_sent = sent_at;
-        let reason: &'static str = loop {
+    /// Renews the lease until the node shuts down or the leadership is lost.
+    async fn hold(
+        &mut self,
+        conn: &mut PgConnection,
+        leadership: &Leadership,
+        metrics: &RoleMetrics,
+    ) -> Hold {
+        let refresh = self.election.refresh_interval;
+        let acquired = Instant::now();
+        let mut last_sent = leadership.tenure().deadline() + self.election.safety_margin()
+            - self.election.lease_duration;
+        loop {
             let deadline = leadership.tenure().deadline();
             tokio::select! {
                 biased;
-                _ = sleep_until(deadline) => break "deadline",
-                _ = self.shutdown.cancelled() => {
-                    return self.hand_over(conn, leadership, tasks).await;
-                }
+                _ = sleep_until(deadline) => return Hold::Lost("deadline"),
+                _ = self.shutdown.cancelled() => return Hold::Shutdown,
                 event = self.events.recv() => match self.hear(event) {
-                    Heard::Notice(notice) if notice.epoch > epoch.0 => break "deposed",
+                    Heard::Notice(notice) if notice.epoch > leadership.epoch().0 => {
+                        return Hold::Lost("deposed");
+                    }
                     // Verify now rather than at the next renewal.
                     Heard::Verify => last_sent = Instant::now() - refresh,
                     _ => {}
                 },
                 _ = sleep_until(last_sent + refresh) => {
-                    let send = Instant::now();
-                    match timeout_at(deadline, self.renew(&mut conn, epoch)).await {
-                        Ok(Ok(true)) => {
-                            leadership.tenure().extend_to(send + lease - margin);
-                            last_sent = send;
-                            self.metrics
-                                .gauge("forge_leader_tenure_seconds", &labels)
-                                .set(acquired.elapsed().as_secs_f64());
+                    match self.renew_lease(conn, leadership).await {
+                        Ok(sent) => {
+                            last_sent = sent;
+                            metrics.tenure.set(acquired.elapsed().as_secs_f64());
                         }
-                        Ok(Ok(false)) => break "deposed",
-                        Ok(Err(err)) => {
-                            warn!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = epoch.0, error = %err, "lease renewal failed");
-                            break "renewal_failed";
-                        }
-                        Err(_) => break "deadline",
+                        Err(reason) => return Hold::Lost(reason),
                     }
                 }
             }
-        };
-        // Stop leader-only work before anything else.
-        leadership.tenure().lost.cancel();
-        self.handle.set_current(None);
-        self.metrics
-            .gauge("forge_leader_is_leader", &labels)
-            .set(0.0);
-        self.metrics
-            .gauge("forge_leader_tenure_seconds", &labels)
-            .set(0.0);
-        self.metrics
-            .counter(
-                "forge_leader_losses_total",
-                &[("role", self.role().name()), ("reason", reason)],
-            )
-            .increment(1);
-        warn!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = epoch.0, reason, "lost leadership");
-        self.set_state(RoleState::Connecting {
-            last_error: Some(format!("lost leadership of epoch {epoch}: {reason}")),
-        });
-        stop_tasks(tasks).await;
-        // Closing the session releases the lock if this node still holds it.
-        if reason == "deadline" {
-            drop(conn);
-        } else {
-            close(conn).await;
         }
-        SessionEnd::Broken
     }
 
-    async fn renew(&self, conn: &mut PgConnection, epoch: Epoch) -> Result<bool, sqlx::Error> {
+    /// One renewal, bounded by the local deadline; extends the deadline on success and returns
+    /// when the renewal was sent.
+    async fn renew_lease(
+        &self,
+        conn: &mut PgConnection,
+        leadership: &Leadership,
+    ) -> std::result::Result<Instant, &'static str> {
+        let send = Instant::now();
+        let deadline = leadership.tenure().deadline();
+        let renewal = self.renew(conn, leadership.epoch(), leadership.tenure_id());
+        match timeout_at(deadline, renewal).await {
+            Ok(Ok(true)) => {
+                leadership
+                    .tenure()
+                    .extend_to(send + self.election.lease_duration - self.election.safety_margin());
+                Ok(send)
+            }
+            Ok(Ok(false)) => Err("deposed"),
+            Ok(Err(err)) => {
+                warn!(target: "forge::leader", role = %self.role(), node = %self.node_id,
+                      epoch = leadership.epoch().0, error = %err, "lease renewal failed");
+                Err("renewal_failed")
+            }
+            Err(_) => Err("deadline"),
+        }
+    }
+
+    async fn renew(
+        &self,
+        conn: &mut PgConnection,
+        epoch: Epoch,
+        tenure: i64,
+    ) -> Result<bool, sqlx::Error> {
         let renewed = sqlx::query(
             "UPDATE forge.leaders
                 SET renewed_at = clock_timestamp(),
-                    lease_until = clock_timestamp() + make_interval(secs => $4 / 1000.0)
-              WHERE namespace = $1 AND role = $2 AND epoch = $3 AND backend_pid = pg_backend_pid()",
+                    lease_until = clock_timestamp() + make_interval(secs => $5 / 1000.0)
+              WHERE namespace = $1 AND role = $2 AND epoch = $3 AND tenure = $4
+                AND backend_pid = pg_backend_pid()",
         )
-        .bind(self.namespace.name())
-        .bind(self.role().name())
-        .bind(epoch.0)
+        .bind(&self.namespace)
+        .bind(self.role())
+        .bind(epoch)
+        .bind(tenure)
         .bind(self.election.lease_duration.as_millis() as i64)
         .execute(&mut *conn)
         .await?;
         Ok(renewed.rows_affected() == 1)
     }
 
-    async fn release(&self, conn: &mut PgConnection, epoch: Epoch) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar("SELECT forge.release($1, $2, $3, $4)")
-            .bind(self.namespace.name())
-            .bind(self.role().name())
+    async fn release(
+        &self,
+        conn: &mut PgConnection,
+        epoch: Epoch,
+        tenure: i64,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar("SELECT forge.release($1, $2, $3, $4, $5)")
+            .bind(&self.namespace)
+            .bind(self.role())
             .bind(self.key.0)
-            .bind(epoch.0)
+            .bind(epoch)
+            .bind(tenure)
             .fetch_one(&mut *conn)
             .await
     }
@@ -692,49 +790,37 @@ impl Campaign {
         set
     }
 
-    /// Graceful handoff: stop new work, drain up to `drain_timeout`, release, close.
+    /// Graceful handoff: stop new work, drain up to `drain_timeout` while still renewing the
+    /// lease (so no other node can lead while the old work runs), release, close.
     async fn hand_over(
         &self,
         mut conn: PgConnection,
         leadership: Leadership,
         mut tasks: JoinSet<()>,
+        metrics: &RoleMetrics,
     ) -> SessionEnd {
         let started = Instant::now();
         let epoch = leadership.epoch();
         leadership.tenure().draining.cancel();
-        let drained = timeout(self.election.drain_timeout, async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await
-        .is_ok();
-        if !drained {
+        let drained = self.drain(&mut conn, &leadership, &mut tasks).await;
+        if let Err(why) = drained {
             warn!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = epoch.0,
-                  drain_timeout = ?self.election.drain_timeout, "leader-only work did not finish in time; cancelling it");
+                  drain_timeout = ?self.election.drain_timeout, why, "leader-only work did not finish; cancelling it");
         }
         leadership.tenure().lost.cancel();
-        stop_tasks(tasks).await;
+        stop_tasks(&mut tasks).await;
         self.handle.set_current(None);
-        let released = if leadership.is_deadline_ok() {
-            timeout(Duration::from_secs(5), self.release(&mut conn, epoch)).await
-        } else {
+        let released = if leadership.deadline_passed() {
             Ok(Ok(false))
-        };
-        let labels = self.label();
-        self.metrics
-            .gauge("forge_leader_is_leader", &labels)
-            .set(0.0);
-        self.metrics
-            .gauge("forge_leader_tenure_seconds", &labels)
-            .set(0.0);
-        self.metrics
-            .counter(
-                "forge_leader_losses_total",
-                &[("role", self.role().name()), ("reason", "shutdown")],
+        } else {
+            timeout(
+                Duration::from_secs(5),
+                self.release(&mut conn, epoch, leadership.tenure_id()),
             )
-            .increment(1);
-        self.metrics
-            .histogram("forge_leader_handoff_seconds", &labels)
-            .record(started.elapsed().as_secs_f64());
+            .await
+        };
+        metrics.lost("shutdown");
+        metrics.handoff.record(started.elapsed().as_secs_f64());
         match released {
             Ok(Ok(true)) => {
                 info!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = epoch.0,
@@ -748,17 +834,38 @@ impl Campaign {
         close(conn).await;
         SessionEnd::Shutdown
     }
-}
 
-impl Leadership {
-    fn is_deadline_ok(&self) -> bool {
-        Instant::now() < self.tenure().deadline()
+    /// Waits for the leader tasks to finish, for at most `drain_timeout`, renewing the lease
+    /// meanwhile. Fails (with why) at the bound, or when the lease cannot be kept: then the
+    /// work must stop at once, since another node may take over.
+    async fn drain(
+        &self,
+        conn: &mut PgConnection,
+        leadership: &Leadership,
+        tasks: &mut JoinSet<()>,
+    ) -> std::result::Result<(), &'static str> {
+        let bound = Instant::now() + self.election.drain_timeout;
+        let refresh = self.election.refresh_interval;
+        let mut next_renewal = Instant::now() + refresh;
+        loop {
+            tokio::select! {
+                biased;
+                joined = tasks.join_next() => if joined.is_none() { return Ok(()) },
+                _ = sleep_until(bound) => return Err("drain_timeout reached"),
+                _ = sleep_until(next_renewal) => {
+                    if self.renew_lease(conn, leadership).await.is_err() {
+                        return Err("the lease could not be renewed while draining");
+                    }
+                    next_renewal = Instant::now() + refresh;
+                }
+            }
+        }
     }
 }
 
 /// Aborts leader tasks and waits until they are gone, so that a new tenure of this node can
 /// never overlap the old one.
-async fn stop_tasks(mut tasks: JoinSet<()>) {
+async fn stop_tasks(tasks: &mut JoinSet<()>) {
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
 }

@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+use crate::role::{Epoch, NodeId, Role};
+
 /// `Result` with [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -76,7 +78,7 @@ pub enum Error {
 
     /// Two roles resolve to the same advisory-lock key.
     #[error(
-        "roles `{first}` and `{second}` resolve to the same advisory lock key {key}: rename one of them or give it an explicit key with `Role::with_lock_key`"
+        "roles `{first}` and `{second}` resolve to the same advisory lock key {key}: rename one of them or give one an explicit slot with `Role::with_lock_slot`"
     )]
     DuplicateLockKey {
         /// One role.
@@ -93,14 +95,47 @@ pub enum Error {
     )]
     Fenced {
         /// The role.
-        role: String,
+        role: Role,
         /// The stale epoch.
-        epoch: i64,
+        epoch: Epoch,
     },
+
+    /// Another live node already runs with this node's id.
+    #[error(
+        "another live node already uses the node id `{node_id}` ({holder}): give every node a unique id \
+         with FORGE_NODE_ID or [node] id (on Kubernetes, the pod name; with host networking \
+         $HOSTNAME is the same for every node on a host)"
+    )]
+    DuplicateNode {
+        /// The id in use.
+        node_id: NodeId,
+        /// The session that holds it.
+        holder: String,
+    },
+
+    /// A handler tried to complete work that is no longer running under it (it was rescued,
+    /// cancelled or taken over by a newer leadership); nothing was written.
+    #[error(
+        "{what} is no longer running under this attempt: {why}; the transaction must not commit"
+    )]
+    NotRunning {
+        /// The tick or job.
+        what: String,
+        /// What happened to it, as far as the database says.
+        why: String,
+    },
+
+    /// A cron expression or time zone could not be parsed.
+    #[error(transparent)]
+    Schedule(#[from] forge_cron::ScheduleError),
 
     /// Applying FORGE's migrations failed.
     #[error("applying FORGE's database migrations failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+
+    /// Applying the application's own migrations (`NodeBuilder::migrations`) failed.
+    #[error("applying the application's migrations failed: {0}")]
+    AppMigrate(#[source] sqlx::migrate::MigrateError),
 
     /// Serving the Prometheus endpoint failed.
     #[error("cannot serve metrics on {listen}: {message}")]
@@ -136,6 +171,29 @@ pub enum Error {
     ShutDown,
 }
 
+/// SQLSTATE of FORGE's fence (`forge.fence`) refusing a write.
+pub(crate) const FENCED_SQLSTATE: &str = "FG001";
+
+impl Error {
+    /// Whether a database error is FORGE's fence refusing a leader-only write: the leadership
+    /// it was made under is no longer current.
+    pub fn is_fence_refusal(err: &sqlx::Error) -> bool {
+        matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some(FENCED_SQLSTATE))
+    }
+
+    /// `err` as [`Error::Fenced`] when the fence refused it, else as a database error.
+    pub fn fenced_or_database(err: sqlx::Error, role: &Role, epoch: Epoch) -> Error {
+        if Error::is_fence_refusal(&err) {
+            Error::Fenced {
+                role: role.clone(),
+                epoch,
+            }
+        } else {
+            Error::Database(err)
+        }
+    }
+}
+
 fn display_config_error(
     path: &Option<PathBuf>,
     line: Option<usize>,
@@ -150,23 +208,54 @@ fn display_config_error(
     }
 }
 
-/// Replaces the password of a PostgreSQL URL with `***`, for messages and logs.
+/// Replaces the password of a PostgreSQL URL (or `key=value` connection string) with `***`,
+/// for messages and logs.
+///
+/// Whatever the URL's shape - a password with an unescaped `/`, `?` or `@`, a `password=`
+/// query parameter, a libpq keyword string - the password is not in the result. When in
+/// doubt more is hidden, never less.
 pub fn redact_url(url: &str) -> String {
-    // postgres://user:password@host/...  ->  postgres://user:***@host/...
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
+    let mut out = match url.find("://") {
+        Some(scheme_end) => {
+            let (head, rest) = url.split_at(scheme_end + 3);
+            // The user info ends at the last `@`: a password may contain `@`, `/` or `?`
+            // unescaped, which would end the authority early for a strict URL parser.
+            match rest.rfind('@') {
+                Some(at) => {
+                    let user_info = &rest[..at];
+                    match user_info.find(':') {
+                        Some(colon) => format!("{head}{}:***{}", &user_info[..colon], &rest[at..]),
+                        None => url.to_owned(),
+                    }
+                }
+                None => url.to_owned(),
+            }
+        }
+        None => url.to_owned(),
     };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match (authority.rfind('@'), authority.find(':')) {
-        (Some(at), Some(colon)) if colon < at => format!(
-            "{}{}:***{}",
-            &url[..scheme_end + 3],
-            &authority[..colon],
-            &rest[at..]
-        ),
-        _ => url.to_owned(),
+    redact_password_parameters(&mut out);
+    out
+}
+
+/// Hides the value of every `password=...` parameter (query string or keyword/value form).
+fn redact_password_parameters(text: &mut String) {
+    let mut from = 0;
+    while let Some(found) = text[from..].to_ascii_lowercase().find("password=") {
+        let start = from + found + "password=".len();
+        let preceded_ok = from + found == 0
+            || matches!(
+                text.as_bytes()[from + found - 1],
+                b'?' | b'&' | b' ' | b'\t'
+            );
+        if !preceded_ok {
+            from = start;
+            continue;
+        }
+        let end = text[start..]
+            .find(['&', ' ', '\t'])
+            .map_or(text.len(), |i| start + i);
+        text.replace_range(start..end, "***");
+        from = start + 3;
     }
 }
 
@@ -185,6 +274,32 @@ mod tests {
         assert_eq!(
             redact_url("postgres://a:b@c@host/db"),
             "postgres://a:***@host/db"
+        );
+    }
+
+    #[test]
+    fn redacts_every_shape_of_password() {
+        for (url, secret) in [
+            ("postgres://app:se/cret@db:5432/app", "se/cret"),
+            ("postgres://app:se?cret@db/app", "se?cret"),
+            ("postgres://app:s@e/c?r@db/app?sslmode=disable", "s@e/c?r"),
+            (
+                "postgres://app@db/app?password=hunter2&sslmode=off",
+                "hunter2",
+            ),
+            (
+                "postgres://app@db/app?sslmode=off&PASSWORD=hunter2",
+                "hunter2",
+            ),
+            ("host=db user=app password=hunter2 dbname=app", "hunter2"),
+        ] {
+            let shown = redact_url(url);
+            assert!(!shown.contains(secret), "{url} -> {shown}");
+            assert!(shown.contains("***"), "{url} -> {shown}");
+        }
+        assert_eq!(
+            redact_url("postgres://db:5432/app"),
+            "postgres://db:5432/app"
         );
     }
 }

@@ -11,6 +11,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::fence::FenceToken;
+use crate::metrics::Metrics;
 use crate::role::{Epoch, LockNamespace, NodeId, Role};
 
 /// This node's leadership of a role, valid for one epoch.
@@ -36,14 +38,8 @@ pub struct Leadership {
 }
 
 pub(crate) struct Tenure {
-    pub(crate) role: Role,
-    pub(crate) namespace: LockNamespace,
-    pub(crate) node_id: NodeId,
-    pub(crate) epoch: Epoch,
-    pub(crate) acquired_at: DateTime<Utc>,
-    pub(crate) lease: Duration,
-    pub(crate) pool: PgPool,
-    pub(crate) metrics: crate::metrics::Metrics,
+    /// Whose tenure it is and what it may use.
+    pub(crate) who: TenureParts,
     /// Cancelled when the leadership is over (lost, or released after a handoff).
     pub(crate) lost: CancellationToken,
     /// Cancelled when the node asks leader-only work to wind down before a handoff.
@@ -55,33 +51,27 @@ pub(crate) struct Tenure {
     base: Instant,
 }
 
+/// Who a tenure belongs to and what it may use: everything but its deadline.
+pub(crate) struct TenureParts {
+    pub(crate) role: Role,
+    pub(crate) namespace: LockNamespace,
+    pub(crate) node_id: NodeId,
+    pub(crate) epoch: Epoch,
+    pub(crate) id: i64,
+    pub(crate) acquired_at: DateTime<Utc>,
+    pub(crate) lease: Duration,
+    pub(crate) pool: PgPool,
+    pub(crate) metrics: Metrics,
+}
+
 impl Tenure {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        role: Role,
-        namespace: LockNamespace,
-        node_id: NodeId,
-        epoch: Epoch,
-        acquired_at: DateTime<Utc>,
-        lease: Duration,
-        pool: PgPool,
-        metrics: crate::metrics::Metrics,
-        deadline: Instant,
-    ) -> Tenure {
-        let base = Instant::now();
+    pub(crate) fn new(who: TenureParts, deadline: Instant) -> Tenure {
         let tenure = Tenure {
-            role,
-            namespace,
-            node_id,
-            epoch,
-            acquired_at,
-            lease,
-            pool,
-            metrics,
+            who,
             lost: CancellationToken::new(),
             draining: CancellationToken::new(),
             deadline_nanos: AtomicU64::new(0),
-            base,
+            base: Instant::now(),
         };
         tenure.extend_to(deadline);
         tenure
@@ -94,54 +84,6 @@ impl Tenure {
 
     pub(crate) fn deadline(&self) -> Instant {
         self.base + Duration::from_nanos(self.deadline_nanos.load(Ordering::Acquire))
-    }
-}
-
-/// The serializable part of a [`Leadership`]: enough to check, in any process, that a write
-/// is still made under the role's current epoch.
-///
-/// Hand it to work done on the leader's behalf elsewhere (a job, another service) so that
-/// work can fence its own writes. Unlike [`Leadership::fence`], it has no local deadline to
-/// consult: only PostgreSQL decides.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FenceToken {
-    /// The lock namespace.
-    pub namespace: String,
-    /// The role's name.
-    pub role: String,
-    /// The epoch the writes are made under.
-    pub epoch: i64,
-}
-
-impl FenceToken {
-    /// Checks, inside the caller's open transaction, that `epoch` is still the role's current,
-    /// unreleased and unexpired leadership, and holds a `FOR KEY SHARE` lock on the role's row
-    /// until the transaction ends (a newer leader's epoch bump waits for it). Outside a
-    /// transaction the check protects nothing.
-    pub async fn check(&self, conn: &mut PgConnection, lease: Duration) -> Result<()> {
-        // set_config(.., true) is SET LOCAL: a deposed leader frozen inside this transaction
-        // must not block its successor's epoch bump for long.
-        let current: Option<i32> = sqlx::query_scalar(
-            "SELECT 1
-               FROM forge.leaders l,
-                    set_config('idle_in_transaction_session_timeout', $4, true) AS timeout
-              WHERE l.namespace = $1 AND l.role = $2 AND l.epoch = $3
-                AND l.released_at IS NULL AND l.lease_until > clock_timestamp()
-                FOR KEY SHARE OF l",
-        )
-        .bind(&self.namespace)
-        .bind(&self.role)
-        .bind(self.epoch)
-        .bind(lease.as_millis().to_string())
-        .fetch_optional(&mut *conn)
-        .await?;
-        match current {
-            Some(_) => Ok(()),
-            None => Err(Error::Fenced {
-                role: self.role.clone(),
-                epoch: self.epoch,
-            }),
-        }
     }
 }
 
@@ -158,42 +100,42 @@ impl Leadership {
 
     /// The role led.
     pub fn role(&self) -> &Role {
-        &self.tenure.role
+        &self.tenure.who.role
     }
 
     /// The epoch of this tenure (the fencing token).
     pub fn epoch(&self) -> Epoch {
-        self.tenure.epoch
+        self.tenure.who.epoch
     }
 
     /// This node's id.
     pub fn node_id(&self) -> &NodeId {
-        &self.tenure.node_id
+        &self.tenure.who.node_id
     }
 
     /// When PostgreSQL granted this leadership.
     pub fn acquired_at(&self) -> DateTime<Utc> {
-        self.tenure.acquired_at
+        self.tenure.who.acquired_at
     }
 
     /// The lock namespace the role belongs to (`[cluster] lock_namespace`).
     pub fn namespace(&self) -> &LockNamespace {
-        &self.tenure.namespace
+        &self.tenure.who.namespace
     }
 
     /// The lease duration this leadership is renewed with.
     pub fn lease_duration(&self) -> Duration {
-        self.tenure.lease
+        self.tenure.who.lease
     }
 
     /// The node's metrics registry, for leader-only work that records figures.
-    pub fn metrics(&self) -> &crate::metrics::Metrics {
-        &self.tenure.metrics
+    pub fn metrics(&self) -> &Metrics {
+        &self.tenure.who.metrics
     }
 
     /// The node's pool, for the leader's own queries.
     pub fn pool(&self) -> &PgPool {
-        &self.tenure.pool
+        &self.tenure.who.pool
     }
 
     /// Whether this node may still act as leader: the leadership was not lost and its local
@@ -237,7 +179,7 @@ impl Leadership {
     /// it fails with [`Error::Fenced`] this node is no longer the leader.
     pub async fn fenced_transaction(&self) -> Result<Transaction<'static, Postgres>> {
         self.check_local()?;
-        let mut tx = self.tenure.pool.begin().await?;
+        let mut tx = self.tenure.who.pool.begin().await?;
         self.fence(&mut tx).await?;
         Ok(tx)
     }
@@ -247,22 +189,24 @@ impl Leadership {
     /// [`FenceToken::check`], which holds a `FOR KEY SHARE` lock on the role's row until the
     /// transaction ends. A newer leader's epoch bump takes `FOR UPDATE` on that row, so it
     /// waits for this transaction: every write in it either commits before a newer leader
-    /// exists or is refused here.
+    /// exists or is refused here. The transaction also commits with `synchronous_commit = on`.
     pub async fn fence(&self, conn: &mut PgConnection) -> Result<()> {
         self.check_local()?;
-        self.fence_token().check(conn, self.tenure.lease).await
+        self.fence_token().check(conn).await
     }
 
     /// The token to fence writes made on this leadership's behalf elsewhere.
     pub fn fence_token(&self) -> FenceToken {
-        FenceToken {
-            namespace: self.tenure.namespace.name().to_owned(),
-            role: self.tenure.role.name().to_owned(),
-            epoch: self.tenure.epoch.0,
-        }
+        FenceToken::new(
+            &self.tenure.who.namespace,
+            &self.tenure.who.role,
+            self.tenure.who.epoch,
+            self.tenure.who.id,
+        )
     }
 
-    fn check_local(&self) -> Result<()> {
+    /// Fails with [`Error::Fenced`] when this leadership is lost or past its local deadline.
+    pub fn check_local(&self) -> Result<()> {
         if self.is_valid() {
             Ok(())
         } else {
@@ -270,20 +214,31 @@ impl Leadership {
         }
     }
 
-    fn fenced(&self) -> Error {
+    /// The [`Error::Fenced`] of this leadership.
+    pub fn fenced(&self) -> Error {
         Error::Fenced {
-            role: self.tenure.role.name().to_owned(),
-            epoch: self.tenure.epoch.0,
+            role: self.tenure.who.role.clone(),
+            epoch: self.tenure.who.epoch,
         }
+    }
+
+    /// The tenure's random id (with the epoch, its identity; see [`FenceToken`]).
+    pub fn tenure_id(&self) -> i64 {
+        self.tenure.who.id
+    }
+
+    /// Whether the local deadline has passed (a frozen or cut-off leader).
+    pub(crate) fn deadline_passed(&self) -> bool {
+        Instant::now() >= self.tenure.deadline()
     }
 }
 
 impl std::fmt::Debug for Leadership {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Leadership")
-            .field("role", &self.tenure.role)
-            .field("epoch", &self.tenure.epoch)
-            .field("node_id", &self.tenure.node_id)
+            .field("role", &self.tenure.who.role)
+            .field("epoch", &self.tenure.who.epoch)
+            .field("node_id", &self.tenure.who.node_id)
             .field("valid", &self.is_valid())
             .finish()
     }

@@ -1,8 +1,10 @@
-//! Prometheus metrics: one registry per node, every FORGE metric described once here.
+//! Prometheus metrics: one registry per node, and every metric defined once as a [`MetricDef`].
 //!
 //! Each node owns its registry rather than using the process-global recorder, so several nodes
 //! in one process (tests, embedded clusters) keep separate figures. The registry is served on
-//! `[metrics] listen` and rendered by [`Metrics::render`].
+//! `[metrics] listen` and rendered by [`Metrics::render`]. A metric's name is spelled in its
+//! definition only; code records through handles built from the definition (once per label
+//! set where it is hot).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,102 +17,126 @@ use metrics_exporter_prometheus::{
 
 use crate::error::{Error, Result};
 
-/// Every FORGE metric: name, kind, unit, help. The single place metric names are spelled.
-const DESCRIPTIONS: &[(&str, Kind, Option<Unit>, &str)] = &[
-    (
-        "forge_leader_is_leader",
-        Kind::Gauge,
-        None,
-        "1 while this node leads the role, else 0",
-    ),
-    (
-        "forge_leader_elections_total",
-        Kind::Counter,
-        None,
-        "Leaderships of the role won by this node",
-    ),
-    (
-        "forge_leader_failovers_total",
-        Kind::Counter,
-        None,
-        "Leaderships won by this node from a leader that did not hand over (crashed, frozen or cut off)",
-    ),
-    (
-        "forge_leader_losses_total",
-        Kind::Counter,
-        None,
-        "Leaderships of this node that ended, by reason",
-    ),
-    (
-        "forge_leader_tenure_seconds",
-        Kind::Gauge,
-        Some(Unit::Seconds),
-        "How long this node has held the role (0 when not leader)",
-    ),
-    (
-        "forge_leader_epoch",
-        Kind::Gauge,
-        None,
-        "The role's current epoch (fencing token) as last seen by this node",
-    ),
-    (
-        "forge_leader_handoff_seconds",
-        Kind::Histogram,
-        Some(Unit::Seconds),
-        "Graceful handoff: time from the stop request to the lock release, drain included",
-    ),
-    (
-        "forge_leader_lock_conflicts_total",
-        Kind::Counter,
-        None,
-        "Lock waits that found the role's key held by a session that is not a FORGE node",
-    ),
-    (
-        "forge_db_reconnects_total",
-        Kind::Counter,
-        None,
-        "Reconnections of this node's dedicated sessions, by session",
-    ),
-    (
-        "forge_cron_lag_seconds",
-        Kind::Histogram,
-        Some(Unit::Seconds),
-        "How late a cron run started: actual start minus scheduled instant",
-    ),
-    (
-        "forge_cron_runs_total",
-        Kind::Counter,
-        None,
-        "Cron runs by outcome (succeeded, failed, timed_out, skipped, abandoned)",
-    ),
-    (
-        "forge_cron_missed_ticks_total",
-        Kind::Counter,
-        None,
-        "Cron ticks not run because they were due while the role had no leader (per catch-up policy)",
-    ),
-    (
-        "forge_cron_run_duration_seconds",
-        Kind::Histogram,
-        Some(Unit::Seconds),
-        "How long cron runs took",
-    ),
-    (
-        "forge_cron_unknown_crons",
-        Kind::Gauge,
-        None,
-        "Crons of the role known to the cluster (forge.crons) that this leader's binary lacks: their ticks do not run",
-    ),
-];
-
-#[derive(Clone, Copy)]
-enum Kind {
+/// What kind of metric a [`MetricDef`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricKind {
+    /// Only goes up (`_total`).
     Counter,
+    /// Goes up and down.
     Gauge,
+    /// A distribution (`_seconds`).
     Histogram,
 }
 
-/// Buckets for the `_seconds` histograms: from a millisecond to five minutes.
+/// A metric's definition: the one place its name and help are written.
+#[derive(Debug)]
+pub struct MetricDef {
+    /// `forge_...`; counters end in `_total`, durations in `_seconds`.
+    pub name: &'static str,
+    /// Counter, gauge or histogram.
+    pub kind: MetricKind,
+    /// The `# HELP` text.
+    pub help: &'static str,
+}
+
+impl MetricDef {
+    /// A counter.
+    pub const fn counter(name: &'static str, help: &'static str) -> MetricDef {
+        MetricDef {
+            name,
+            kind: MetricKind::Counter,
+            help,
+        }
+    }
+
+    /// A gauge.
+    pub const fn gauge(name: &'static str, help: &'static str) -> MetricDef {
+        MetricDef {
+            name,
+            kind: MetricKind::Gauge,
+            help,
+        }
+    }
+
+    /// A histogram.
+    pub const fn histogram(name: &'static str, help: &'static str) -> MetricDef {
+        MetricDef {
+            name,
+            kind: MetricKind::Histogram,
+            help,
+        }
+    }
+
+    fn unit(&self) -> Option<Unit> {
+        self.name.ends_with("_seconds").then_some(Unit::Seconds)
+    }
+}
+
+/// The core's metrics.
+pub mod defs {
+    use super::MetricDef;
+
+    /// `forge_leader_is_leader{role}`
+    pub const IS_LEADER: MetricDef = MetricDef::gauge(
+        "forge_leader_is_leader",
+        "1 while this node leads the role, else 0",
+    );
+    /// `forge_leader_elections_total{role}`
+    pub const ELECTIONS: MetricDef = MetricDef::counter(
+        "forge_leader_elections_total",
+        "Leaderships of the role won by this node",
+    );
+    /// `forge_leader_failovers_total{role}`
+    pub const FAILOVERS: MetricDef = MetricDef::counter(
+        "forge_leader_failovers_total",
+        "Leaderships won by this node from a leader that did not hand over (crashed, frozen or cut off)",
+    );
+    /// `forge_leader_losses_total{role, reason}`
+    pub const LOSSES: MetricDef = MetricDef::counter(
+        "forge_leader_losses_total",
+        "Leaderships of this node that ended, by reason",
+    );
+    /// `forge_leader_tenure_seconds{role}`
+    pub const TENURE: MetricDef = MetricDef::gauge(
+        "forge_leader_tenure_seconds",
+        "How long this node has held the role (0 when not leader)",
+    );
+    /// `forge_leader_epoch{role}`
+    pub const EPOCH: MetricDef = MetricDef::gauge(
+        "forge_leader_epoch",
+        "The role's current epoch (fencing token) as last seen by this node",
+    );
+    /// `forge_leader_handoff_seconds{role}`
+    pub const HANDOFF: MetricDef = MetricDef::histogram(
+        "forge_leader_handoff_seconds",
+        "Graceful handoff: time from the stop request to the lock release, drain included",
+    );
+    /// `forge_leader_lock_conflicts_total{role}`
+    pub const LOCK_CONFLICTS: MetricDef = MetricDef::counter(
+        "forge_leader_lock_conflicts_total",
+        "Lock waits that found the role's key held by a session that is not a FORGE node",
+    );
+    /// `forge_db_reconnects_total{session}`
+    pub const RECONNECTS: MetricDef = MetricDef::counter(
+        "forge_db_reconnects_total",
+        "Reconnections of this node's dedicated sessions, by session",
+    );
+
+    /// Every metric of the core.
+    pub const ALL: &[&MetricDef] = &[
+        &IS_LEADER,
+        &ELECTIONS,
+        &FAILOVERS,
+        &LOSSES,
+        &TENURE,
+        &EPOCH,
+        &HANDOFF,
+        &LOCK_CONFLICTS,
+        &RECONNECTS,
+    ];
+}
+
+/// Buckets for the `_seconds` histograms: from half a millisecond to five minutes.
 const SECONDS_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0, 300.0,
@@ -158,50 +184,47 @@ impl Metrics {
     }
 
     fn from_recorder(recorder: PrometheusRecorder) -> Metrics {
-        for (name, kind, unit, help) in DESCRIPTIONS {
-            let key = KeyName::from_const_str(name);
-            let help = (*help).into();
-            match kind {
-                Kind::Counter => recorder.describe_counter(key, *unit, help),
-                Kind::Gauge => recorder.describe_gauge(key, *unit, help),
-                Kind::Histogram => recorder.describe_histogram(key, *unit, help),
-            }
-        }
         let handle = recorder.handle();
-        Metrics {
+        let metrics = Metrics {
             recorder: Arc::new(recorder),
             handle,
-        }
+        };
+        metrics.describe(defs::ALL);
+        metrics
     }
 
-    /// Registers descriptions of metrics defined outside this crate (the scheduler's).
-    pub fn describe(&self, descriptions: &[(&'static str, &'static str, &'static str)]) {
-        for (name, kind, help) in descriptions {
-            let key = KeyName::from_const_str(name);
-            let unit = name.ends_with("_seconds").then_some(Unit::Seconds);
-            match *kind {
-                "counter" => self.recorder.describe_counter(key, unit, (*help).into()),
-                "histogram" => self.recorder.describe_histogram(key, unit, (*help).into()),
-                _ => self.recorder.describe_gauge(key, unit, (*help).into()),
+    /// Registers the `# HELP` and unit of metrics (every crate describes its own).
+    pub fn describe(&self, defs: &[&MetricDef]) {
+        for def in defs {
+            let key = KeyName::from_const_str(def.name);
+            let help = def.help.into();
+            match def.kind {
+                MetricKind::Counter => self.recorder.describe_counter(key, def.unit(), help),
+                MetricKind::Gauge => self.recorder.describe_gauge(key, def.unit(), help),
+                MetricKind::Histogram => self.recorder.describe_histogram(key, def.unit(), help),
             }
         }
     }
 
     /// A counter with labels.
-    pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Counter {
+    pub fn counter(&self, def: &MetricDef, labels: &[(&'static str, &str)]) -> Counter {
+        debug_assert_eq!(def.kind, MetricKind::Counter, "{}", def.name);
         self.recorder
-            .register_counter(&key(name, labels), &METADATA)
+            .register_counter(&key(def.name, labels), &METADATA)
     }
 
     /// A gauge with labels.
-    pub fn gauge(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Gauge {
-        self.recorder.register_gauge(&key(name, labels), &METADATA)
+    pub fn gauge(&self, def: &MetricDef, labels: &[(&'static str, &str)]) -> Gauge {
+        debug_assert_eq!(def.kind, MetricKind::Gauge, "{}", def.name);
+        self.recorder
+            .register_gauge(&key(def.name, labels), &METADATA)
     }
 
     /// A histogram with labels.
-    pub fn histogram(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Histogram {
+    pub fn histogram(&self, def: &MetricDef, labels: &[(&'static str, &str)]) -> Histogram {
+        debug_assert_eq!(def.kind, MetricKind::Histogram, "{}", def.name);
         self.recorder
-            .register_histogram(&key(name, labels), &METADATA)
+            .register_histogram(&key(def.name, labels), &METADATA)
     }
 
     /// The registry in the Prometheus text format.
@@ -239,6 +262,19 @@ fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
     )
 }
 
+/// Checks the naming conventions of a crate's definitions (each crate's tests call it).
+pub fn check_conventions(defs: &[&MetricDef]) -> std::result::Result<(), String> {
+    for def in defs {
+        let ok = def.name.starts_with("forge_")
+            && (def.kind != MetricKind::Counter || def.name.ends_with("_total"))
+            && (def.kind != MetricKind::Histogram || def.name.ends_with("_seconds"));
+        if !ok {
+            return Err(format!("{} breaks the naming conventions", def.name));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,10 +283,10 @@ mod tests {
     fn renders_described_metrics_with_labels() {
         let metrics = Metrics::new();
         metrics
-            .gauge("forge_leader_is_leader", &[("role", "scheduler")])
+            .gauge(&defs::IS_LEADER, &[("role", "scheduler")])
             .set(1.0);
         metrics
-            .counter("forge_leader_elections_total", &[("role", "scheduler")])
+            .counter(&defs::ELECTIONS, &[("role", "scheduler")])
             .increment(2);
         let text = metrics.render();
         assert!(
@@ -269,14 +305,6 @@ mod tests {
 
     #[test]
     fn names_follow_prometheus_conventions() {
-        for (name, kind, unit, _) in DESCRIPTIONS {
-            assert!(name.starts_with("forge_"), "{name}");
-            if matches!(kind, Kind::Counter) {
-                assert!(name.ends_with("_total"), "{name}");
-            }
-            if unit.is_some() {
-                assert!(name.ends_with("_seconds"), "{name}");
-            }
-        }
+        check_conventions(defs::ALL).unwrap();
     }
 }

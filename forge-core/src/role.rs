@@ -4,7 +4,10 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use forge_rules::{Name, NameError, check_name};
+
 use crate::error::{Error, Result};
+use crate::sql::sql_text_type;
 
 /// A leader role: a kind of cluster-wide work that exactly one node performs at a time.
 ///
@@ -53,11 +56,11 @@ impl Role {
     /// user-defined one. Names are 1-48 characters of lowercase ASCII letters, digits and `_`,
     /// starting with a letter, so that they are safe as metric labels and in `application_name`.
     pub fn new(name: &str) -> Result<Role> {
-        validate_name(name).map_err(|message| Error::Config {
+        check_name(Name::Role, name).map_err(|err| Error::Config {
             path: None,
             line: None,
             key: "role".into(),
-            message,
+            message: err.to_string(),
         })?;
         Ok(Role::BUILTIN
             .into_iter()
@@ -88,6 +91,10 @@ impl Role {
 
     /// The role's name, as used in config, metrics labels and the `forge.leaders` table.
     pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn as_str(&self) -> &str {
         &self.name
     }
 
@@ -142,21 +149,7 @@ impl fmt::Debug for Role {
     }
 }
 
-pub(crate) fn validate_name(name: &str) -> Result<(), String> {
-    let valid = !name.is_empty()
-        && name.len() <= 48
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if valid {
-        Ok(())
-    } else {
-        Err(format!(
-            "invalid role name {name:?}: use 1-48 lowercase letters, digits and `_`, starting with a letter (for example `scheduler` or `billing_reports`)"
-        ))
-    }
-}
+sql_text_type!(Role, Role::new);
 
 /// 64-bit FNV-1a: small, stable across releases and platforms (unlike `std`'s hasher).
 pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
@@ -188,9 +181,8 @@ impl LockNamespace {
     }
 
     /// A namespace by name (1-48 characters of lowercase letters, digits and `_`).
-    pub fn new(name: &str) -> Result<LockNamespace, String> {
-        validate_name(name)
-            .map_err(|_| format!("invalid lock namespace {name:?}: use 1-48 lowercase letters, digits and `_`, starting with a letter"))?;
+    pub fn new(name: &str) -> Result<LockNamespace, NameError> {
+        check_name(Name::Namespace, name)?;
         Ok(LockNamespace(name.into()))
     }
 
@@ -214,11 +206,36 @@ impl Default for LockNamespace {
     }
 }
 
+impl LockNamespace {
+    fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+sql_text_type!(LockNamespace, LockNamespace::new);
+
+impl fmt::Display for LockNamespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A PostgreSQL advisory-lock key (the `bigint` form of `pg_advisory_lock`).
 ///
 /// In `pg_locks` it appears as `classid = key >> 32`, `objid = key & 0xFFFFFFFF`, `objsubid = 1`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LockKey(pub i64);
+
+impl LockKey {
+    /// The key a node's session holds while the node runs, so that two live nodes never share
+    /// an id: the 64-bit FNV-1a hash of the namespace and the node id (a different key space
+    /// from the roles' `prefix << 16 | slot` keys in practice: a collision needs a 64-bit hash
+    /// to land on one of a few hundred role keys).
+    pub fn for_node(namespace: &LockNamespace, node: &NodeId) -> LockKey {
+        let text = format!("forge-node\0{}\0{}", namespace.name(), node.as_str());
+        LockKey(fnv1a(text.as_bytes()) as i64)
+    }
+}
 
 impl fmt::Display for LockKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -239,6 +256,8 @@ impl fmt::Display for Epoch {
     }
 }
 
+crate::sql_bigint_newtype!(Epoch);
+
 /// The identity of a node in the cluster (`FORGE_NODE_ID`, `[node] id`, `$HOSTNAME`, or
 /// generated).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -246,12 +265,8 @@ pub struct NodeId(String);
 
 impl NodeId {
     /// A node id: 1-128 printable ASCII characters without spaces.
-    pub fn new(id: &str) -> Result<NodeId, String> {
-        if id.is_empty() || id.len() > 128 || !id.chars().all(|c| c.is_ascii_graphic()) {
-            return Err(format!(
-                "invalid node id {id:?}: use 1-128 printable ASCII characters without spaces"
-            ));
-        }
+    pub fn new(id: &str) -> Result<NodeId, NameError> {
+        check_name(Name::NodeId, id)?;
         Ok(NodeId(id.into()))
     }
 
@@ -272,6 +287,8 @@ impl fmt::Display for NodeId {
         f.write_str(&self.0)
     }
 }
+
+sql_text_type!(NodeId, NodeId::new);
 
 #[cfg(test)]
 // The keys are written as in the design documents: "FORGE" in hex, then the role number.
@@ -318,6 +335,8 @@ mod tests {
         ] {
             assert!(Role::new(bad).is_err(), "{bad:?} should be rejected");
         }
+        let err = Role::new("Bad").unwrap_err().to_string();
+        assert!(err.contains("use 1-48 lowercase letters"), "{err}");
         assert!(Role::with_lock_slot("mine", 0x0001).is_err());
         assert_eq!(
             Role::with_lock_slot("mine", 0x1234)

@@ -10,6 +10,8 @@ use syn::spanned::Spanned;
 use syn::{Ident, LitStr, ReturnType, Token};
 
 use crate::handler::{HandlerFn, check_context_type};
+use forge_rules::Name;
+
 use crate::options::{self, Attr, Errors, Kind, Options, Spec};
 
 const ATTR: Attr = Attr {
@@ -222,37 +224,18 @@ fn parse_definition(args: TokenStream, ident: &Ident, errors: &mut Errors) -> Op
         Some(text)
     });
     let name = match options.str("name") {
-        Some(lit) => {
-            let name = lit.value();
-            if !options::is_valid_name(&name) {
-                errors.at(
-                    lit.span(),
-                    format!(
-                        "invalid cron name {name:?}: use {}, such as \"nightly_report\"",
-                        options::NAME_RULE
-                    ),
-                );
-            }
-            name
-        }
-        None => {
-            let name = ident.unraw().to_string();
-            if !options::is_valid_name(&name) {
-                errors.at(
-                    ident.span(),
-                    format!(
-                        "the cron's name defaults to the fn's name, and `{name}` is not a valid \
-                         name ({}): give one with #[cron(\"...\", name = \"...\")]",
-                        options::NAME_RULE
-                    ),
-                );
-            }
-            name
-        }
+        Some(lit) => options::check_name(Name::Cron, lit, Some("nightly_report"), errors)
+            .unwrap_or_else(|| lit.value()),
+        None => options::name_from_ident(
+            Name::Cron,
+            ident,
+            "#[cron(\"...\", name = \"...\")]",
+            errors,
+        ),
     };
     let role = options
         .str("role")
-        .and_then(|lit| options::check_role(lit, errors));
+        .and_then(|lit| options::check_name(Name::Role, lit, None, errors));
     let catch_up = options.str("catch_up").and_then(|lit| {
         options::one_of(
             "catch_up",

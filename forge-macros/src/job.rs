@@ -7,9 +7,11 @@ use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
 use syn::spanned::Spanned;
-use syn::{Ident, LitStr, ReturnType, Type};
+use syn::{Ident, ReturnType, Type};
 
 use crate::handler::{HandlerFn, check_args_type, check_context_type};
+use forge_rules::Name;
+
 use crate::options::{self, Attr, Errors, Kind, Options, Spec};
 
 const ATTR: Attr = Attr {
@@ -299,40 +301,16 @@ fn parse_definition(args: TokenStream, ident: &Ident, errors: &mut Errors) -> De
     });
 
     let kind = match options.str("name") {
-        Some(lit) => {
-            let kind = lit.value();
-            if !options::is_valid_name(&kind) {
-                errors.at(
-                    lit.span(),
-                    format!(
-                        "invalid job name {kind:?}: use {}, such as \"send_email\"",
-                        options::NAME_RULE
-                    ),
-                );
-            }
-            kind
-        }
-        None => {
-            let kind = ident.unraw().to_string();
-            if !options::is_valid_name(&kind) {
-                errors.at(
-                    ident.span(),
-                    format!(
-                        "the job's name (its kind) defaults to the fn's name, and `{kind}` is \
-                         not a valid name ({}): give one with #[job(name = \"...\")]",
-                        options::NAME_RULE
-                    ),
-                );
-            }
-            kind
-        }
+        Some(lit) => options::check_name(Name::JobKind, lit, Some("send_email"), errors)
+            .unwrap_or_else(|| lit.value()),
+        None => options::name_from_ident(Name::JobKind, ident, "#[job(name = \"...\")]", errors),
     };
     let queue = options
         .str("queue")
-        .and_then(|lit| check_queue(lit, errors));
+        .and_then(|lit| options::check_name(Name::Queue, lit, Some("mailers"), errors));
     let role = options
         .str("role")
-        .and_then(|lit| options::check_role(lit, errors));
+        .and_then(|lit| options::check_name(Name::Role, lit, None, errors));
     let max_attempts = options.int("max_attempts").and_then(|(value, expr)| {
         match u32::try_from(value) {
             Ok(0) => errors.spanned(
@@ -420,8 +398,8 @@ fn backoff(options: &Options, errors: &mut Errors) -> Option<Backoff> {
                     format!(
                         "`backoff_max` ({}) is shorter than `backoff_base` ({}): the delays \
                          start at the base and grow up to the max",
-                        humantime::format_duration(max),
-                        humantime::format_duration(base)
+                        forge_rules::format_duration(max),
+                        forge_rules::format_duration(base)
                     ),
                 );
             }
@@ -435,27 +413,4 @@ fn backoff(options: &Options, errors: &mut Errors) -> Option<Backoff> {
 fn is_job_context(ty: &Type) -> bool {
     matches!(ty, Type::Path(path)
         if path.path.segments.last().is_some_and(|segment| segment.ident == "JobContext"))
-}
-
-/// The rule of the job runtime's `validate_queue` (forge-scheduler/src/jobs/mod.rs), copied
-/// because a proc-macro crate cannot depend on forge-scheduler: keep the two in step.
-fn check_queue(lit: &LitStr, errors: &mut Errors) -> Option<String> {
-    let queue = lit.value();
-    let valid = !queue.is_empty()
-        && queue.len() <= 63
-        && queue
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if valid {
-        Some(queue)
-    } else {
-        errors.at(
-            lit.span(),
-            format!(
-                "invalid queue name {queue:?}: use 1-63 ASCII letters, digits, `_`, `-` or `.`, \
-                 such as \"mailers\" (and list it in `[jobs.queues]` of forge.toml)"
-            ),
-        );
-        None
-    }
 }

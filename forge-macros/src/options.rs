@@ -46,7 +46,7 @@ impl Errors {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Str,
-    /// A string parsed by `humantime`, more than zero.
+    /// A duration string (forge-rules), more than zero.
     Duration,
     Int,
     Bool,
@@ -323,18 +323,12 @@ fn literal(expr: &Expr, spec: &Spec) -> syn::Result<Value> {
     Ok(value)
 }
 
-/// Durations as in `forge.toml` (`humantime`), with the same message.
+/// Durations as in `forge.toml` (forge-rules: the same parser and bounds), with the same
+/// message.
 fn duration(option: &str, lit: &LitStr) -> syn::Result<Duration> {
     let text = lit.value();
-    let duration = humantime::parse_duration(&text).map_err(|err| {
-        syn::Error::new(
-            lit.span(),
-            format!(
-                "invalid duration {text:?} for `{option}` ({err}): use a number with a unit, \
-                 such as \"5s\", \"250ms\" or \"1m 30s\""
-            ),
-        )
-    })?;
+    let duration = forge_rules::parse_duration(&text)
+        .map_err(|message| syn::Error::new(lit.span(), format!("`{option}`: {message}")))?;
     if duration.is_zero() {
         return Err(syn::Error::new(
             lit.span(),
@@ -376,42 +370,48 @@ pub(crate) fn one_of(
     None
 }
 
-/// The rule of `forge_core::Role::new` (`validate_name` in forge-core/src/role.rs), copied
-/// because a proc-macro crate cannot depend on forge-core: keep the two in step.
-pub(crate) fn check_role(lit: &LitStr, errors: &mut Errors) -> Option<String> {
+/// Checks a name given in an option against its rule (forge-rules, the same the runtime
+/// uses); `example` completes the message when the rule has none.
+pub(crate) fn check_name(
+    kind: forge_rules::Name,
+    lit: &LitStr,
+    example: Option<&str>,
+    errors: &mut Errors,
+) -> Option<String> {
     let name = lit.value();
-    let valid = !name.is_empty()
-        && name.len() <= 48
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if valid {
-        Some(name)
-    } else {
-        errors.at(
-            lit.span(),
-            format!(
-                "invalid role name {name:?}: use 1-48 lowercase letters, digits and `_`, \
-                 starting with a letter (for example `scheduler` or `billing_reports`)"
-            ),
-        );
-        None
+    match forge_rules::check_name(kind, &name) {
+        Ok(()) => Some(name),
+        Err(err) => {
+            let message = match example {
+                Some(example) => format!("{err}, such as {example:?}"),
+                None => err.to_string(),
+            };
+            errors.at(lit.span(), message);
+            None
+        }
     }
 }
 
-/// What a cron name or a job kind may be: they are keys in the database and labels in logs
-/// and metrics.
-pub(crate) const NAME_RULE: &str =
-    "1-64 ASCII letters, digits, `_`, `-`, `.` and `:`, starting with a letter";
-
-pub(crate) fn is_valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name.starts_with(|c: char| c.is_ascii_alphabetic())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'))
+/// A name taken from the fn's identifier (a cron's name, a job's kind), checked against its
+/// rule; `how` says how to give another.
+pub(crate) fn name_from_ident(
+    kind: forge_rules::Name,
+    ident: &syn::Ident,
+    how: &str,
+    errors: &mut Errors,
+) -> String {
+    let name = ident.unraw().to_string();
+    if forge_rules::check_name(kind, &name).is_err() {
+        errors.at(
+            ident.span(),
+            format!(
+                "the {} defaults to the fn's name, and `{name}` is not valid (use {}): give one with {how}",
+                kind.noun(),
+                kind.rule()
+            ),
+        );
+    }
+    name
 }
 
 /// `Some(value)` / `None` as tokens, for the generated code.
@@ -439,15 +439,5 @@ mod tests {
         assert_eq!(edit_distance("timout", "timeout"), 1);
         assert_eq!(edit_distance("", "tz"), 2);
         assert_eq!(edit_distance("role", "role"), 0);
-    }
-
-    #[test]
-    fn names() {
-        assert!(is_valid_name("send_email"));
-        assert!(is_valid_name("billing.invoice:v2-eu"));
-        assert!(!is_valid_name(""));
-        assert!(!is_valid_name("_private"));
-        assert!(!is_valid_name("daily report"));
-        assert!(!is_valid_name(&"a".repeat(65)));
     }
 }

@@ -1,18 +1,33 @@
 //! FORGE scheduler: leader-only crons with an exactly-once tick ledger, and the durable job
-//! queue, on top of `forge-core`'s leader roles.
+//! queue, as components of a FORGE node.
 //!
-//! Users depend on the `forge` facade, which re-exports what is public here. See the crate
-//! docs of `forge` for examples.
+//! Users depend on the `forge` facade, whose `Node` installs both components ([`Crons`],
+//! [`jobs::JobQueue`]). See the crate docs of `forge` for examples, and [`cron`] and [`jobs`]
+//! for exactly what is guaranteed.
 
+pub mod config;
 pub mod cron;
 pub mod jobs;
-mod node;
+mod metrics;
 
 #[doc(hidden)]
 pub mod __private;
 
+pub use config::{CronConfig, JobsConfig};
 pub use cron::{
-    CatchUp, Cron, CronContext, CronError, CronJob, Interrupted, IntoCronResult, Overlap,
+    CatchUp, Cron, CronContext, CronError, CronJob, Crons, Interrupted, IntoCronResult, Overlap,
+    TickState,
 };
 pub use forge_cron::{Schedule, ScheduleError};
-pub use node::{Node, NodeBuilder};
+
+/// The scheduler's migrations (the tick ledger, the job queue, and their move to the cluster
+/// model), applied by every node with the core's.
+pub const MIGRATIONS: &[forge_core::MigrationSource] = &[
+    (2, "cron", include_str!("../../migrations/0002_cron.sql")),
+    (3, "jobs", include_str!("../../migrations/0003_jobs.sql")),
+    (
+        5,
+        "scheduler",
+        include_str!("../../migrations/0005_scheduler.sql"),
+    ),
+];

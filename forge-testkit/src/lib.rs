@@ -14,6 +14,20 @@
 //!   that can be killed (`SIGKILL`), paused (`SIGSTOP`) and resumed.
 //! * [`TxPooler`]: a proxy behaving like PgBouncer in transaction mode, to
 //!   prove such a pooler is detected and refused.
+//! * [`PgProxy`]: a TCP proxy for the PostgreSQL protocol between nodes and
+//!   a server, to inject network faults per connection, chosen by
+//!   `application_name` prefix, replication or id ([`Filter`]):
+//!   [`blackhole`](PgProxy::blackhole) (silence both ways, nothing closed:
+//!   a half-open flow or a partition; reconnects hang too),
+//!   [`sever`](PgProxy::sever) (a reset), and
+//!   [`retarget`](PgProxy::retarget) (new connections go to another server,
+//!   e.g. a promoted standby). [`PgProxy::connections`] lists who is
+//!   connected and in which state.
+//! * Primary failover: [`PgServer::start_standby`] makes an asynchronous
+//!   streaming hot standby of a private cluster (optionally replicating
+//!   through a [`PgProxy`], to make it fall behind);
+//!   [`PgServer::wait_caught_up`] waits until it has replayed everything
+//!   committed on the primary; [`PgServer::promote`] makes it the primary.
 //! * [`wait_until`] / [`wait_for`]: poll a condition with a deadline, with an
 //!   error saying what was awaited. Tests never sleep to synchronise.
 //!
@@ -65,6 +79,7 @@ mod pg;
 mod pooler;
 pub mod probe;
 mod process;
+mod proxy;
 pub mod stats;
 mod sys;
 
@@ -75,9 +90,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use error::Error;
-pub use pg::{PgOptions, PgServer, TestDatabase};
+pub use pg::{Lsn, PgOptions, PgServer, TestDatabase};
 pub use pooler::TxPooler;
 pub use process::NodeProcess;
+pub use proxy::{Filter, PgProxy, ProxyConnection, ProxyConnectionState};
 
 /// Polls `f` every `poll_every` until it returns `Some(value)`, and returns
 /// the value; fails with [`Error::Timeout`] naming `what` if `timeout`

@@ -19,6 +19,10 @@ use sqlx::{Connection as _, PgConnection, PgPool};
 use crate::Error;
 use crate::sys;
 
+mod standby;
+
+pub use standby::Lsn;
+
 /// How many times a throwaway cluster is started on a fresh port when the
 /// chosen port was taken between choosing it and the server binding it.
 const PORT_ATTEMPTS: usize = 5;
@@ -202,20 +206,7 @@ impl PgServer {
     /// where it lives and how it is cleaned up.
     pub fn start_with(options: PgOptions) -> Result<PgServer, Error> {
         let env = PgEnv::detect()?;
-        // The reaper comes with the directory: from then on, whatever happens
-        // to this process, the directory (and the server, once started) is
-        // cleaned up.
-        let (dir, reaper) = env.guarded_dir("forge-pg")?;
-        let mut cluster = Cluster {
-            data: dir.join("data"),
-            log: dir.join("server.log"),
-            dir,
-            env,
-            shared: false,
-            port: 0,
-            ctl: Mutex::new(()),
-            reaper: Mutex::new(Some(reaper)),
-        };
+        let mut cluster = Cluster::guarded(env, "forge-pg", None)?;
         cluster.init(&options)?;
         cluster.start_on_free_port()?;
         Ok(PgServer {
@@ -477,6 +468,7 @@ impl Drop for TestDatabase {
 }
 
 /// Where the PostgreSQL binaries are and which OS user runs them.
+#[derive(Clone)]
 struct PgEnv {
     bin: PathBuf,
     /// OS user to run PostgreSQL as, with uid and gid (when we are root).
@@ -617,6 +609,9 @@ struct Cluster {
     ctl: Mutex<()>,
     /// Stops the server and removes `dir` when its stdin closes.
     reaper: Mutex<Option<Child>>,
+    /// A standby's WAL receiver `application_name` (`None` unless made by
+    /// `PgServer::start_standby`).
+    walreceiver_name: Option<String>,
 }
 
 /// Why a start failed.
@@ -635,6 +630,28 @@ impl StartError {
 }
 
 impl Cluster {
+    /// A cluster in a new temporary directory. The reaper comes with the
+    /// directory: from then on, whatever happens to this process, the
+    /// directory (and the server, once started) is cleaned up.
+    fn guarded(
+        env: PgEnv,
+        prefix: &str,
+        walreceiver_name: Option<String>,
+    ) -> Result<Cluster, Error> {
+        let (dir, reaper) = env.guarded_dir(prefix)?;
+        Ok(Cluster {
+            data: dir.join("data"),
+            log: dir.join("server.log"),
+            dir,
+            env,
+            shared: false,
+            port: 0,
+            ctl: Mutex::new(()),
+            reaper: Mutex::new(Some(reaper)),
+            walreceiver_name,
+        })
+    }
+
     fn pg_command(&self, program: &str) -> Command {
         self.env.command(program, &self.dir)
     }
@@ -654,27 +671,25 @@ impl Cluster {
             .stdin(Stdio::null());
         self.run(cp, "copying the initdb template")?;
 
-        let mut conf = String::from("\n# --- added by forge-testkit ---\n");
-        let mut set = |name: &str, value: &str| {
-            conf.push_str(&format!("{name} = '{}'\n", value.replace('\'', "''")));
-        };
-        set("listen_addresses", "127.0.0.1");
-        set("unix_socket_directories", &self.dir.to_string_lossy());
-        set("max_connections", &options.max_connections.to_string());
+        let mut settings = vec![
+            ("listen_addresses", "127.0.0.1".to_owned()),
+            (
+                "unix_socket_directories",
+                self.dir.to_string_lossy().into_owned(),
+            ),
+            ("max_connections", options.max_connections.to_string()),
+        ];
         if !options.durable {
-            set("fsync", "off");
-            set("full_page_writes", "off");
+            settings.push(("fsync", "off".to_owned()));
+            settings.push(("full_page_writes", "off".to_owned()));
         }
-        for (name, value) in &options.extra_settings {
-            set(name, value);
-        }
-        let path = self.data.join("postgresql.conf");
-        let mut file = fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-        std::io::Write::write_all(&mut file, conf.as_bytes())
-            .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+        settings.extend(
+            options
+                .extra_settings
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.clone())),
+        );
+        append_settings(&self.data.join("postgresql.conf"), &settings)
     }
 
     fn start_on_free_port(&mut self) -> Result<(), Error> {
@@ -770,6 +785,21 @@ impl Drop for Cluster {
             let _ = reaper.wait();
         }
     }
+}
+
+/// Appends `name = 'value'` lines to a PostgreSQL configuration file (later
+/// lines override earlier ones, so this wins over what the file had).
+fn append_settings(path: &Path, settings: &[(&str, String)]) -> Result<(), Error> {
+    let mut conf = String::from("\n# --- added by forge-testkit ---\n");
+    for (name, value) in settings {
+        conf.push_str(&format!("{name} = '{}'\n", value.replace('\'', "''")));
+    }
+    let mut file = fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    std::io::Write::write_all(&mut file, conf.as_bytes())
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
 /// The reaper: `sh` blocked reading a pipe whose only write end is ours

@@ -12,9 +12,10 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::{Error, PgServer};
 
 const PROTOCOL_3_0: i32 = 196_608;
-const SSL_REQUEST: i32 = 80_877_103;
-const GSSENC_REQUEST: i32 = 80_877_104;
-const CANCEL_REQUEST: i32 = 80_877_102;
+/// Request codes of the startup phase (shared with [`PgProxy`](crate::PgProxy)).
+pub(crate) const SSL_REQUEST: i32 = 80_877_103;
+pub(crate) const GSSENC_REQUEST: i32 = 80_877_104;
+pub(crate) const CANCEL_REQUEST: i32 = 80_877_102;
 /// Larger messages are treated as a protocol error.
 const MAX_MESSAGE: usize = 1 << 30;
 
@@ -599,7 +600,10 @@ async fn greet(
 }
 
 /// Sends a FATAL ErrorResponse (SQLSTATE 08006, connection failure).
-async fn send_fatal(writer: &mut (impl AsyncWrite + Unpin), message: &str) -> io::Result<()> {
+pub(crate) async fn send_fatal(
+    writer: &mut (impl AsyncWrite + Unpin),
+    message: &str,
+) -> io::Result<()> {
     let mut body = Vec::new();
     for (field, value) in [
         (b'S', "FATAL"),

@@ -3,7 +3,7 @@
 //!
 //! Under every role it leads, the probe performs a unit of leader-only work every
 //! `FORGE_PROBE_WORK_MS` milliseconds (default 50): it checks
-//! [`Leadership::is_valid`](forge_core::Leadership::is_valid), prints a `WORK` line with the
+//! [`Leadership::is_valid`](forge::Leadership::is_valid), prints a `WORK` line with the
 //! wall-clock time, and inserts a row into `forge_probe_work` inside a fenced transaction.
 //! Every transition is printed on stdout as one line:
 //!
@@ -27,8 +27,8 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use forge_core::{Config, Leadership};
-use forge_scheduler::{CatchUp, CronContext, CronError, CronJob, Node, Schedule};
+use forge::cron::{CatchUp, CronJob};
+use forge::{Config, CronContext, CronError, Leadership, Node, Schedule};
 
 /// The table the probe writes to.
 pub const PROBE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS forge_probe_work (
@@ -149,10 +149,10 @@ async fn probe_work(leadership: Leadership, every: Duration) {
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;
-            Ok::<_, forge_core::Error>(())
+            Ok::<_, forge::Error>(())
         }
         .await;
-        if let Err(forge_core::Error::Fenced { .. }) = written {
+        if let Err(forge::Error::Fenced { .. }) = written {
             emit("FENCED", &fields, &node);
             return;
         }

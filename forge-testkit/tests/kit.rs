@@ -2,10 +2,17 @@
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
+use std::str::FromStr as _;
 use std::time::{Duration, Instant};
 
-use forge_testkit::{Error, NodeProcess, PgOptions, PgServer, TxPooler, wait_for, wait_until};
-use sqlx::{Connection as _, PgConnection, Row as _};
+use forge_testkit::{
+    Error, Filter, NodeProcess, PgOptions, PgProxy, PgServer, ProxyConnectionState, TxPooler,
+    wait_for, wait_until,
+};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection as _, PgConnection, PgPool, Row as _};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
 use tokio::process::Command;
 
 /// Generous upper bound for anything awaited (a slow CI machine), never a delay.
@@ -568,7 +575,8 @@ async fn tx_pooler_moves_a_client_between_backends() {
     let mut direct = db.connect().await.unwrap();
     let backends = scalar_i64(
         &mut direct,
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'forge-testkit-txpooler'",
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'forge-testkit-txpooler' \
+         AND datname = current_database()",
     )
     .await;
     assert_eq!(backends, 2);
@@ -626,5 +634,672 @@ async fn tx_pooler_start_reports_why_the_server_refused() {
     assert!(
         msg.contains("refused the login") && msg.contains("no_such_database_here"),
         "{msg}"
+    );
+}
+
+// ----------------------------------------------------------------- PgProxy
+
+/// How long a black-holed request must stay unanswered in the tests: a real
+/// answer through the proxy takes well under a millisecond.
+const SILENCE: Duration = Duration::from_millis(300);
+
+async fn try_connect_as(url: &str, application_name: &str) -> Result<PgConnection, sqlx::Error> {
+    let options = PgConnectOptions::from_str(url)?.application_name(application_name);
+    PgConnection::connect_with(&options).await
+}
+
+async fn connect_as(url: &str, application_name: &str) -> PgConnection {
+    try_connect_as(url, application_name)
+        .await
+        .unwrap_or_else(|e| panic!("connecting as {application_name} to {url}: {e}"))
+}
+
+async fn server_port(conn: &mut PgConnection) -> u16 {
+    let port: i32 = sqlx::raw_sql("SELECT inet_server_port()")
+        .fetch_one(conn)
+        .await
+        .expect("SELECT inet_server_port()")
+        .get(0);
+    u16::try_from(port).expect("a TCP port")
+}
+
+/// Sessions of `application_name` on the server, optionally in `state`.
+async fn sessions(pool: &PgPool, application_name: &str, state: Option<&str>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+         AND ($2::text IS NULL OR state = $2)",
+    )
+    .bind(application_name)
+    .bind(state)
+    .fetch_one(pool)
+    .await
+    .expect("counting sessions in pg_stat_activity")
+}
+
+fn states_of(proxy: &PgProxy, application_name: &str) -> Vec<ProxyConnectionState> {
+    proxy
+        .connections()
+        .into_iter()
+        .filter(|c| c.application_name == application_name)
+        .map(|c| c.state)
+        .collect()
+}
+
+#[tokio::test]
+async fn pg_proxy_forwards_and_identifies_connections() {
+    let server = PgServer::shared().unwrap();
+    let db = server.create_database().await.unwrap();
+    let proxy = PgProxy::start(server.host(), server.port()).unwrap();
+    assert_ne!(proxy.port(), server.port());
+    assert_eq!(proxy.upstream(), (server.host().to_owned(), server.port()));
+    let url = proxy.url_for(server, db.name());
+    assert!(
+        url.contains(&format!("@127.0.0.1:{}/", proxy.port())),
+        "{url}"
+    );
+
+    let mut conn = connect_as(&url, "forge:pool:node-a").await;
+    let row = sqlx::raw_sql(
+        "SELECT current_setting('application_name'), current_database()::text, current_user::text",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let (application_name, database, user): (String, String, String) =
+        (row.get(0), row.get(1), row.get(2));
+    assert_eq!(
+        (application_name.as_str(), database.as_str()),
+        ("forge:pool:node-a", db.name())
+    );
+    // The extended protocol (prepared statements) goes through untouched.
+    for n in [20, 21] {
+        let doubled: i32 = sqlx::query_scalar("SELECT $1::int4 * 2")
+            .bind(n)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(doubled, n * 2);
+    }
+
+    let listed = proxy.connections();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let seen = &listed[0];
+    assert_eq!(seen.state, ProxyConnectionState::Forwarding, "{seen:?}");
+    assert_eq!(seen.application_name, "forge:pool:node-a");
+    assert_eq!(
+        (seen.user.as_str(), seen.database.as_str()),
+        (user.as_str(), db.name())
+    );
+    assert!(!seen.replication);
+    assert_eq!(
+        seen.upstream,
+        Some(format!("{}:{}", server.host(), server.port()))
+    );
+
+    conn.close().await.unwrap();
+    wait_until(
+        "the closed connection to leave the list",
+        LONG,
+        POLL,
+        || async { proxy.connections().is_empty().then_some(()) },
+    )
+    .await
+    .unwrap();
+}
+
+/// Reads one backend message: (type byte, body).
+async fn read_message(stream: &mut TcpStream) -> (u8, Vec<u8>) {
+    let mut header = [0u8; 5];
+    stream
+        .read_exact(&mut header)
+        .await
+        .expect("message header");
+    let len = i32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+    let mut body = vec![0u8; usize::try_from(len).unwrap() - 4];
+    stream.read_exact(&mut body).await.expect("message body");
+    (header[0], body)
+}
+
+/// The proxy's startup handling seen from a hand-written client: it declines
+/// GSS and TLS itself, and forwards a CancelRequest to the server, which
+/// cancels the running query.
+#[tokio::test]
+async fn pg_proxy_declines_encryption_and_forwards_cancel_requests() {
+    // Private and trust-authenticated, so the raw client needs no password.
+    let server = PgServer::start().unwrap();
+    let proxy = PgProxy::start(server.host(), server.port()).unwrap();
+    let mut client = TcpStream::connect(("127.0.0.1", proxy.port()))
+        .await
+        .unwrap();
+    for request in [80_877_104_i32, 80_877_103] {
+        let packet = [8_i32.to_be_bytes(), request.to_be_bytes()].concat();
+        client.write_all(&packet).await.unwrap();
+        assert_eq!(
+            client.read_u8().await.unwrap(),
+            b'N',
+            "answer to request {request}"
+        );
+    }
+    let mut body = 196_608_i32.to_be_bytes().to_vec();
+    for field in [
+        "user",
+        "postgres",
+        "database",
+        "postgres",
+        "application_name",
+        "forge:raw:a",
+    ] {
+        body.extend_from_slice(field.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let len = i32::try_from(body.len() + 4).unwrap();
+    client
+        .write_all(&[len.to_be_bytes().to_vec(), body].concat())
+        .await
+        .unwrap();
+    let mut key = None;
+    loop {
+        match read_message(&mut client).await {
+            (b'K', body) => key = Some(body),
+            (b'Z', _) => break,
+            (b'E', body) => panic!("login refused: {}", String::from_utf8_lossy(&body)),
+            _ => {}
+        }
+    }
+    let key = key.expect("BackendKeyData");
+
+    let query = b"SELECT pg_sleep(600)\0";
+    let len = i32::try_from(query.len() + 4).unwrap();
+    client
+        .write_all(&[&[b'Q'][..], &len.to_be_bytes(), query].concat())
+        .await
+        .unwrap();
+    let direct = PgPool::connect(&server.url()).await.unwrap();
+    wait_until("the query to run", LONG, POLL, || {
+        let direct = direct.clone();
+        async move { (sessions(&direct, "forge:raw:a", Some("active")).await == 1).then_some(()) }
+    })
+    .await
+    .unwrap();
+
+    let mut cancel = TcpStream::connect(("127.0.0.1", proxy.port()))
+        .await
+        .unwrap();
+    let packet = [
+        &16_i32.to_be_bytes()[..],
+        &80_877_102_i32.to_be_bytes(),
+        &key,
+    ]
+    .concat();
+    cancel.write_all(&packet).await.unwrap();
+    // The server closes a cancel connection once it has processed it.
+    assert_eq!(cancel.read(&mut [0u8; 16]).await.unwrap(), 0);
+    let canceled = tokio::time::timeout(LONG, async {
+        loop {
+            if let (b'E', body) = read_message(&mut client).await {
+                return body;
+            }
+        }
+    })
+    .await
+    .expect("the query was not cancelled");
+    let error = String::from_utf8_lossy(&canceled);
+    assert!(
+        error.contains("C57014"),
+        "expected query_canceled, got {error}"
+    );
+}
+
+#[tokio::test]
+async fn pg_proxy_blackhole_silences_matching_connections_only() {
+    let server = PgServer::shared().unwrap();
+    let db = server.create_database().await.unwrap();
+    let proxy = PgProxy::start(server.host(), server.port()).unwrap();
+    let url = proxy.url_for(server, db.name());
+    let mut listen_a = connect_as(&url, "forge:listen:node-a").await;
+    let mut pool_a = connect_as(&url, "forge:pool:node-a").await;
+    let mut listen_b = connect_as(&url, "forge:listen:node-b").await;
+    let mut direct = db.connect().await.unwrap();
+    let observer = db.pool().await.unwrap();
+
+    // A query of node-a's LISTEN session is pending (waiting for a lock)
+    // when the black hole opens; the server then answers it.
+    sqlx::raw_sql("SELECT pg_advisory_lock(7)")
+        .execute(&mut direct)
+        .await
+        .unwrap();
+    backend_pid(&mut listen_a).await;
+    let mut pending = tokio::spawn(async move {
+        let result = sqlx::raw_sql("SELECT pg_advisory_lock(7)")
+            .execute(&mut listen_a)
+            .await;
+        (result.map(drop), listen_a)
+    });
+    wait_until("node-a's query to wait for the lock", LONG, POLL, || {
+        let observer = observer.clone();
+        async move {
+            (sessions(&observer, "forge:listen:node-a", Some("active")).await == 1).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let filter = Filter::application_prefix("forge:listen:node-a");
+    assert_eq!(proxy.blackhole(filter.clone()), 1);
+    sqlx::raw_sql("SELECT pg_advisory_unlock(7)")
+        .execute(&mut direct)
+        .await
+        .unwrap();
+    wait_until("the server to answer node-a's query", LONG, POLL, || {
+        let observer = observer.clone();
+        async move {
+            (sessions(&observer, "forge:listen:node-a", Some("idle")).await == 1).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        tokio::time::timeout(SILENCE, &mut pending).await.is_err(),
+        "the answer to a black-holed connection's query reached the client"
+    );
+
+    // Its neighbours do not notice.
+    assert!(backend_pid(&mut pool_a).await > 0);
+    assert!(backend_pid(&mut listen_b).await > 0);
+    assert_eq!(
+        states_of(&proxy, "forge:listen:node-a"),
+        [ProxyConnectionState::BlackHoled]
+    );
+    assert_eq!(
+        states_of(&proxy, "forge:pool:node-a"),
+        [ProxyConnectionState::Forwarding]
+    );
+    assert_eq!(
+        states_of(&proxy, "forge:listen:node-b"),
+        [ProxyConnectionState::Forwarding]
+    );
+
+    // A reconnect is accepted, then hangs: its startup message is swallowed.
+    let reconnect_url = url.clone();
+    let mut reconnect =
+        tokio::spawn(async move { try_connect_as(&reconnect_url, "forge:listen:node-a").await });
+    wait_until("the reconnect to be swallowed", LONG, POLL, || async {
+        (states_of(&proxy, "forge:listen:node-a").len() == 2).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        states_of(&proxy, "forge:listen:node-a"),
+        [ProxyConnectionState::BlackHoled; 2]
+    );
+    assert!(
+        tokio::time::timeout(SILENCE, &mut reconnect).await.is_err(),
+        "the reconnect got through"
+    );
+    assert_eq!(
+        sessions(&observer, "forge:listen:node-a", None).await,
+        1,
+        "it reached the server"
+    );
+
+    // Healed: new connections get through; the black-holed ones stay dead.
+    assert!(proxy.heal(&filter));
+    assert!(!proxy.heal(&filter), "healed twice");
+    let mut fresh = connect_as(&url, "forge:listen:node-a").await;
+    assert!(backend_pid(&mut fresh).await > 0);
+    let dead: Vec<u64> = proxy
+        .connections()
+        .into_iter()
+        .filter(|c| c.state == ProxyConnectionState::BlackHoled)
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(dead.len(), 2, "{:?}", proxy.connections());
+
+    // Severing them is what finally tells their clients.
+    for id in dead {
+        assert_eq!(proxy.sever(&Filter::Connection(id)), 1);
+    }
+    let (result, _) = tokio::time::timeout(LONG, pending).await.unwrap().unwrap();
+    assert!(matches!(result, Err(sqlx::Error::Io(_))), "{result:?}");
+    let reconnected = tokio::time::timeout(LONG, reconnect)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(reconnected.is_err(), "the swallowed reconnect succeeded");
+    assert!(backend_pid(&mut fresh).await > 0);
+}
+
+#[tokio::test]
+async fn pg_proxy_sever_resets_matching_connections() {
+    let server = PgServer::shared().unwrap();
+    let db = server.create_database().await.unwrap();
+    let proxy = PgProxy::start(server.host(), server.port()).unwrap();
+    let url = proxy.url_for(server, db.name());
+    let mut a = connect_as(&url, "forge:scheduler:node-a").await;
+    let mut b = connect_as(&url, "forge:scheduler:node-b").await;
+    let pid_a = backend_pid(&mut a).await;
+
+    assert_eq!(
+        proxy.sever(&Filter::application_prefix("forge:scheduler:node-a")),
+        1
+    );
+    match sqlx::raw_sql("SELECT 1").execute(&mut a).await {
+        Err(sqlx::Error::Io(_)) => {}
+        other => panic!("expected an I/O error on a severed connection, got {other:?}"),
+    }
+    assert!(backend_pid(&mut b).await > 0, "a neighbour was severed");
+    // The server's side was closed too.
+    let observer = db.pool().await.unwrap();
+    wait_until(
+        "the severed session to end on the server",
+        LONG,
+        POLL,
+        || {
+            let observer = observer.clone();
+            async move {
+                let left: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+                        .bind(pid_a)
+                        .fetch_one(&observer)
+                        .await
+                        .ok()?;
+                (left == 0).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    // A reset is not a rule: node-a reconnects.
+    let mut again = connect_as(&url, "forge:scheduler:node-a").await;
+    assert!(backend_pid(&mut again).await > 0);
+    assert_eq!(proxy.sever(&Filter::application_prefix("forge:nobody")), 0);
+}
+
+#[tokio::test]
+async fn pg_proxy_retarget_moves_new_connections_only() {
+    let first = PgServer::start().unwrap();
+    let second = PgServer::start().unwrap();
+    let proxy = PgProxy::start(first.host(), first.port()).unwrap();
+    let url = proxy.url_for(&first, "postgres");
+    let mut before = connect_as(&url, "forge:pool:node-a").await;
+    assert_eq!(server_port(&mut before).await, first.port());
+
+    proxy.retarget(second.host(), second.port());
+    assert_eq!(proxy.upstream(), (second.host().to_owned(), second.port()));
+    let mut after = connect_as(&url, "forge:pool:node-a").await;
+    assert_eq!(server_port(&mut after).await, second.port());
+    assert_eq!(
+        server_port(&mut before).await,
+        first.port(),
+        "an existing connection moved"
+    );
+    let upstreams: Vec<Option<String>> = proxy
+        .connections()
+        .into_iter()
+        .map(|c| c.upstream)
+        .collect();
+    assert_eq!(
+        upstreams,
+        [
+            Some(format!("127.0.0.1:{}", first.port())),
+            Some(format!("127.0.0.1:{}", second.port()))
+        ]
+    );
+
+    // An unreachable upstream is reported to the client, as a pooler would.
+    second.stop().unwrap();
+    let err = try_connect_as(&url, "forge:pool:node-a").await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("PgProxy: cannot connect to the upstream server"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn pg_proxy_blackhole_all_then_drop_closes_everything() {
+    let server = PgServer::shared().unwrap();
+    let db = server.create_database().await.unwrap();
+    let proxy = PgProxy::start(server.host(), server.port()).unwrap();
+    let url = proxy.url_for(server, db.name());
+    let mut conn = connect_as(&url, "forge:pool:node-a").await;
+    assert_eq!(proxy.blackhole(Filter::All), 1);
+
+    // Not even the TLS negotiation is answered: a new client hangs at once.
+    let hanging_url = url.clone();
+    let mut hanging = tokio::spawn(async move { try_connect_as(&hanging_url, "late").await });
+    wait_until("the new connection to be swallowed", LONG, POLL, || async {
+        let connections = proxy.connections();
+        let swallowed = connections.len() == 2
+            && connections
+                .iter()
+                .all(|c| c.state == ProxyConnectionState::BlackHoled);
+        swallowed.then_some(())
+    })
+    .await
+    .unwrap();
+    assert!(
+        tokio::time::timeout(SILENCE, &mut hanging).await.is_err(),
+        "the new client got an answer"
+    );
+    assert_eq!(
+        proxy.connections()[1].application_name,
+        "",
+        "identified without a startup message"
+    );
+
+    drop(proxy);
+    let connected = tokio::time::timeout(LONG, hanging)
+        .await
+        .expect("the hanging connect did not end when the proxy was dropped")
+        .unwrap();
+    assert!(connected.is_err());
+    assert!(sqlx::raw_sql("SELECT 1").execute(&mut conn).await.is_err());
+    assert_connection_refused(
+        PgConnection::connect(&url).await,
+        "after the proxy was dropped",
+    );
+}
+
+// ------------------------------------------------------ standby, failover
+
+async fn texts(conn: &mut PgConnection, sql: &'static str) -> Vec<String> {
+    sqlx::raw_sql(sql)
+        .fetch_all(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// Directory and postmaster pid of a running throwaway cluster.
+fn cluster_of(server: &PgServer) -> (PathBuf, u32) {
+    let data = server.data_dir().expect("a throwaway cluster");
+    (cluster_dir(data), postmaster_pid(data))
+}
+
+#[tokio::test]
+async fn standbys_are_made_only_of_private_clusters() {
+    let external = PgServer::external("postgres://me@db.example:5433/app").unwrap();
+    let shared = PgServer::shared().unwrap();
+    for (what, server) in [("external", &external), ("shared", shared)] {
+        match server.start_standby(None) {
+            Err(Error::Unsupported(msg)) => {
+                assert!(msg.contains("PgServer::start()"), "{what}: {msg}")
+            }
+            other => {
+                panic!("start_standby of the {what} server: expected Unsupported, got {other:?}")
+            }
+        }
+        assert!(server.standby_application_name().is_none());
+    }
+    assert!(matches!(external.promote(), Err(Error::Unsupported(_))));
+}
+
+#[tokio::test]
+async fn a_standby_replicates_and_is_promoted() {
+    let primary = PgServer::start().unwrap();
+    let standby = primary.start_standby(None).unwrap();
+    assert_ne!(standby.port(), primary.port());
+    let name = standby.standby_application_name().unwrap();
+    assert!(name.starts_with("forge-testkit-standby-"), "{name}");
+    assert!(standby.is_in_recovery().await.unwrap());
+    assert!(!primary.is_in_recovery().await.unwrap());
+
+    let mut p = PgConnection::connect(&primary.url()).await.unwrap();
+    sqlx::raw_sql("CREATE TABLE events (n int PRIMARY KEY); INSERT INTO events VALUES (1)")
+        .execute(&mut p)
+        .await
+        .unwrap();
+    let replayed = primary.wait_caught_up(&standby, LONG).await.unwrap();
+    assert!(standby.replay_lsn().await.unwrap().unwrap() >= replayed);
+    assert_eq!(primary.replay_lsn().await.unwrap(), None);
+    let mut s = PgConnection::connect(&standby.url()).await.unwrap();
+    assert_eq!(scalar_i64(&mut s, "SELECT count(*) FROM events").await, 1);
+    match sqlx::raw_sql("INSERT INTO events VALUES (2)")
+        .execute(&mut s)
+        .await
+    {
+        Err(sqlx::Error::Database(e)) => assert_eq!(e.code().as_deref(), Some("25006"), "{e}"),
+        other => {
+            panic!("a write on the standby: expected read_only_sql_transaction, got {other:?}")
+        }
+    }
+    assert!(matches!(
+        standby.current_wal_lsn().await,
+        Err(Error::Unsupported(_))
+    ));
+
+    // Restarted, it is still a standby, and goes on replicating.
+    standby.restart().unwrap();
+    assert!(standby.is_in_recovery().await.unwrap());
+    sqlx::raw_sql("INSERT INTO events VALUES (2)")
+        .execute(&mut p)
+        .await
+        .unwrap();
+    primary.wait_caught_up(&standby, LONG).await.unwrap();
+    let mut s = PgConnection::connect(&standby.url()).await.unwrap();
+    assert_eq!(scalar_i64(&mut s, "SELECT count(*) FROM events").await, 2);
+
+    match primary.promote() {
+        Err(Error::Unsupported(msg)) => assert!(msg.contains("not a standby"), "{msg}"),
+        other => panic!("promoting a primary: expected Unsupported, got {other:?}"),
+    }
+    standby.promote().unwrap();
+    assert!(!standby.is_in_recovery().await.unwrap());
+    let mut s = PgConnection::connect(&standby.url()).await.unwrap();
+    sqlx::raw_sql("INSERT INTO events VALUES (3)")
+        .execute(&mut s)
+        .await
+        .unwrap();
+    assert!(matches!(standby.promote(), Err(Error::Unsupported(_))));
+    match primary.wait_caught_up(&standby, LONG).await {
+        Err(Error::Unsupported(msg)) => assert!(msg.contains("not a standby"), "{msg}"),
+        other => panic!("waiting for a promoted server to catch up: got {other:?}"),
+    }
+    // The old primary lives on, on its own (a split brain, if a test wants one).
+    sqlx::raw_sql("INSERT INTO events VALUES (4)")
+        .execute(&mut p)
+        .await
+        .unwrap();
+    assert_eq!(
+        texts(&mut p, "SELECT n::text FROM events ORDER BY n").await,
+        ["1", "2", "4"]
+    );
+
+    // A crash of the promoted server: it comes back as a primary with its data.
+    standby.kill_immediate().unwrap();
+    assert!(!standby.is_running().unwrap());
+    standby.start_again().unwrap();
+    assert!(!standby.is_in_recovery().await.unwrap());
+    let mut s = PgConnection::connect(&standby.url()).await.unwrap();
+    assert_eq!(
+        texts(&mut s, "SELECT n::text FROM events ORDER BY n").await,
+        ["1", "2", "3"]
+    );
+
+    let (dir, postmaster) = cluster_of(&standby);
+    drop(standby);
+    assert!(!dir.exists(), "{} still exists after drop", dir.display());
+    assert!(
+        is_dead(postmaster),
+        "the standby's postmaster survived drop"
+    );
+}
+
+/// The failover hazard: an asynchronous standby promoted while behind lacks
+/// what the old primary committed after replication stopped.
+#[tokio::test]
+async fn a_lagging_standby_is_promoted_without_the_commits_it_missed() {
+    let primary = PgServer::start().unwrap();
+    let elsewhere = PgProxy::start("127.0.0.1", 1).unwrap();
+    match primary.start_standby(Some(&elsewhere)) {
+        Err(Error::Config(msg)) => assert!(msg.contains("not to this primary"), "{msg}"),
+        other => panic!("a standby via a proxy to elsewhere: expected Config, got {other:?}"),
+    }
+    let proxy = PgProxy::start(primary.host(), primary.port()).unwrap();
+    let standby = primary.start_standby(Some(&proxy)).unwrap();
+
+    let mut p = PgConnection::connect(&primary.url()).await.unwrap();
+    sqlx::raw_sql("CREATE TABLE facts (what text); INSERT INTO facts VALUES ('before')")
+        .execute(&mut p)
+        .await
+        .unwrap();
+    primary.wait_caught_up(&standby, LONG).await.unwrap();
+    let streams: Vec<_> = proxy
+        .connections()
+        .into_iter()
+        .filter(|c| c.replication)
+        .collect();
+    assert_eq!(streams.len(), 1, "{:?}", proxy.connections());
+    assert_eq!(
+        Some(streams[0].application_name.as_str()),
+        standby.standby_application_name()
+    );
+    assert_eq!(streams[0].state, ProxyConnectionState::Forwarding);
+
+    assert_eq!(proxy.blackhole(Filter::Replication), 1);
+    sqlx::raw_sql("INSERT INTO facts VALUES ('after')")
+        .execute(&mut p)
+        .await
+        .unwrap();
+    match primary.wait_caught_up(&standby, SILENCE).await {
+        Err(Error::Timeout { details, .. }) => {
+            assert!(
+                details.contains("replayed up to") && details.contains("server.log"),
+                "{details}"
+            )
+        }
+        other => panic!("a black-holed standby caught up: {other:?}"),
+    }
+
+    standby.promote().unwrap();
+    let mut s = PgConnection::connect(&standby.url()).await.unwrap();
+    assert_eq!(texts(&mut s, "SELECT what FROM facts").await, ["before"]);
+    assert_eq!(
+        texts(&mut p, "SELECT what FROM facts ORDER BY what").await,
+        ["after", "before"]
+    );
+    sqlx::raw_sql("INSERT INTO facts VALUES ('new primary')")
+        .execute(&mut s)
+        .await
+        .unwrap();
+
+    // The old primary dies; dropping everything leaves nothing behind.
+    primary.kill_immediate().unwrap();
+    assert!(!primary.is_running().unwrap());
+    let primary_dir = cluster_dir(primary.data_dir().unwrap());
+    let (standby_dir, standby_postmaster) = cluster_of(&standby);
+    drop((s, p));
+    drop(proxy);
+    drop(standby);
+    drop(primary);
+    for dir in [primary_dir, standby_dir] {
+        assert!(!dir.exists(), "{} still exists after drop", dir.display());
+    }
+    assert!(
+        is_dead(standby_postmaster),
+        "the standby's postmaster survived drop"
     );
 }

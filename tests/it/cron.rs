@@ -6,9 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use forge::{
-    CatchUp, CronContext, CronError, CronJob, Interrupted, Node, Overlap, Role, RoleState, Schedule,
-};
+use forge::cron::{CatchUp, CronJob, Interrupted, Overlap};
+use forge::{CronContext, CronError, Node, Role, RoleState, Schedule};
 use forge_testkit::{TestDatabase, wait_until};
 use sqlx::PgPool;
 
@@ -192,8 +191,8 @@ async fn ticks_are_exactly_once_across_a_graceful_handoff_with_catch_up_all() {
 /// had no leader since then.
 async fn plant_frontier(pool: &PgPool, cron: &str, at: DateTime<Utc>) {
     sqlx::query(
-        "INSERT INTO forge.cron_ticks (namespace, cron, scheduled_at, role, epoch, node_id, state, finished_at)
-         VALUES ('forge', $1, $2, 'scheduler', 0, 'gone', 'succeeded', $2)",
+        "INSERT INTO forge.cron_ticks (namespace, cron, scheduled_at, role, epoch, tenure, node_id, state, finished_at)
+         VALUES ('forge', $1, $2, 'scheduler', 0, 0, 'gone', 'succeeded', $2)",
     )
     .bind(cron)
     .bind(at)
@@ -317,8 +316,8 @@ async fn catch_up_skip_runs_no_missed_tick() {
 /// Plants a tick that an earlier leader claimed and never finished.
 async fn plant_interrupted(pool: &PgPool, cron: &str, at: DateTime<Utc>, attempt: i32) {
     sqlx::query(
-        "INSERT INTO forge.cron_ticks (namespace, cron, scheduled_at, role, epoch, node_id, attempt, state)
-         VALUES ('forge', $1, $2, 'scheduler', 0, 'dead-node', $3, 'running')",
+        "INSERT INTO forge.cron_ticks (namespace, cron, scheduled_at, role, epoch, tenure, node_id, attempt, state)
+         VALUES ('forge', $1, $2, 'scheduler', 0, 0, 'dead-node', $3, 'running')",
     )
     .bind(cron)
     .bind(at)

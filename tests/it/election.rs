@@ -246,19 +246,28 @@ async fn leader_work_is_cancelled_when_leadership_is_lost_and_fenced_writes_are_
     // The deposed leadership can no longer write: locally refused...
     assert!(matches!(
         old.fenced_transaction().await,
-        Err(Error::Fenced { epoch: 1, .. })
+        Err(Error::Fenced {
+            epoch: forge::Epoch(1),
+            ..
+        })
     ));
     // ...and refused by PostgreSQL for anyone holding its token.
     let mut tx = pool.begin().await.unwrap();
-    let checked = token.check(&mut tx, LEASE).await;
+    let checked = token.check(&mut tx).await;
     assert!(
-        matches!(checked, Err(Error::Fenced { epoch: 1, .. })),
+        matches!(
+            checked,
+            Err(Error::Fenced {
+                epoch: forge::Epoch(1),
+                ..
+            })
+        ),
         "{checked:?}"
     );
     drop(tx);
     let new = b.leadership(&Role::SCHEDULER).unwrap();
     let mut tx = pool.begin().await.unwrap();
-    new.fence_token().check(&mut tx, LEASE).await.unwrap();
+    new.fence_token().check(&mut tx).await.unwrap();
     tx.commit().await.unwrap();
     let epochs: Vec<i64> = sqlx::query_scalar("SELECT epoch FROM ledger")
         .fetch_all(&pool)

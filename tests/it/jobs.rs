@@ -27,8 +27,6 @@ use crate::support::*;
 pub(crate) fn job_config(url: &str, node: &str) -> Config {
     let mut config = config(url, node);
     config.node.roles = vec!["scheduler".into()];
-    config.jobs.heartbeat_interval = Duration::from_millis(500);
-    config.jobs.rescue_after = Duration::from_secs(3);
     config.jobs.maintenance_interval = Duration::from_secs(1);
     config.jobs.drain_timeout = Duration::from_secs(2);
     config
@@ -78,7 +76,7 @@ async fn wait_for_job(
     pred: impl Fn(&JobInfo) -> bool,
 ) -> JobInfo {
     forge_testkit::wait_for(what, SOON, Duration::from_millis(10), || async {
-        match forge::jobs::get(pool, id).await {
+        match client(pool).get(id).await {
             Ok(Some(job)) if pred(&job) => Ok(job),
             Ok(Some(job)) => Err(format!(
                 "state {}, attempt {}, errors {:?}",
@@ -461,28 +459,30 @@ async fn unique_jobs_report_duplicates_instead_of_inserting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_enqueuers_of_one_unique_key_insert_one_job() {
     let (_db, pool) = setup().await;
-    let jobs = forge::jobs::Jobs::new(pool.clone());
+    let jobs = client(&pool);
 
     // Two transactions: the second waits on the first's uncommitted insert, then reports it.
     let mut tx1 = pool.begin().await.unwrap();
     let first = inserted(
-        forge::jobs::enqueue_job(
-            &mut *tx1,
-            NewJob::new(plain, Behave::tag("1")).unique_key("u"),
-        )
-        .await
-        .unwrap(),
+        client(&pool)
+            .enqueue_job_in(
+                &mut *tx1,
+                NewJob::new(plain, Behave::tag("1")).unique_key("u"),
+            )
+            .await
+            .unwrap(),
     );
     let second = tokio::spawn({
         let pool = pool.clone();
         async move {
             let mut tx2 = pool.begin().await.unwrap();
-            let result = forge::jobs::enqueue_job(
-                &mut *tx2,
-                NewJob::new(plain, Behave::tag("2")).unique_key("u"),
-            )
-            .await
-            .unwrap();
+            let result = client(&pool)
+                .enqueue_job_in(
+                    &mut *tx2,
+                    NewJob::new(plain, Behave::tag("2")).unique_key("u"),
+                )
+                .await
+                .unwrap();
             tx2.commit().await.unwrap();
             result
         }
@@ -622,7 +622,8 @@ async fn a_job_enqueued_in_a_rolled_back_transaction_does_not_exist() {
 
     let mut tx = pool.begin().await.unwrap();
     let ghost = inserted(
-        forge::jobs::enqueue(&mut *tx, plain, Behave::tag("ghost"))
+        client(&pool)
+            .enqueue_in(&mut *tx, plain, Behave::tag("ghost"))
             .await
             .unwrap(),
     );
@@ -635,16 +636,16 @@ async fn a_job_enqueued_in_a_rolled_back_transaction_does_not_exist() {
         .unwrap();
     let real = inserted(
         node.jobs()
-            .enqueue_in(&mut *tx, NewJob::new(plain, Behave::tag("real")))
+            .enqueue_job_in(&mut *tx, NewJob::new(plain, Behave::tag("real")))
             .await
             .unwrap(),
     );
     // Not visible, not run, before the commit.
-    assert!(forge::jobs::get(&pool, real).await.unwrap().is_none());
+    assert!(client(&pool).get(real).await.unwrap().is_none());
     tx.commit().await.unwrap();
     wait_state(&pool, real, JobState::Completed).await;
 
-    assert!(forge::jobs::get(&pool, ghost).await.unwrap().is_none());
+    assert!(client(&pool).get(ghost).await.unwrap().is_none());
     assert!(runs(&pool, ghost).await.is_empty());
     let total: i64 = sqlx::query_scalar("SELECT count(*) FROM forge.jobs")
         .fetch_one(&pool)
@@ -661,7 +662,15 @@ async fn bulk_enqueued_jobs_all_run_exactly_once_on_two_nodes() {
     let b = start(job_config(db.url(), "b")).await;
     let batch: Vec<NewJob> = (0..600)
         .map(|i| {
-            let job = NewJob::new(plain, Behave::tag(format!("{i}")));
+            // A few milliseconds each, so that one node cannot drain them all before the
+            // other's first claim returns (both must take part: claims do not funnel).
+            let job = NewJob::new(
+                plain,
+                Behave {
+                    sleep_ms: 5,
+                    ..Behave::tag(format!("{i}"))
+                },
+            );
             if i % 7 == 0 {
                 job.queue("mailers")
             } else {
@@ -727,7 +736,7 @@ async fn bulk_enqueued_jobs_all_run_exactly_once_on_two_nodes() {
 async fn priorities_order_waiting_jobs_and_run_at_defers_them() {
     let (db, pool) = setup().await;
     // Enqueue while no node works the queue, then start one with a single slot.
-    let jobs = forge::jobs::Jobs::new(pool.clone());
+    let jobs = client(&pool);
     let mut expected = Vec::new();
     for (tag, priority) in [("p5", 5), ("p0-a", 0), ("p-3", -3), ("p0-b", 0), ("p9", 9)] {
         let id = inserted(
@@ -901,10 +910,10 @@ async fn shutdown_drains_running_jobs_then_releases_the_rest() {
 
     // The quick one finished during the drain; the slow one went back, attempt not counted.
     assert_eq!(
-        forge::jobs::get(&pool, quick).await.unwrap().unwrap().state,
+        client(&pool).get(quick).await.unwrap().unwrap().state,
         JobState::Completed
     );
-    let job = forge::jobs::get(&pool, slow).await.unwrap().unwrap();
+    let job = client(&pool).get(slow).await.unwrap().unwrap();
     assert_eq!(job.state, JobState::Available, "{job:?}");
     assert_eq!(job.attempt, 1);
     assert_eq!(
@@ -971,7 +980,8 @@ async fn maintenance_reports_queue_depth_and_prunes_finished_jobs() {
         SOON,
         Duration::from_millis(50),
         || async {
-            forge::jobs::get(&pool, done)
+            client(&pool)
+                .get(done)
                 .await
                 .unwrap()
                 .is_none()
@@ -1108,7 +1118,7 @@ async fn bad_job_declarations_and_config_are_clear_errors() {
     );
 
     let mut config = job_config(url, "a");
-    config.jobs.rescue_after = config.jobs.heartbeat_interval;
+    config.cluster.membership.down_after = config.cluster.membership.drift_after;
     let err = Node::builder(config)
         .auto_register(false)
         .job(plain)
@@ -1117,22 +1127,21 @@ async fn bad_job_declarations_and_config_are_clear_errors() {
         .err()
         .unwrap()
         .to_string();
-    assert!(err.contains("rescue_after"), "{err}");
+    assert!(err.contains("down_after"), "{err}");
 
     // Bad per-job input is an error at enqueue, not a panic or a bad row.
     let (_db, pool) = setup().await;
-    let err = forge::jobs::enqueue_job(&pool, NewJob::new(plain, Behave::tag("x")).max_attempts(0))
+    let err = client(&pool)
+        .enqueue_job(NewJob::new(plain, Behave::tag("x")).max_attempts(0))
         .await
         .unwrap_err()
         .to_string();
     assert!(err.contains("max_attempts must be at least 1"), "{err}");
-    let err = forge::jobs::enqueue_job(
-        &pool,
-        NewJob::new(plain, Behave::tag("x")).queue("no spaces"),
-    )
-    .await
-    .unwrap_err()
-    .to_string();
+    let err = client(&pool)
+        .enqueue_job(NewJob::new(plain, Behave::tag("x")).queue("no spaces"))
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("queue name"), "{err}");
     let mut broken = BTreeMap::new();
     broken.insert(vec![1u8], 2u8); // a map with non-string keys cannot be JSON
@@ -1145,7 +1154,8 @@ async fn bad_job_declarations_and_config_are_clear_errors() {
             Ok(())
         }
     }
-    let err = forge::jobs::enqueue(&pool, map_job, broken)
+    let err = client(&pool)
+        .enqueue(map_job, broken)
         .await
         .unwrap_err()
         .to_string();

@@ -27,8 +27,6 @@ fn job_config_toml(url: &str, maintenance: &str) -> String {
 roles = ["scheduler"]
 
 [jobs]
-heartbeat_interval = "500ms"
-rescue_after = "3s"
 maintenance_interval = "{maintenance}"
 drain_timeout = "2s"
 "#,
@@ -155,26 +153,8 @@ async fn a_sigkilled_worker_nodes_jobs_are_rescued_and_none_is_lost_or_completed
     scheduler_leader(&pool, "n1").await;
     let n2 = JobNode::start(&config, "n2").await;
 
-    // Rescue by "no session left" is off while the server is younger than 3 check intervals
-    // (after a restart, live nodes are still reconnecting); the shared test server may be new.
-    wait_until(
-        "the server to be older than the restart grace",
-        SOON,
-        Duration::from_millis(20),
-        || async {
-            let old: bool = sqlx::query_scalar(
-                "SELECT pg_postmaster_start_time() < clock_timestamp() - interval '1.5 s'",
-            )
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            old.then_some(())
-        },
-    )
-    .await
-    .unwrap();
     let total = 400;
-    let jobs = forge::jobs::Jobs::new(pool.clone());
+    let jobs = client(&pool);
     jobs.enqueue_many((0..total).map(|i| {
         NewJob::new(
             plain,
@@ -206,8 +186,8 @@ async fn a_sigkilled_worker_nodes_jobs_are_rescued_and_none_is_lost_or_completed
     .unwrap();
     assert!(!in_flight.is_empty(), "n1 was killed mid-job");
 
-    // The survivor takes over the scheduler role, its maintenance sees n1 has no session left,
-    // and the rescued jobs run again.
+    // The survivor takes over the scheduler role, its membership watch sees n1's node session
+    // ended and does not come back, its maintenance rescues n1's jobs, and they run again.
     wait_until(
         "n1's jobs to run again",
         SOON,
@@ -225,8 +205,8 @@ async fn a_sigkilled_worker_nodes_jobs_are_rescued_and_none_is_lost_or_completed
     )
     .await
     .unwrap();
-    // Rescued because n1's sessions are gone (at the new leader's first maintenance passes),
-    // not because its heartbeat aged past rescue_after.
+    // Rescued because n1's node session ended (marked down after one heartbeat interval),
+    // not because its heartbeat aged past down_after.
     let reasons: Vec<String> =
         sqlx::query_scalar("SELECT errors -> 0 ->> 'error' FROM forge.jobs WHERE id = ANY($1)")
             .bind(&in_flight)
@@ -234,9 +214,7 @@ async fn a_sigkilled_worker_nodes_jobs_are_rescued_and_none_is_lost_or_completed
             .await
             .unwrap();
     assert!(
-        reasons
-            .iter()
-            .all(|r| r.contains("has no database session")),
+        reasons.iter().all(|r| r.contains("its node session ended")),
         "{reasons:?}"
     );
     wait_all_completed(&pool, total, Duration::from_secs(60)).await;
@@ -286,14 +264,14 @@ async fn a_sigkilled_worker_nodes_jobs_are_rescued_and_none_is_lost_or_completed
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_nodes_jobs_are_rescued_after_rescue_after_and_its_late_completions_are_refused() {
+async fn a_frozen_nodes_jobs_are_rescued_after_down_after_and_its_late_completions_are_refused() {
     let (db, pool) = setup().await;
     let dir = ScratchDir::new("jobs-freeze");
     let config = write_config(&db, &dir, "1s").await;
     let n1 = JobNode::start(&config, "n1").await;
     scheduler_leader(&pool, "n1").await;
 
-    let jobs = forge::jobs::Jobs::new(pool.clone());
+    let jobs = client(&pool);
     let ids: Vec<i64> = jobs
         .enqueue_many((0..4).map(|i| {
             NewJob::new(
@@ -320,7 +298,7 @@ async fn a_frozen_nodes_jobs_are_rescued_after_rescue_after_and_its_late_complet
     .unwrap();
     n1.process.pause().unwrap();
     let mut n2 = JobNode::start(&config, "n2").await;
-    // n1's sessions stay open: only its silence (rescue_after = 3 s) gives it away.
+    // n1's sessions stay open: only its silence (down_after = 3 s) gives it away.
     for id in &ids {
         let job = wait_state(&pool, JobId(*id), JobState::Completed).await;
         assert_eq!(job.node_id.as_deref(), Some("n2"));
@@ -328,7 +306,7 @@ async fn a_frozen_nodes_jobs_are_rescued_after_rescue_after_and_its_late_complet
         assert_eq!(job.errors.len(), 1);
         assert_eq!(job.errors[0].reason, "rescued");
         assert!(
-            job.errors[0].error.contains("has not heartbeated"),
+            job.errors[0].error.contains("no heartbeat for"),
             "{:?}",
             job.errors
         );
@@ -371,18 +349,18 @@ async fn a_restarted_node_rescues_what_its_previous_run_left_running() {
     // A maintenance pass far away: only the restarted node itself can rescue in time.
     let config = write_config(&db, &dir, "1h").await;
     let mut n1 = JobNode::start(&config, "n1").await;
-    let id = forge::jobs::enqueue(
-        &pool,
-        plain,
-        Behave {
-            sleep_ms: 60_000,
-            sleep_attempts: 1,
-            ..Behave::tag("long")
-        },
-    )
-    .await
-    .unwrap()
-    .id();
+    let id = client(&pool)
+        .enqueue(
+            plain,
+            Behave {
+                sleep_ms: 60_000,
+                sleep_attempts: 1,
+                ..Behave::tag("long")
+            },
+        )
+        .await
+        .unwrap()
+        .id();
     wait_until(
         "n1 to run the job",
         SOON,
@@ -417,7 +395,7 @@ async fn a_node_killed_while_draining_a_backlog_of_short_jobs_loses_none() {
     let config = write_config(&db, &dir, "1s").await;
     // A backlog of jobs much shorter than a round trip: n1 claims ahead of its slots.
     let total = 3000;
-    forge::jobs::Jobs::new(pool.clone())
+    client(&pool)
         .enqueue_many((0..total).map(|i| NewJob::new(plain, Behave::tag(format!("{i}")))))
         .await
         .unwrap();

@@ -27,6 +27,10 @@ pub(crate) fn config(url: &str, node: &str) -> Config {
     election.lock_timeout = Duration::from_secs(1);
     election.check_interval = Duration::from_millis(500);
     election.drain_timeout = Duration::from_secs(2);
+    let membership = &mut config.cluster.membership;
+    membership.heartbeat_interval = Duration::from_millis(500);
+    membership.drift_after = Duration::from_millis(1500);
+    membership.down_after = Duration::from_secs(3);
     config
 }
 
@@ -43,8 +47,18 @@ refresh_interval = "500ms"
 lock_timeout = "1s"
 check_interval = "500ms"
 drain_timeout = "2s"
+
+[cluster.membership]
+heartbeat_interval = "500ms"
+drift_after = "1500ms"
+down_after = "3s"
 "#
     )
+}
+
+/// A job client for the default namespace on `pool`.
+pub(crate) fn client(pool: &PgPool) -> forge::jobs::Jobs {
+    forge::jobs::Jobs::new(pool.clone(), &forge::LockNamespace::default())
 }
 
 /// A fresh database on the shared server.
@@ -92,11 +106,13 @@ pub(crate) async fn wait_single_leader(nodes: &[&Node], role: &Role) -> (usize, 
     .unwrap()
 }
 
-/// Leadership history of a role from `forge.leader_events`: (epoch, node, event, failover).
+/// Leadership history of a role from `forge.events`: (epoch, node, event without its
+/// `leader_` prefix, failover).
 pub(crate) async fn events(pool: &PgPool, role: &str) -> Vec<(i64, String, String, bool)> {
     sqlx::query_as(
-        "SELECT epoch, node_id, event, coalesce((detail->>'failover')::boolean, false)
-           FROM forge.leader_events WHERE role = $1 ORDER BY id",
+        "SELECT epoch, node_id, replace(kind, 'leader_', ''),
+                coalesce((detail->>'failover')::boolean, false)
+           FROM forge.events WHERE role = $1 AND kind LIKE 'leader_%' ORDER BY id",
     )
     .bind(role)
     .fetch_all(pool)

@@ -3,11 +3,40 @@
 //!
 //! A cron belongs to a role (default `scheduler`) and runs only on that role's leader. Before
 //! running a tick the leader claims `(cron, scheduled instant)` in the ledger
-//! `forge.cron_ticks` (primary key) in a statement fenced by its epoch, so a tick never runs
-//! twice, even when leadership changes at the tick. See [`CatchUp`], [`Overlap`] and
+//! `forge.cron_ticks` (primary key) in a statement fenced by its tenure, so a tick is claimed
+//! once, even when leadership changes at the tick. See [`CatchUp`], [`Overlap`] and
 //! [`Interrupted`] for what happens around failovers and slow runs.
+//!
+//! # What runs exactly once
+//!
+//! * **Claims**: every tick is claimed at most once; with [`CatchUp::All`] every tick in the
+//!   window is claimed exactly once.
+//! * **Effects in the tick's transaction: exactly once.** A handler that writes its effects in
+//!   a fenced transaction and completes the tick in it ([`CronContext::complete`]) commits both
+//!   together: if the commit happened, the tick is `succeeded` and no leader runs it again,
+//!   even when the reply to the commit was lost or the leader died right after it; if it did
+//!   not, neither did the effects, and the next leader runs the tick again.
+//! * **Effects anywhere else: at least once.** A run cut short by its leader's death (or a
+//!   lost reply to its outcome) is run again by the next leader ([`Interrupted::Rerun`]), so
+//!   an email sent or an HTTP call made outside the transaction can happen twice. Make such
+//!   effects idempotent, keyed by the tick: [`CronContext::scheduled_at`] is the same in
+//!   every run of a tick.
+//!
+//! ```no_run
+//! # async fn demo(ctx: forge_scheduler::CronContext) -> Result<(), forge_scheduler::CronError> {
+//! let mut tx = ctx.fenced_transaction().await?;
+//! sqlx::query("INSERT INTO hourly_totals (hour, total) SELECT $1, sum(amount) FROM orders")
+//!     .bind(ctx.scheduled_at())
+//!     .execute(&mut *tx)
+//!     .await?;
+//! ctx.complete(&mut tx).await?; // the tick is done in the same commit as the totals
+//! tx.commit().await?;
+//! # Ok(()) }
+//! ```
 
-mod runtime;
+mod component;
+mod ledger;
+mod supervisor;
 
 use std::fmt;
 use std::future::Future;
@@ -16,12 +45,31 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forge_core::{Epoch, Error, Leadership, Result, Role};
+use forge_core::{Epoch, Error, Leadership, NodeId, Result, Role};
 use forge_cron::Schedule;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use runtime::{dedupe, install};
+pub use component::Crons;
+
+forge_core::sql_enum! {
+    /// The state of a tick in the ledger (`forge.cron_ticks.state`).
+    pub enum TickState {
+        /// Claimed; its handler is running (or its leader died: the next leader reruns or
+        /// abandons it).
+        Running = "running",
+        /// The handler returned `Ok`, or completed the tick in its own transaction.
+        Succeeded = "succeeded",
+        /// The handler returned an error or panicked.
+        Failed = "failed",
+        /// The handler ran past the cron's timeout.
+        TimedOut = "timed_out",
+        /// Not run: the previous run was still going (`overlap = "skip"`).
+        Skipped = "skipped",
+        /// Not run again after its leader's death (`interrupted = "abandon"`, or 3 attempts).
+        Abandoned = "abandoned",
+    }
+}
 
 /// What to do with ticks that were due while the cron's role had no leader (or its leader
 /// lacked the cron).
@@ -401,6 +449,11 @@ impl CronContext {
         self.leadership.epoch()
     }
 
+    /// The node running the tick.
+    pub fn node_id(&self) -> &NodeId {
+        self.leadership.node_id()
+    }
+
     /// The leadership running the tick.
     pub fn leadership(&self) -> &Leadership {
         &self.leadership
@@ -412,14 +465,31 @@ impl CronContext {
     }
 
     /// A transaction whose writes are applied only if this leadership is still current when
-    /// it commits (see `Leadership::fenced_transaction`).
+    /// it commits (see `Leadership::fenced_transaction`). Complete the tick in it with
+    /// [`CronContext::complete`] to make its effects exactly-once.
     pub async fn fenced_transaction(&self) -> Result<Transaction<'static, Postgres>> {
         self.leadership.fenced_transaction().await
     }
 
-    /// Whether the run should stop: leadership lost, handoff begun, or timeout reached.
+    /// Marks the tick `succeeded` inside `tx`, fenced by this leadership: when `tx` commits,
+    /// the handler's writes in it and the tick's outcome are one commit, so the tick never
+    /// runs again, whatever happens to this leader afterwards. When it does not commit,
+    /// neither did the effects, and the tick is run again per [`Interrupted`].
+    ///
+    /// Fails with [`Error::Fenced`] when this leadership is no longer current and with
+    /// [`Error::NotRunning`] when the tick is no longer this run's; then `tx` must not commit
+    /// (with `?`, it is rolled back when dropped). Calling it twice in one transaction is
+    /// harmless. A handler that returns an error after a completed commit leaves the tick
+    /// `succeeded`.
+    pub async fn complete(&self, tx: &mut Transaction<'_, Postgres>) -> Result<()> {
+        self.leadership.check_local()?;
+        ledger::complete(&self.leadership, &self.name, self.scheduled_at, tx).await
+    }
+
+    /// Whether the run should stop: leadership lost or past its local deadline, handoff
+    /// begun, or timeout reached.
     pub fn is_cancelled(&self) -> bool {
-        self.cancel.is_cancelled() || self.leadership.is_draining()
+        self.cancel.is_cancelled() || self.leadership.is_draining() || !self.leadership.is_valid()
     }
 
     /// Resolves when the run should stop (see [`CronContext::is_cancelled`]).

@@ -1,5 +1,7 @@
-//! Enqueueing, cancelling and reading jobs: the node's [`Jobs`] client and free functions that
-//! take any sqlx executor (a pool, a connection, the caller's transaction).
+//! Enqueueing, cancelling and reading jobs: [`Jobs`], the one client (`node.jobs()`, or
+//! `Jobs::new` in a process that only enqueues). Every `_in` method takes any sqlx executor -
+//! a connection, or `&mut *tx` to enqueue inside the caller's transaction - and uses the
+//! client's namespace, so a job enqueued anywhere runs on the cluster the client belongs to.
 
 use std::time::Duration;
 
@@ -9,6 +11,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{Executor, PgPool, Postgres, Row};
 
 use super::{Job, JobId, JobState, validate_queue};
+use crate::metrics::JOB_ENQUEUED;
 
 /// A job to enqueue, with per-job options on top of its type's declared [`super::JobOptions`].
 ///
@@ -41,7 +44,6 @@ pub struct NewJob {
     pub(crate) timeout: Option<Duration>,
     pub(crate) unique: bool,
     pub(crate) unique_key: Option<String>,
-    pub(crate) namespace: Option<String>,
 }
 
 impl NewJob {
@@ -61,7 +63,6 @@ impl NewJob {
             timeout: options.timeout,
             unique: options.unique,
             unique_key: None,
-            namespace: None,
         }
     }
 
@@ -118,13 +119,6 @@ impl NewJob {
         self
     }
 
-    /// The FORGE cluster (`[cluster] lock_namespace`) whose nodes run the job. Default: the
-    /// namespace of the [`Jobs`] client, or `forge` for the free functions.
-    pub fn namespace(mut self, namespace: &LockNamespace) -> Self {
-        self.namespace = Some(namespace.name().to_owned());
-        self
-    }
-
     fn invalid(&self, message: String) -> Error {
         Error::Registration {
             message: format!("job `{}`: {message}", self.kind),
@@ -156,7 +150,7 @@ impl Enqueued {
     }
 }
 
-/// What [`cancel`] did.
+/// What [`Jobs::cancel`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CancelOutcome {
     /// The job was waiting (available, scheduled or retryable) and is now cancelled.
@@ -267,62 +261,13 @@ impl JobInfo {
     }
 }
 
-/// Enqueues a job of type `J` with its declared options, through any executor: a pool, a
-/// connection, or `&mut *tx` (the job then exists only if the transaction commits).
-///
-/// ```no_run
-/// # use forge_scheduler::jobs::{Job, JobContext, JobError};
-/// # #[allow(non_camel_case_types)] struct send_email;
-/// # impl Job for send_email {
-/// #     type Args = String;
-/// #     const KIND: &'static str = "send_email";
-/// #     async fn run(&self, _: JobContext, _: String) -> Result<(), JobError> { Ok(()) }
-/// # }
-/// # async fn demo(pool: sqlx::PgPool) -> forge_core::Result<()> {
-/// let mut tx = pool.begin().await?;
-/// forge_scheduler::jobs::enqueue(&mut *tx, send_email, "a@example.com".to_owned()).await?;
-/// tx.commit().await?;
-/// # Ok(()) }
-/// ```
-pub async fn enqueue<'c, E, J>(executor: E, job: J, args: J::Args) -> Result<Enqueued>
-where
-    E: Executor<'c, Database = Postgres>,
-    J: Job,
-{
-    enqueue_job(executor, NewJob::new(job, args)).await
-}
-
-/// Enqueues a [`NewJob`] (per-job options) through any executor.
-pub async fn enqueue_job<'c, E>(executor: E, job: NewJob) -> Result<Enqueued>
-where
-    E: Executor<'c, Database = Postgres>,
-{
-    let mut results = insert(executor, std::slice::from_ref(&job), None).await?;
-    results.pop().ok_or_else(|| Error::Registration {
-        message: "enqueueing returned no result".into(),
-    })
-}
-
-/// Enqueues many jobs in one statement, in order; the results are in the same order. Jobs may
-/// be of different kinds and queues.
-pub async fn enqueue_many<'c, E>(
-    executor: E,
-    jobs: impl IntoIterator<Item = NewJob>,
-) -> Result<Vec<Enqueued>>
-where
-    E: Executor<'c, Database = Postgres>,
-{
-    let jobs: Vec<NewJob> = jobs.into_iter().collect();
-    insert(executor, &jobs, None).await
-}
-
 /// Cancels a job (see [`CancelOutcome`]).
-pub async fn cancel<'c, E>(executor: E, id: JobId) -> Result<CancelOutcome>
+async fn cancel<'c, E>(executor: E, id: JobId) -> Result<CancelOutcome>
 where
     E: Executor<'c, Database = Postgres>,
 {
     let outcome: String = sqlx::query_scalar("SELECT forge.jobs_cancel($1)")
-        .bind(id.0)
+        .bind(id)
         .fetch_one(executor)
         .await?;
     match outcome.as_str() {
@@ -342,12 +287,12 @@ where
 }
 
 /// Reads a job (`None` if there is no job with this id).
-pub async fn get<'c, E>(executor: E, id: JobId) -> Result<Option<JobInfo>>
+async fn get<'c, E>(executor: E, id: JobId) -> Result<Option<JobInfo>>
 where
     E: Executor<'c, Database = Postgres>,
 {
     let row = sqlx::query("SELECT * FROM forge.jobs WHERE id = $1")
-        .bind(id.0)
+        .bind(id)
         .fetch_optional(executor)
         .await?;
     row.as_ref().map(JobInfo::from_row).transpose()
@@ -369,11 +314,11 @@ struct Batch {
     unique: Vec<bool>,
 }
 
-/// Inserts `jobs` (all of one namespace) with one statement.
+/// Inserts `jobs` into `namespace` with one statement.
 async fn insert<'c, E>(
     executor: E,
     jobs: &[NewJob],
-    default_namespace: Option<&str>,
+    namespace: &LockNamespace,
 ) -> Result<Vec<Enqueued>>
 where
     E: Executor<'c, Database = Postgres>,
@@ -381,16 +326,8 @@ where
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
-    let default_namespace = default_namespace.unwrap_or("forge");
-    let namespace = jobs[0].namespace.as_deref().unwrap_or(default_namespace);
     let mut batch = Batch::default();
     for job in jobs {
-        if job.namespace.as_deref().unwrap_or(default_namespace) != namespace {
-            return Err(job.invalid(format!(
-                "enqueue_many takes jobs of one namespace; this one is for {:?}, the first for {namespace:?}",
-                job.namespace.as_deref().unwrap_or(default_namespace)
-            )));
-        }
         let args = job.args.clone().map_err(|message| Error::Serialization {
             kind: job.kind.to_owned(),
             message,
@@ -401,6 +338,9 @@ where
         }
         if job.timeout == Some(Duration::ZERO) {
             return Err(job.invalid("a timeout must be longer than zero".into()));
+        }
+        if let Some(delay) = job.delay.or(job.timeout) {
+            forge_rules::check_duration(delay).map_err(|message| job.invalid(message))?;
         }
         batch.queues.push(job.queue.clone());
         batch.kinds.push(job.kind);
@@ -470,40 +410,39 @@ where
         })
 }
 
-/// Enqueues, reads and cancels jobs. A node's client (`node.jobs()`) enqueues into the node's
-/// namespace and counts what it inserts in `forge_job_enqueued_total` of the node's registry
-/// (jobs enqueued with the free functions are not counted: they know no registry).
+/// Enqueues, reads and cancels jobs of one FORGE cluster (one `[cluster] lock_namespace`).
+///
+/// A node's client (`node.jobs()`) uses the node's pool and namespace and counts what it
+/// inserts in `forge_job_enqueued_total`. A process that only enqueues (a web app without
+/// workers) makes its own with [`Jobs::new`], naming the namespace the workers use.
+///
+/// Every method has an `_in` variant taking any executor, such as `&mut *tx`: the job then
+/// exists only if that transaction commits.
 #[derive(Clone, Debug)]
 pub struct Jobs {
     pool: PgPool,
-    namespace: String,
+    namespace: LockNamespace,
     metrics: Option<Metrics>,
 }
 
 impl Jobs {
-    /// A client on `pool`, for the default namespace `forge`, counting nothing.
-    pub fn new(pool: PgPool) -> Jobs {
+    /// A client on `pool` for the cluster `namespace` (`[cluster] lock_namespace` of the nodes
+    /// that work the jobs; [`LockNamespace::default`] for `forge`), counting nothing.
+    pub fn new(pool: PgPool, namespace: &LockNamespace) -> Jobs {
         Jobs {
             pool,
-            namespace: LockNamespace::default().name().to_owned(),
+            namespace: namespace.clone(),
             metrics: None,
         }
     }
 
     /// A node's client.
-    pub(crate) fn for_node(pool: PgPool, namespace: &LockNamespace, metrics: Metrics) -> Jobs {
-        super::runtime::describe_metrics(&metrics);
+    pub fn for_node(pool: PgPool, namespace: &LockNamespace, metrics: Metrics) -> Jobs {
         Jobs {
             pool,
-            namespace: namespace.name().to_owned(),
+            namespace: namespace.clone(),
             metrics: Some(metrics),
         }
-    }
-
-    /// The same client for another namespace.
-    pub fn with_namespace(mut self, namespace: &LockNamespace) -> Jobs {
-        self.namespace = namespace.name().to_owned();
-        self
     }
 
     /// The pool jobs are enqueued through.
@@ -511,27 +450,32 @@ impl Jobs {
         &self.pool
     }
 
+    /// The cluster the jobs are for.
+    pub fn namespace(&self) -> &LockNamespace {
+        &self.namespace
+    }
+
     /// Enqueues a job with its declared options.
     pub async fn enqueue<J: Job>(&self, job: J, args: J::Args) -> Result<Enqueued> {
         self.enqueue_job(NewJob::new(job, args)).await
     }
 
-    /// Enqueues a [`NewJob`].
+    /// Enqueues a job with its declared options through `executor` (such as `&mut *tx`).
+    pub async fn enqueue_in<'c, E, J>(&self, executor: E, job: J, args: J::Args) -> Result<Enqueued>
+    where
+        E: Executor<'c, Database = Postgres>,
+        J: Job,
+    {
+        self.enqueue_job_in(executor, NewJob::new(job, args)).await
+    }
+
+    /// Enqueues a [`NewJob`] (per-job options).
     pub async fn enqueue_job(&self, job: NewJob) -> Result<Enqueued> {
-        self.enqueue_in(&self.pool, job).await
+        self.enqueue_job_in(&self.pool, job).await
     }
 
-    /// Enqueues many jobs in one statement; results in the same order.
-    pub async fn enqueue_many(
-        &self,
-        jobs: impl IntoIterator<Item = NewJob>,
-    ) -> Result<Vec<Enqueued>> {
-        self.enqueue_many_in(&self.pool, jobs).await
-    }
-
-    /// Enqueues a [`NewJob`] through `executor`, such as `&mut *tx`: the job exists only if the
-    /// transaction commits (it is counted in metrics when the statement succeeds).
-    pub async fn enqueue_in<'c, E>(&self, executor: E, job: NewJob) -> Result<Enqueued>
+    /// Enqueues a [`NewJob`] through `executor` (such as `&mut *tx`).
+    pub async fn enqueue_job_in<'c, E>(&self, executor: E, job: NewJob) -> Result<Enqueued>
     where
         E: Executor<'c, Database = Postgres>,
     {
@@ -541,7 +485,16 @@ impl Jobs {
         })
     }
 
-    /// Enqueues many jobs through `executor`, in one statement.
+    /// Enqueues many jobs in one statement; results in the same order. Jobs may be of
+    /// different kinds and queues.
+    pub async fn enqueue_many(
+        &self,
+        jobs: impl IntoIterator<Item = NewJob>,
+    ) -> Result<Vec<Enqueued>> {
+        self.enqueue_many_in(&self.pool, jobs).await
+    }
+
+    /// Enqueues many jobs through `executor` (such as `&mut *tx`), in one statement.
     pub async fn enqueue_many_in<'c, E>(
         &self,
         executor: E,
@@ -551,15 +504,12 @@ impl Jobs {
         E: Executor<'c, Database = Postgres>,
     {
         let jobs: Vec<NewJob> = jobs.into_iter().collect();
-        let results = insert(executor, &jobs, Some(&self.namespace)).await?;
+        let results = insert(executor, &jobs, &self.namespace).await?;
         if let Some(metrics) = &self.metrics {
             for (job, result) in jobs.iter().zip(&results) {
                 if !result.is_duplicate() {
                     metrics
-                        .counter(
-                            "forge_job_enqueued_total",
-                            &[("queue", &job.queue), ("job", job.kind)],
-                        )
+                        .counter(&JOB_ENQUEUED, &[("queue", &job.queue), ("job", job.kind)])
                         .increment(1);
                 }
             }

@@ -1,6 +1,7 @@
 //! The scheduler leader's duties: promote scheduled jobs and retries when they are due, and,
-//! every `[jobs] maintenance_interval`, rescue the running jobs of dead or frozen nodes,
-//! prune finished jobs, and report queue depths.
+//! every `[jobs] maintenance_interval` - and at once when membership marks a node down -
+//! rescue the running jobs of down and stopped nodes (and of ended role leaderships), prune
+//! finished jobs, and report queue depths. The pass is fenced by the tenure.
 //!
 //! There is no polling: the leader sleeps until the earlier of its next pass and the earliest
 //! due job, which each statement returns, and a `forge_jobs_due` notification (sent by enqueues
@@ -13,13 +14,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
-use forge_core::{Leadership, ListenerEvent, Metrics};
+use forge_core::{Error, Leadership, ListenerEvent, Metrics, NODES_CHANNEL};
 use sqlx::{PgPool, Row};
 use tokio::sync::broadcast;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{debug, info, warn};
 
-use super::runtime::{CHANNEL_DUE, Shared, record_rescue};
+use super::shared::{CHANNEL_DUE, Shared, record_rescue};
+use crate::metrics::JOB_QUEUE_DEPTH;
 
 /// At most this many jobs are promoted, rescued or pruned per statement.
 const BATCH: i32 = 10_000;
@@ -39,6 +41,7 @@ pub(crate) async fn run(shared: Arc<Shared>, leadership: Leadership) {
     let mut events = ctx.subscribe();
     let mut state = Maintenance {
         shared: shared.clone(),
+        leadership: leadership.clone(),
         pool: ctx.pool().clone(),
         metrics: ctx.metrics().clone(),
         offset_ms: 0.0,
@@ -71,17 +74,28 @@ pub(crate) async fn run(shared: Arc<Shared>, leadership: Leadership) {
                     next_due = state.promote().await;
                 }
             }
-            event = events.recv() => {
-                if let Some(due) = state.hear(event) {
-                    next_due = Some(next_due.map_or(due, |d| d.min(due)));
-                }
+            event = events.recv() => match state.hear(event) {
+                Heard::Due(due) => next_due = Some(next_due.map_or(due, |d| d.min(due))),
+                // A node was marked down: rescue its jobs now, not at the next pass.
+                Heard::NodeDown => next_pass = Instant::now(),
+                Heard::Nothing => {}
             }
         }
     }
 }
 
+/// What a notification means for the maintenance timer.
+enum Heard {
+    /// A job is due then.
+    Due(Instant),
+    /// Membership marked a node down.
+    NodeDown,
+    Nothing,
+}
+
 struct Maintenance {
     shared: Arc<Shared>,
+    leadership: Leadership,
     pool: PgPool,
     metrics: Metrics,
     /// The database clock minus this node's wall clock, in milliseconds, as last seen: to turn
@@ -117,22 +131,28 @@ impl Maintenance {
         }
     }
 
-    /// What a notification means for the timer: a due time to wake up for, if any.
-    fn hear(&self, event: Result<ListenerEvent, broadcast::error::RecvError>) -> Option<Instant> {
+    /// What a notification means for the timer.
+    fn hear(&self, event: Result<ListenerEvent, broadcast::error::RecvError>) -> Heard {
         match event {
             Ok(ListenerEvent::Notification { channel, payload }) if &*channel == CHANNEL_DUE => {
-                let (namespace, at) = payload.split_once(' ')?;
-                if namespace != self.shared.namespace {
-                    return None;
-                }
-                let at_ms: f64 = at.parse().ok()?;
-                self.due_in(Some(at_ms - (wall_ms() + self.offset_ms)))
+                let due = payload
+                    .split_once(' ')
+                    .filter(|(namespace, _)| *namespace == self.shared.namespace.name())
+                    .and_then(|(_, at)| at.parse::<f64>().ok())
+                    .and_then(|at_ms| self.due_in(Some(at_ms - (wall_ms() + self.offset_ms))));
+                due.map_or(Heard::Nothing, Heard::Due)
+            }
+            Ok(ListenerEvent::Notification { channel, payload })
+                if &*channel == NODES_CHANNEL
+                    && payload.starts_with(&format!("{} down ", self.shared.namespace)) =>
+            {
+                Heard::NodeDown
             }
             // Announcements may have been missed: look now.
             Ok(ListenerEvent::Restored) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                Some(Instant::now())
+                Heard::Due(Instant::now())
             }
-            _ => None,
+            _ => Heard::Nothing,
         }
     }
 
@@ -142,12 +162,15 @@ impl Maintenance {
         let row = sqlx::query("SELECT * FROM forge.jobs_promote($1, $2)")
             .bind(&self.shared.namespace)
             .bind(BATCH)
-            .fetch_one(&self.pool)
-            .await;
-        let row = match row {
-            Ok(row) => row,
-            Err(err) => {
+            .fetch_one(&self.pool);
+        let row = match timeout(self.shared.statement_bound, row).await {
+            Ok(Ok(row)) => row,
+            Ok(Err(err)) => {
                 warn!(target: "forge::job", error = %err, "promoting due jobs failed; retrying in 1s");
+                return Some(Instant::now() + Duration::from_secs(1));
+            }
+            Err(_) => {
+                warn!(target: "forge::job", "promoting due jobs got no answer in time; retrying in 1s");
                 return Some(Instant::now() + Duration::from_secs(1));
             }
         };
@@ -164,24 +187,30 @@ impl Maintenance {
     async fn pass(&mut self) -> Option<Instant> {
         let config = &self.shared.config;
         let ms = |d: Duration| d.as_millis().min(i64::MAX as u128) as i64;
-        // After a server restart, nodes need up to check_interval to reconnect: until then,
-        // "no session" does not mean "dead".
-        let restart_grace = self.shared.check_interval * 3;
+        let token = self.leadership.fence_token();
         self.last_promote = Some(Instant::now());
-        let rows = sqlx::query("SELECT * FROM forge.jobs_maintain($1, $2, $3, $4, $5, $6, $7)")
-            .bind(&self.shared.namespace)
-            .bind(ms(config.rescue_after))
-            .bind(ms(restart_grace))
+        let rows = sqlx::query("SELECT * FROM forge.jobs_maintain($1, $2, $3, $4, $5, $6, $7, $8)")
+            .bind(&token.namespace)
+            .bind(&token.role)
+            .bind(token.epoch)
+            .bind(token.tenure)
             .bind(self.shared.default_max_attempts())
             .bind(ms(config.completed_retention))
             .bind(ms(config.dead_retention))
             .bind(BATCH)
-            .fetch_all(&self.pool)
-            .await;
-        let rows = match rows {
-            Ok(rows) => rows,
-            Err(err) => {
+            .fetch_all(&self.pool);
+        let rows = match timeout(self.shared.statement_bound, rows).await {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(err)) if Error::is_fence_refusal(&err) => {
+                debug!(target: "forge::job", "job maintenance refused by the fence: this leadership is over");
+                return None;
+            }
+            Ok(Err(err)) => {
                 warn!(target: "forge::job", error = %err, "job maintenance failed; retrying at the next pass");
+                return None;
+            }
+            Err(_) => {
+                warn!(target: "forge::job", "job maintenance got no answer in time; retrying at the next pass");
                 return None;
             }
         };
@@ -202,7 +231,7 @@ impl Maintenance {
                 "rescued" => {
                     let n = n.unwrap_or_default() as u64;
                     warn!(target: "forge::job", queue = %queue, job = %kind, jobs = n, state = %state,
-                          "rescued running jobs of a node that is gone");
+                          "rescued running jobs of a node that is down or stopped");
                     record_rescue(&self.metrics, &queue, &kind, &state, n);
                 }
                 "pruned" => {
@@ -215,7 +244,7 @@ impl Maintenance {
                 "depth" => {
                     self.metrics
                         .gauge(
-                            "forge_job_queue_depth",
+                            &JOB_QUEUE_DEPTH,
                             &[("queue", &queue), ("job", &kind), ("state", &state)],
                         )
                         .set(n.unwrap_or_default());
@@ -227,7 +256,7 @@ impl Maintenance {
         for (queue, kind, state) in self.depth_labels.difference(&depth) {
             self.metrics
                 .gauge(
-                    "forge_job_queue_depth",
+                    &JOB_QUEUE_DEPTH,
                     &[("queue", queue), ("job", kind), ("state", state)],
                 )
                 .set(0.0);

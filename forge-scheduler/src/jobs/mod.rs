@@ -25,6 +25,18 @@
 //! with a guard on (job, attempt, node), so a late result from a rescued attempt is refused.
 //! ARCHITECTURE.md ("Jobs") describes the state machine and what happens when each party dies.
 //!
+//! # Exactly once, at least once
+//!
+//! * **Effects in the job's transaction: exactly once.** A handler that writes its effects in
+//!   a transaction and completes the job in it ([`JobContext::complete`], River's
+//!   `JobCompleteTx`) commits both together: once that commit happened the job is
+//!   `completed` and never runs again, even if the node dies before it hears the reply.
+//! * **Everything else: at least once.** A handler may run again after its node died
+//!   mid-attempt, was marked down, or lost the reply to an outcome; make such effects
+//!   idempotent, keyed by [`JobContext::id`] (the same in every attempt).
+//! * A job is never *completed* twice: every outcome is recorded with a guard on
+//!   (job, attempt, node, still running), so a late result from a rescued attempt is refused.
+//!
 //! # Example
 //!
 //! `#[job]` generates the [`Job`] implementation; written by hand it looks like this:
@@ -32,65 +44,70 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! // In an application: `use forge::jobs::...` and `use forge::{Config, Node}`.
-//! use forge_core::Config;
-//! use forge_scheduler::Node;
-//! use forge_scheduler::jobs::{Backoff, Job, JobContext, JobError, JobOptions, NewJob};
+//! use forge_scheduler::jobs::{Backoff, Job, JobContext, JobError, JobOptions, Jobs, NewJob};
 //!
 //! #[derive(serde::Serialize, serde::Deserialize)]
-//! struct Email {
-//!     to: String,
+//! struct Invoice {
+//!     order_id: i64,
 //! }
 //!
 //! #[allow(non_camel_case_types)]
-//! struct send_email;
+//! struct issue_invoice;
 //!
-//! impl Job for send_email {
-//!     type Args = Email;
-//!     const KIND: &'static str = "send_email";
+//! impl Job for issue_invoice {
+//!     type Args = Invoice;
+//!     const KIND: &'static str = "issue_invoice";
 //!
 //!     fn options(&self) -> JobOptions {
 //!         JobOptions::new()
-//!             .queue("mailers")
+//!             .queue("billing")
 //!             .max_attempts(5)
 //!             .backoff(Backoff::exponential(Duration::from_secs(2)))
 //!             .timeout(Duration::from_secs(30))
 //!     }
 //!
-//!     async fn run(&self, ctx: JobContext, args: Email) -> Result<(), JobError> {
-//!         if args.to.is_empty() {
-//!             return Err(JobError::discard("no recipient")); // dead-letter now
+//!     async fn run(&self, ctx: JobContext, args: Invoice) -> Result<(), JobError> {
+//!         if args.order_id <= 0 {
+//!             return Err(JobError::discard("no such order")); // dead-letter now
 //!         }
-//!         println!("attempt {} of job {}: mail to {}", ctx.attempt(), ctx.id(), args.to);
+//!         // The invoice and the job's completion commit together: exactly once.
+//!         let mut tx = ctx.pool().begin().await?;
+//!         sqlx::query("INSERT INTO invoices (order_id, job_id) VALUES ($1, $2)")
+//!             .bind(args.order_id)
+//!             .bind(ctx.id())
+//!             .execute(&mut *tx)
+//!             .await?;
+//!         ctx.complete(&mut tx).await?;
+//!         tx.commit().await?;
 //!         Ok(())
 //!     }
 //! }
 //!
-//! # async fn demo() -> forge_core::Result<()> {
-//! let node = Node::builder(Config::load("forge.toml")?).job(send_email).start().await?;
-//!
-//! // Enqueue through the node's client...
-//! let id = node.jobs().enqueue(send_email, Email { to: "a@example.com".into() }).await?.id();
+//! # async fn demo(jobs: Jobs, pool: sqlx::PgPool) -> forge_core::Result<()> {
+//! // Enqueue through the node's client (`node.jobs()`)...
+//! let id = jobs.enqueue(issue_invoice, Invoice { order_id: 7 }).await?.id();
 //!
 //! // ...or inside your own transaction: the job exists only if it commits.
-//! let mut tx = node.pool().begin().await?;
-//! // sqlx::query("INSERT INTO users ...").execute(&mut *tx).await?;
-//! forge_scheduler::jobs::enqueue_job(
+//! let mut tx = pool.begin().await?;
+//! // sqlx::query("INSERT INTO orders ...").execute(&mut *tx).await?;
+//! jobs.enqueue_job_in(
 //!     &mut *tx,
-//!     NewJob::new(send_email, Email { to: "b@example.com".into() })
+//!     NewJob::new(issue_invoice, Invoice { order_id: 8 })
 //!         .delay(Duration::from_secs(60))
-//!         .unique_key("welcome:b@example.com"),
+//!         .unique_key("invoice:8"),
 //! )
 //! .await?;
 //! tx.commit().await?;
 //!
-//! node.jobs().cancel(id).await?;
+//! jobs.cancel(id).await?;
 //! # Ok(()) }
 //! ```
 
+mod attempt;
+mod component;
 mod enqueue;
 mod maintenance;
-mod runtime;
+mod shared;
 mod worker;
 
 use std::any::TypeId;
@@ -102,15 +119,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use forge_core::{Error, Leadership, NodeId, Result};
-use sqlx::PgPool;
+use forge_core::{Error, Leadership, LockNamespace, NodeId, Result};
+use forge_rules::{Name, check_name};
+use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 
-pub use enqueue::{
-    AttemptError, CancelOutcome, Enqueued, JobInfo, Jobs, NewJob, cancel, enqueue, enqueue_job,
-    enqueue_many, get,
-};
-pub(crate) use runtime::install;
+pub use component::JobQueue;
+pub use enqueue::{AttemptError, CancelOutcome, Enqueued, JobInfo, Jobs, NewJob};
 
 /// A durable job type, declared with `#[job]` (or implemented by hand, see the
 /// [module docs](self)).
@@ -287,6 +302,14 @@ impl Backoff {
         }
     }
 
+    /// The longest delay this backoff waits.
+    pub fn max_delay(&self) -> Option<Duration> {
+        Some(match *self {
+            Backoff::Fixed(delay) => delay,
+            Backoff::Exponential { max, .. } => max,
+        })
+    }
+
     /// The delay after failed attempt `attempt` (1-based), jitter included.
     pub fn delay(&self, attempt: u32) -> Duration {
         match *self {
@@ -316,66 +339,37 @@ impl fmt::Display for JobId {
     }
 }
 
-/// Where a job is in its life. See ARCHITECTURE.md ("Jobs") for who moves it where.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum JobState {
-    /// Waiting to be claimed by a worker.
-    Available,
-    /// Enqueued with a future run-at time; promoted to available when due.
-    Scheduled,
-    /// An attempt is running on a node.
-    Running,
-    /// An attempt failed; promoted to available when its backoff is over.
-    Retryable,
-    /// Done.
-    Completed,
-    /// Out of attempts, discarded by its handler, or rescued with no attempts left: the
-    /// dead-letter state. Kept for `[jobs] dead_retention`.
-    Dead,
-    /// Cancelled before it completed.
-    Cancelled,
+forge_core::sql_bigint_newtype!(JobId);
+
+forge_core::sql_enum! {
+    /// Where a job is in its life (`forge.jobs.state`). See ARCHITECTURE.md ("Jobs") for who
+    /// moves it where.
+    pub enum JobState {
+        /// Waiting to be claimed by a worker.
+        Available = "available",
+        /// Enqueued with a future run-at time; promoted to available when due.
+        Scheduled = "scheduled",
+        /// An attempt is running on a node.
+        Running = "running",
+        /// An attempt failed; promoted to available when its backoff is over.
+        Retryable = "retryable",
+        /// Done.
+        Completed = "completed",
+        /// Out of attempts, discarded by its handler, undecodable, or rescued with no attempts
+        /// left: the dead-letter state. Kept for `[jobs] dead_retention`.
+        Dead = "dead",
+        /// Cancelled before it completed.
+        Cancelled = "cancelled",
+    }
 }
 
 impl JobState {
-    /// The state's name in `forge.jobs.state`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Available => "available",
-            JobState::Scheduled => "scheduled",
-            JobState::Running => "running",
-            JobState::Retryable => "retryable",
-            JobState::Completed => "completed",
-            JobState::Dead => "dead",
-            JobState::Cancelled => "cancelled",
-        }
-    }
-
-    /// Parses a state name.
-    pub fn parse(text: &str) -> Option<JobState> {
-        Some(match text {
-            "available" => JobState::Available,
-            "scheduled" => JobState::Scheduled,
-            "running" => JobState::Running,
-            "retryable" => JobState::Retryable,
-            "completed" => JobState::Completed,
-            "dead" => JobState::Dead,
-            "cancelled" => JobState::Cancelled,
-            _ => return None,
-        })
-    }
-
     /// Whether the job will not change any more (completed, dead or cancelled).
     pub fn is_finished(self) -> bool {
         matches!(
             self,
             JobState::Completed | JobState::Dead | JobState::Cancelled
         )
-    }
-}
-
-impl fmt::Display for JobState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -389,9 +383,9 @@ pub enum CancelReason {
     /// The node shut down and the attempt did not finish within `[jobs] drain_timeout`, or the
     /// leadership a role job ran under ended.
     Shutdown,
-    /// The job was taken away from this node: it seemed dead (no database session, or no
-    /// heartbeat for `[jobs] rescue_after`) and was rescued; another attempt may be running
-    /// elsewhere, and this attempt's outcome would be refused.
+    /// The job was taken away from this node: the node was marked down (its node session
+    /// ended, or no heartbeat for `[cluster.membership] down_after`) and the job rescued;
+    /// another attempt may be running elsewhere, and this attempt's outcome would be refused.
     Rescued,
 }
 
@@ -431,6 +425,7 @@ impl CancelSignal {
 #[derive(Clone)]
 pub struct JobContext {
     pub(crate) id: JobId,
+    pub(crate) namespace: LockNamespace,
     pub(crate) kind: &'static str,
     pub(crate) queue: Arc<str>,
     pub(crate) attempt: u32,
@@ -503,6 +498,46 @@ impl JobContext {
     /// through [`Leadership::fenced_transaction`].
     pub fn leadership(&self) -> Option<&Leadership> {
         self.leadership.as_ref()
+    }
+
+    /// Completes the job inside `tx` (River's `JobCompleteTx`): when `tx` commits, the
+    /// handler's writes in it and the job's completion are one commit, so a job whose effects
+    /// committed is never run again - not after its node dies, not when the reply to the
+    /// commit is lost. A role job's completion is also fenced by its leadership.
+    ///
+    /// Fails with [`Error::NotRunning`] when this attempt no longer owns the job (it was
+    /// rescued, or cancelled and recorded) and with [`Error::Fenced`] when a role job's
+    /// leadership ended; then `tx` must not commit (with `?`, it is rolled back when dropped).
+    /// The handler then returns normally; its outcome is not recorded twice.
+    pub async fn complete(&self, tx: &mut Transaction<'_, Postgres>) -> Result<()> {
+        let token = self.leadership.as_ref().map(Leadership::fence_token);
+        let result = sqlx::query("SELECT forge.jobs_complete($1, $2, $3, $4, $5, $6, $7)")
+            .bind(self.id)
+            .bind(self.attempt as i32)
+            .bind(&self.node_id)
+            .bind(&self.namespace)
+            .bind(token.as_ref().map(|t| t.role.as_str()))
+            .bind(token.as_ref().map(|t| t.epoch))
+            .bind(token.as_ref().map(|t| t.tenure))
+            .execute(&mut **tx)
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("FG002") => {
+                Err(Error::NotRunning {
+                    what: format!("job {} (`{}`)", self.id, self.kind),
+                    why: db
+                        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                        .and_then(|pg| pg.detail())
+                        .unwrap_or("it was rescued or cancelled")
+                        .to_owned(),
+                })
+            }
+            Err(err) => Err(match token {
+                Some(token) => token.map_error(err),
+                None => Error::Database(err),
+            }),
+        }
     }
 }
 
@@ -723,24 +758,12 @@ impl JobRegistry {
 }
 
 fn validate_kind(kind: &str) -> Result<()> {
-    if kind.is_empty() || kind.len() > 200 || kind.chars().any(char::is_control) {
-        return Err(Error::Registration {
-            message: format!(
-                "job kind {kind:?} is not usable: use a non-empty name of at most 200 characters without control characters"
-            ),
-        });
-    }
-    Ok(())
+    check_name(Name::JobKind, kind).map_err(|err| Error::Registration {
+        message: err.to_string(),
+    })
 }
 
 /// Checks a queue name: it appears in `forge.toml`, in notifications and in metric labels.
-pub(crate) use forge_core::validate_queue_name as validate_queue;
-
-/// A duration for messages: `300ms`, `2s`.
-pub(crate) fn fmt_duration(d: Duration) -> String {
-    if d.subsec_millis() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
-    }
+pub(crate) fn validate_queue(queue: &str) -> std::result::Result<(), String> {
+    check_name(Name::Queue, queue).map_err(|err| err.to_string())
 }

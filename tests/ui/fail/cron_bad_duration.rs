@@ -8,3 +8,6 @@ async fn b() {}
 async fn c() {}
 
 fn main() {}
+
+#[forge::cron("0 * * * *", catch_up = "all", catch_up_window = "300000y")]
+async fn absurd_window() {}

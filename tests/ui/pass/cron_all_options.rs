@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use forge::{CatchUp, Cron, Interrupted, Overlap, Role, Schedule};
+use forge::cron::{CatchUp, Cron, Interrupted, Overlap};
+use forge::{Role, Schedule};
 
 mod crons {
     use forge::CronContext;

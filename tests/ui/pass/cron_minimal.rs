@@ -1,6 +1,7 @@
 //! The smallest cron: no context, no return value, no options; and its defaults.
 
-use forge::{CatchUp, Cron, Interrupted, Overlap, Role, Schedule};
+use forge::cron::{CatchUp, Cron, Interrupted, Overlap};
+use forge::{Role, Schedule};
 
 #[forge::cron("0 * * * *")]
 async fn compact() {}

@@ -1,0 +1,556 @@
+//! Assembling and running a node's core: the extension point ([`Component`], [`Assembly`])
+//! and the running [`Runtime`] (node session, campaigns, services, graceful shutdown).
+//!
+//! The `forge` facade's `Node` is the only node users see; it builds an [`Assembly`], installs
+//! the crons and jobs components (and the user's own), and starts it. This module knows
+//! nothing of crons or jobs: they arrive as leader tasks, services, LISTEN channels, metric
+//! descriptions, migrations and a shutdown budget.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::Connection;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::PgPool;
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::CoreConfig;
+use crate::db::{self, MigrationSource};
+use crate::election::{Campaign, LeaderTask, RoleHandle, RoleState, lock_application_name};
+use crate::error::{Error, Result};
+use crate::leadership::Leadership;
+use crate::membership::{self, LEADER_CHANNEL, ListenerEvent, Membership, NodeInfo};
+use crate::metrics::{MetricDef, Metrics};
+use crate::role::{LockNamespace, NodeId, Role};
+
+/// Work that plugs into a node: the crons, the job queue, the built-in roles' duties, or your
+/// own. A component is installed once, before the node connects, and describes everything it
+/// needs through the [`Assembly`].
+pub trait Component: Send + 'static {
+    /// A short name for logs (`crons`, `jobs`).
+    fn name(&self) -> &'static str;
+
+    /// Adds the component's leader tasks, services, LISTEN channels, metric descriptions,
+    /// migrations and shutdown budget to the node being assembled.
+    fn install(self: Box<Self>, node: &mut Assembly) -> Result<()>;
+}
+
+type Service = Box<dyn FnOnce(NodeContext) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// A node being assembled: what every component contributes, before anything connects.
+pub struct Assembly {
+    config: CoreConfig,
+    node_id: NodeId,
+    namespace: LockNamespace,
+    tasks: BTreeMap<Role, Vec<(String, LeaderTask)>>,
+    services: Vec<(String, Service)>,
+    channels: Vec<String>,
+    drain_budget: Duration,
+    migrations: Vec<MigrationSource>,
+    metric_defs: Vec<&'static MetricDef>,
+    queues: BTreeMap<String, u32>,
+    app_migrator: Option<Migrator>,
+    version: String,
+}
+
+impl Assembly {
+    /// An assembly for the core configuration: resolves the node id and the namespace and
+    /// adds the core's own duties (the scheduler leader's membership watch).
+    pub fn new(config: CoreConfig) -> Result<Assembly> {
+        config.validate(&Default::default())?;
+        let node_id = config.node.node_id()?;
+        let namespace = config.cluster.namespace()?;
+        let mut assembly = Assembly {
+            drain_budget: config.cluster.leader_election.drain_timeout,
+            config,
+            node_id,
+            namespace,
+            tasks: BTreeMap::new(),
+            services: Vec::new(),
+            channels: vec![
+                LEADER_CHANNEL.to_owned(),
+                membership::NODES_CHANNEL.to_owned(),
+            ],
+            migrations: db::MIGRATIONS.to_vec(),
+            metric_defs: Vec::new(),
+            queues: BTreeMap::new(),
+            app_migrator: None,
+            version: format!("forge {}", env!("CARGO_PKG_VERSION")),
+        };
+        let watch = assembly.config.cluster.membership.clone();
+        assembly.leader_task(Role::SCHEDULER, "membership", move |leadership| {
+            membership::watch(leadership, watch.clone())
+        });
+        Ok(assembly)
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &NodeId {
+        &self.node_id
+    }
+
+    /// The lock namespace (`[cluster] lock_namespace`).
+    pub fn namespace(&self) -> &LockNamespace {
+        &self.namespace
+    }
+
+    /// The core configuration.
+    pub fn config(&self) -> &CoreConfig {
+        &self.config
+    }
+
+    /// Registers leader-only work for `role`: `task` is called with a [`Leadership`] each time
+    /// this node wins the role, and its future is dropped the moment the leadership is lost.
+    /// On a graceful shutdown [`Leadership::stopping`] resolves first and the future gets up
+    /// to `drain_timeout` to finish, while the lease is still renewed.
+    pub fn leader_task<F, Fut>(&mut self, role: Role, name: impl Into<String>, task: F) -> &mut Self
+    where
+        F: Fn(Leadership) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let task: LeaderTask = Arc::new(move |leadership| Box::pin(task(leadership)));
+        self.tasks
+            .entry(role)
+            .or_default()
+            .push((name.into(), task));
+        self
+    }
+
+    /// Registers a service that runs on every node from start to shutdown; it must return soon
+    /// after [`NodeContext::shutdown`] is cancelled (within its declared drain budget).
+    pub fn service<F, Fut>(&mut self, name: impl Into<String>, service: F) -> &mut Self
+    where
+        F: FnOnce(NodeContext) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.services
+            .push((name.into(), Box::new(move |ctx| Box::pin(service(ctx)))));
+        self
+    }
+
+    /// Also LISTEN on `channel`; its notifications reach [`NodeContext::subscribe`].
+    pub fn listen(&mut self, channel: impl Into<String>) -> &mut Self {
+        let channel = channel.into();
+        if !self.channels.contains(&channel) {
+            self.channels.push(channel);
+        }
+        self
+    }
+
+    /// How long a graceful shutdown may take for this component's work to drain; the node waits
+    /// for the longest budget (and the election's `drain_timeout`), plus a margin.
+    pub fn drain_budget(&mut self, budget: Duration) -> &mut Self {
+        self.drain_budget = self.drain_budget.max(budget);
+        self
+    }
+
+    /// FORGE migrations this component's tables need (applied with every other crate's, in
+    /// version order).
+    pub fn migrations(&mut self, sources: &[MigrationSource]) -> &mut Self {
+        self.migrations.extend_from_slice(sources);
+        self
+    }
+
+    /// Registers the descriptions of the component's metrics.
+    pub fn describe_metrics(&mut self, defs: &[&'static MetricDef]) -> &mut Self {
+        self.metric_defs.extend_from_slice(defs);
+        self
+    }
+
+    /// The queues this node works and their concurrency, shown in membership.
+    pub fn advertise_queues(&mut self, queues: BTreeMap<String, u32>) -> &mut Self {
+        self.queues.extend(queues);
+        self
+    }
+
+    /// The application's version, shown in membership (default: FORGE's own).
+    pub fn version(&mut self, version: impl Into<String>) -> &mut Self {
+        self.version = version.into();
+        self
+    }
+
+    /// The application's own migrations (`sqlx::migrate!()`), applied after FORGE's and before
+    /// any leader task or service starts. Nodes starting together serialize on sqlx's
+    /// migration lock, so exactly one applies them.
+    pub fn app_migrations(&mut self, migrator: Migrator) -> &mut Self {
+        self.app_migrator = Some(migrator);
+        self
+    }
+
+    /// Installs a component.
+    pub fn install(&mut self, component: Box<dyn Component>) -> Result<()> {
+        let name = component.name();
+        component.install(self).map_err(|err| match err {
+            Error::Registration { message } => Error::Registration {
+                message: format!("{name}: {message}"),
+            },
+            other => other,
+        })
+    }
+
+    /// The roles this node campaigns for: configured, and with work (unless
+    /// `campaign_without_work`).
+    fn campaigned_roles(&self) -> Result<Vec<Role>> {
+        let configured = self.config.node.roles()?;
+        let mut campaigned = Vec::new();
+        for role in &configured {
+            if self.tasks.contains_key(role) || self.config.node.campaign_without_work {
+                campaigned.push(role.clone());
+            } else {
+                info!(target: "forge::leader", role = %role, node = %self.node_id,
+                      "not campaigning: no work is registered for this role (set [node] campaign_without_work to lead it anyway)");
+            }
+        }
+        for role in self.tasks.keys() {
+            if !configured.contains(role) {
+                info!(target: "forge::leader", role = %role, node = %self.node_id,
+                      "not campaigning: the role has work but is not in [node] roles");
+            }
+        }
+        let mut keys = BTreeMap::new();
+        for role in self.tasks.keys().chain(&configured) {
+            let key = role.lock_key(&self.namespace);
+            if let Some(other) = keys.insert(key, role.clone())
+                && other != *role
+            {
+                return Err(Error::DuplicateLockKey {
+                    first: other.name().to_owned(),
+                    second: role.name().to_owned(),
+                    key: key.0,
+                });
+            }
+        }
+        Ok(campaigned)
+    }
+
+    /// Connects (retrying for `connect_timeout`), refuses transaction poolers, applies the
+    /// migrations, joins the cluster (refusing a duplicate node id), and starts campaigning
+    /// and the services.
+    pub async fn start(mut self) -> Result<Runtime> {
+        let campaigned = self.campaigned_roles()?;
+        self.prepare_database().await?;
+        let metrics = match self.config.metrics.listen {
+            Some(listen) => Metrics::serve(listen)?,
+            None => Metrics::new(),
+        };
+        metrics.describe(&self.metric_defs);
+        let pool = db::pool(&self.config.database, self.options("pool")?);
+        let shutdown = CancellationToken::new();
+        let (events, _) = broadcast::channel(1024);
+        let handles: Vec<Arc<RoleHandle>> = campaigned
+            .iter()
+            .map(|role| Arc::new(RoleHandle::new(role.clone())))
+            .collect();
+        let membership = self.membership(&handles, &events, &metrics)?;
+        let session = membership.join().await?;
+        let leave = CancellationToken::new();
+        let membership_task = tokio::spawn(membership.run(session, leave.clone()));
+
+        let mut tasks = vec![tokio::spawn(upkeep(metrics.clone(), shutdown.clone()))];
+        let mut roles = BTreeMap::new();
+        for handle in handles {
+            let role = handle.role.clone();
+            let campaign = Campaign {
+                handle: handle.clone(),
+                key: role.lock_key(&self.namespace),
+                namespace: self.namespace.clone(),
+                node_id: self.node_id.clone(),
+                election: self.config.cluster.leader_election.clone(),
+                lock_options: self.options_for(&lock_application_name(&role, &self.node_id))?,
+                pool: pool.clone(),
+                tasks: self.tasks.remove(&role).unwrap_or_default(),
+                events: events.subscribe(),
+                shutdown: shutdown.clone(),
+                metrics: metrics.clone(),
+            };
+            tasks.push(tokio::spawn(campaign.run()));
+            roles.insert(role, handle);
+        }
+        let context = NodeContext {
+            node_id: self.node_id.clone(),
+            namespace: self.namespace.clone(),
+            pool: pool.clone(),
+            metrics,
+            shutdown: shutdown.clone(),
+            events,
+        };
+        for (name, service) in self.services {
+            let service = service(context.clone());
+            tasks.push(tokio::spawn(async move {
+                service.await;
+                tracing::debug!(target: "forge::node", service = %name, "service stopped");
+            }));
+        }
+        info!(target: "forge::node", node = %self.node_id, roles = ?roles.keys().map(Role::name).collect::<Vec<_>>(), "node started");
+        Ok(Runtime {
+            inner: Arc::new(RuntimeInner {
+                context,
+                roles,
+                tasks: Mutex::new(tasks),
+                membership: Mutex::new(Some((membership_task, leave))),
+                drain_budget: self.drain_budget,
+            }),
+        })
+    }
+
+    fn options(&self, purpose: &str) -> Result<sqlx::postgres::PgConnectOptions> {
+        self.options_for(&format!("forge:{purpose}:{}", self.node_id))
+    }
+
+    fn options_for(&self, application_name: &str) -> Result<sqlx::postgres::PgConnectOptions> {
+        db::connect_options(&self.config.database, application_name)
+    }
+
+    /// First contact: connect patiently, refuse poolers, migrate (FORGE's, then the app's).
+    async fn prepare_database(&mut self) -> Result<()> {
+        let setup_options = self.options("setup")?;
+        let patience = self.config.database.connect_timeout;
+        let mut setup = db::connect_patiently(&setup_options, patience).await?;
+        db::check_not_pooled(&setup_options, patience).await?;
+        if self.config.database.migrate {
+            db::migrate(&mut setup, &self.migrations).await?;
+        } else {
+            db::check_schema(&mut setup, &self.migrations).await?;
+        }
+        if let Some(migrator) = self.app_migrator.take() {
+            migrator
+                .run_direct(None, &mut setup, false)
+                .await
+                .map_err(Error::AppMigrate)?;
+        }
+        if setup.server_version_num().unwrap_or(0) < 140000 {
+            warn!(target: "forge::leader",
+                  "PostgreSQL older than 14 has no idle_session_timeout: a frozen leader is fenced by its followers within lease_duration + lock_timeout instead of lease_duration");
+        }
+        let _ = setup.close().await;
+        Ok(())
+    }
+
+    fn membership(
+        &self,
+        handles: &[Arc<RoleHandle>],
+        events: &broadcast::Sender<ListenerEvent>,
+        metrics: &Metrics,
+    ) -> Result<Membership> {
+        let led: Vec<Arc<RoleHandle>> = handles.to_vec();
+        let leading = Arc::new(move || {
+            led.iter()
+                .filter(|h| h.state.borrow().is_leader())
+                .map(|h| h.role.name().to_owned())
+                .collect::<Vec<_>>()
+        });
+        let queues: serde_json::Map<String, serde_json::Value> = self
+            .queues
+            .iter()
+            .map(|(queue, concurrency)| (queue.clone(), (*concurrency).into()))
+            .collect();
+        Ok(Membership {
+            namespace: self.namespace.clone(),
+            node_id: self.node_id.clone(),
+            incarnation: (fastrand::u64(..) >> 1) as i64,
+            info: NodeInfo {
+                hostname: hostname(),
+                pid: std::process::id() as i32,
+                version: self.version.clone(),
+                roles: handles.iter().map(|h| h.role.name().to_owned()).collect(),
+                queues: serde_json::Value::Object(queues),
+                admin_url: None,
+            },
+            options: self.options("node")?,
+            config: self.config.cluster.membership.clone(),
+            election: self.config.cluster.leader_election.clone(),
+            channels: self.channels.clone(),
+            events: events.clone(),
+            leading,
+            metrics: metrics.clone(),
+        })
+    }
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// What services get: the node's identity, pool, metrics, notifications and shutdown signal.
+#[derive(Clone)]
+pub struct NodeContext {
+    node_id: NodeId,
+    namespace: LockNamespace,
+    pool: PgPool,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+    events: broadcast::Sender<ListenerEvent>,
+}
+
+impl NodeContext {
+    /// This node's id.
+    pub fn node_id(&self) -> &NodeId {
+        &self.node_id
+    }
+
+    /// The node's lock namespace (its FORGE cluster in the database).
+    pub fn namespace(&self) -> &LockNamespace {
+        &self.namespace
+    }
+
+    /// The node's connection pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The node's metrics registry.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Cancelled when the node shuts down.
+    pub fn shutdown(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// Notifications on the channels registered with [`Assembly::listen`], and the node
+    /// session's losses and restorations.
+    pub fn subscribe(&self) -> broadcast::Receiver<ListenerEvent> {
+        self.events.subscribe()
+    }
+}
+
+/// A running node's core. Cheap to clone; all clones refer to the same node.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<RuntimeInner>,
+}
+
+struct RuntimeInner {
+    context: NodeContext,
+    roles: BTreeMap<Role, Arc<RoleHandle>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    membership: Mutex<Option<(JoinHandle<()>, CancellationToken)>>,
+    drain_budget: Duration,
+}
+
+impl Drop for RuntimeInner {
+    fn drop(&mut self) {
+        // A node dropped without `shutdown` still stops campaigning.
+        self.context.shutdown.cancel();
+        if let Some((_, leave)) = self.membership.get_mut().ok().and_then(Option::take) {
+            leave.cancel();
+        }
+    }
+}
+
+impl Runtime {
+    /// This node's id.
+    pub fn id(&self) -> &NodeId {
+        &self.inner.context.node_id
+    }
+
+    /// The node's context, as services get it.
+    pub fn context(&self) -> &NodeContext {
+        &self.inner.context
+    }
+
+    /// The roles this node campaigns for.
+    pub fn roles(&self) -> Vec<Role> {
+        self.inner.roles.keys().cloned().collect()
+    }
+
+    /// The current state of a role (`None` if this node does not campaign for it).
+    pub fn role_state(&self, role: &Role) -> Option<RoleState> {
+        self.inner
+            .roles
+            .get(role)
+            .map(|handle| handle.state.borrow().clone())
+    }
+
+    /// A receiver that sees every state change of a role.
+    pub fn watch_role(&self, role: &Role) -> Option<watch::Receiver<RoleState>> {
+        self.inner
+            .roles
+            .get(role)
+            .map(|handle| handle.state.subscribe())
+    }
+
+    /// This node's current leadership of a role, if it leads it.
+    pub fn leadership(&self, role: &Role) -> Option<Leadership> {
+        let handle = self.inner.roles.get(role)?;
+        let current = handle.current.lock().unwrap_or_else(|e| e.into_inner());
+        current.clone().filter(Leadership::is_valid)
+    }
+
+    /// Graceful shutdown: leaders stop taking new leader-only work, drain it (still renewing
+    /// their leases) and hand over; services drain; then the node records its departure and
+    /// closes. Idempotent.
+    pub async fn shutdown(&self) {
+        self.inner.context.shutdown.cancel();
+        let tasks =
+            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        let bound = self.inner.drain_budget + Duration::from_secs(10);
+        if timeout(bound, async {
+            for task in tasks {
+                let _ = task.await;
+            }
+        })
+        .await
+        .is_err()
+        {
+            warn!(target: "forge::node", node = %self.id(), "shutdown did not finish in time");
+        }
+        let membership = self
+            .inner
+            .membership
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((task, leave)) = membership {
+            leave.cancel();
+            let _ = timeout(Duration::from_secs(10), task).await;
+        }
+        self.inner.context.pool.close().await;
+        info!(target: "forge::node", node = %self.id(), "node stopped");
+    }
+}
+
+async fn upkeep(metrics: Metrics, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = sleep(Metrics::UPKEEP_EVERY) => metrics.run_upkeep(),
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Resolves on SIGTERM or ctrl-c (SIGINT).
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,140 @@
+//! The scheduler's sections of `forge.toml`: `[cron]` and `[jobs]`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use forge_core::config::{ConfigSource, duration};
+use forge_core::{Error, Result};
+use forge_rules::{Name, check_name, format_duration};
+use serde::{Deserialize, Serialize};
+
+/// `[cron]`: how leader-only schedules behave around failovers, and how long the tick ledger
+/// keeps its rows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct CronConfig {
+    /// A tick that is at most this late still fires under `catch_up = "skip"` (a tick due
+    /// during a fast failover is late, not missed).
+    #[serde(with = "duration")]
+    pub misfire_threshold: Duration,
+    /// How long the tick ledger (`forge.cron_ticks`) keeps finished ticks; the `log_compactor`
+    /// leader prunes older ones. The newest tick of every cron is always kept: it is where a new
+    /// leader resumes.
+    #[serde(with = "duration")]
+    pub ledger_retention: Duration,
+}
+
+impl Default for CronConfig {
+    fn default() -> Self {
+        CronConfig {
+            misfire_threshold: Duration::from_secs(1),
+            ledger_retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+impl CronConfig {
+    /// Checks the section's values.
+    pub fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
+        at.check_duration(
+            "cron.misfire_threshold",
+            self.misfire_threshold,
+            Duration::ZERO,
+        )?;
+        at.check_duration(
+            "cron.ledger_retention",
+            self.ledger_retention,
+            Duration::from_secs(60),
+        )
+    }
+}
+
+/// `[jobs]`: the durable job queue.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct JobsConfig {
+    /// The queues this node works, with their concurrency (jobs running at once on this
+    /// node). Queues not listed are not worked here.
+    pub queues: BTreeMap<String, u32>,
+    /// Attempts of a job whose declaration does not say `max_attempts`.
+    pub default_max_attempts: u32,
+    /// How often the Scheduler leader rescues, dead-letters and prunes (scheduled jobs are
+    /// promoted on time by a timer, not by this pass; jobs of a node marked down are rescued
+    /// at once).
+    #[serde(with = "duration")]
+    pub maintenance_interval: Duration,
+    /// How long completed and cancelled jobs are kept before pruning.
+    #[serde(with = "duration")]
+    pub completed_retention: Duration,
+    /// How long dead-lettered jobs are kept before pruning.
+    #[serde(with = "duration")]
+    pub dead_retention: Duration,
+    /// On graceful shutdown, how long running jobs may take to finish before they are
+    /// cancelled and released for another node (the interrupted attempt does not count
+    /// against `max_attempts`).
+    #[serde(with = "duration")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        JobsConfig {
+            queues: [("default".to_owned(), 16)].into_iter().collect(),
+            default_max_attempts: 20,
+            maintenance_interval: Duration::from_secs(15),
+            completed_retention: Duration::from_secs(24 * 3600),
+            dead_retention: Duration::from_secs(7 * 24 * 3600),
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl JobsConfig {
+    /// Checks the section's values.
+    pub fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
+        for (queue, concurrency) in &self.queues {
+            let key = format!("jobs.queues.{queue}");
+            check_name(Name::Queue, queue).map_err(|err| at.error(&key, err.to_string()))?;
+            if *concurrency == 0 {
+                return Err(at.error(
+                    &key,
+                    "concurrency 0 works nothing: use at least 1, or remove the queue so this node does not work it".into(),
+                ));
+            }
+            if *concurrency > 10_000 {
+                return Err(at.error(
+                    &key,
+                    format!("concurrency {concurrency} is more than 10000 attempts at once on one node: use a smaller number"),
+                ));
+            }
+        }
+        if self.default_max_attempts == 0 {
+            return Err(at.error("jobs.default_max_attempts", "must be at least 1".into()));
+        }
+        at.check_duration(
+            "jobs.maintenance_interval",
+            self.maintenance_interval,
+            Duration::from_millis(100),
+        )?;
+        for (key, value) in [
+            ("jobs.completed_retention", self.completed_retention),
+            ("jobs.dead_retention", self.dead_retention),
+            ("jobs.drain_timeout", self.drain_timeout),
+        ] {
+            at.check_duration(key, value, Duration::ZERO)?;
+        }
+        Ok(())
+    }
+}
+
+/// A duration for messages.
+pub(crate) fn fmt_duration(d: Duration) -> String {
+    format_duration(d)
+}
+
+/// A registration error (a cron or job definition FORGE cannot use).
+pub(crate) fn invalid(message: String) -> Error {
+    Error::Registration { message }
+}

@@ -1,0 +1,126 @@
+//! The crons as a node component: one supervisor (a leader task) per role with crons, and a
+//! service that records the node's crons in `forge.crons`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use forge_core::{Assembly, Component, NodeContext, Result, Role};
+use forge_rules::{Name, check_duration, check_name};
+use tracing::debug;
+
+use super::supervisor::{Settings, supervise};
+use super::{CronJob, ledger};
+use crate::config::{CronConfig, invalid};
+use crate::metrics::CRON_METRICS;
+
+/// The crons of a node, as a [`Component`]. The `forge` facade's `NodeBuilder` builds it from
+/// the registered crons.
+pub struct Crons {
+    crons: Vec<CronJob>,
+    config: CronConfig,
+}
+
+impl Crons {
+    /// The component for `crons`: rejects two different crons with one name and drops exact
+    /// duplicates (a cron registered both automatically and explicitly).
+    pub fn new(crons: Vec<CronJob>, config: CronConfig) -> Result<Crons> {
+        let mut kept: Vec<CronJob> = Vec::new();
+        for cron in crons {
+            validate(&cron)?;
+            match kept.iter().find(|k| k.name == cron.name) {
+                Some(existing) if existing.same_definition(&cron) => {}
+                Some(_) => {
+                    return Err(invalid(format!(
+                        "two different crons are named `{}`: give one of them another name (#[cron(..., name = \"...\")])",
+                        cron.name
+                    )));
+                }
+                None => kept.push(cron),
+            }
+        }
+        Ok(Crons {
+            crons: kept,
+            config,
+        })
+    }
+
+    /// The roles that have crons.
+    pub fn roles(&self) -> Vec<Role> {
+        let mut roles: Vec<Role> = self.crons.iter().map(|c| c.role.clone()).collect();
+        roles.sort();
+        roles.dedup();
+        roles
+    }
+}
+
+fn validate(cron: &CronJob) -> Result<()> {
+    check_name(Name::Cron, &cron.name).map_err(|err| invalid(err.to_string()))?;
+    for (what, value) in [
+        ("catch_up_window", Some(cron.catch_up_window)),
+        ("timeout", cron.timeout),
+    ] {
+        if let Some(value) = value {
+            check_duration(value)
+                .map_err(|message| invalid(format!("cron `{}`: {what} {message}", cron.name)))?;
+        }
+    }
+    if cron.timeout == Some(Duration::ZERO) {
+        return Err(invalid(format!(
+            "cron `{}`: a timeout must be longer than zero",
+            cron.name
+        )));
+    }
+    Ok(())
+}
+
+impl Component for Crons {
+    fn name(&self) -> &'static str {
+        "crons"
+    }
+
+    fn install(self: Box<Self>, node: &mut Assembly) -> Result<()> {
+        node.migrations(crate::MIGRATIONS)
+            .describe_metrics(CRON_METRICS);
+        if self.crons.is_empty() {
+            return Ok(());
+        }
+        let settings = Arc::new(Settings {
+            misfire_threshold: self.config.misfire_threshold,
+        });
+        let mut by_role: BTreeMap<Role, Vec<CronJob>> = BTreeMap::new();
+        for cron in &self.crons {
+            by_role
+                .entry(cron.role.clone())
+                .or_default()
+                .push(cron.clone());
+        }
+        for (role, crons) in by_role {
+            let crons = Arc::new(crons);
+            let settings = settings.clone();
+            node.leader_task(role, "crons", move |leadership| {
+                supervise(crons.clone(), leadership, settings.clone())
+            });
+        }
+        let crons = Arc::new(self.crons);
+        node.service("cron-registry", move |ctx| announce(crons, ctx));
+        Ok(())
+    }
+}
+
+/// Records this node's crons in `forge.crons`, so that a leader whose binary lacks one of
+/// them can say so.
+async fn announce(crons: Arc<Vec<CronJob>>, ctx: NodeContext) {
+    let mut delay = Duration::from_millis(200);
+    for _ in 0..10 {
+        match ledger::register(ctx.pool(), ctx.namespace(), ctx.node_id(), &crons).await {
+            Ok(()) => return,
+            Err(err) => debug!(target: "forge::cron", error = %err, "cannot record crons yet"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = ctx.shutdown().cancelled() => return,
+        }
+        delay = (delay * 2).min(Duration::from_secs(10));
+    }
+}

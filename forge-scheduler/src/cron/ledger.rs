@@ -1,0 +1,259 @@
+//! The tick ledger (`forge.cron_ticks`): every statement the cron runtime makes, one round
+//! trip each. The SQL functions are in `migrations/0005_scheduler.sql`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use forge_core::{Error, Leadership, Result};
+use sqlx::{Postgres, Row, Transaction};
+
+use super::{CronJob, TickState};
+
+/// What a claim found.
+#[derive(Debug, PartialEq)]
+pub(super) enum Claim {
+    /// This tenure holds the tick now (freshly claimed, or claimed earlier by this tenure and
+    /// the reply lost): run it.
+    Claimed,
+    /// Another tenure claimed it, or it was recorded in another state.
+    Taken,
+    /// The database's clock says the tick is not due yet: try again after this long.
+    Early(Duration),
+    /// This tenure is not the role's current leadership (in the database's view).
+    Fenced,
+}
+
+/// Claims `tick` for this tenure with `state` (`running`, or `skipped` to record a skip).
+pub(super) async fn claim(
+    cron: &CronJob,
+    leadership: &Leadership,
+    tick: DateTime<Utc>,
+    state: TickState,
+) -> Result<Claim, sqlx::Error> {
+    let token = leadership.fence_token();
+    let row = sqlx::query("SELECT * FROM forge.tick_claim($1, $2, $3, $4, $5, $6, $7, $8)")
+        .bind(&token.namespace)
+        .bind(&token.role)
+        .bind(token.epoch)
+        .bind(token.tenure)
+        .bind(leadership.node_id())
+        .bind(&cron.name)
+        .bind(tick)
+        .bind(state)
+        .fetch_one(leadership.pool())
+        .await?;
+    let outcome: String = row.try_get("outcome")?;
+    Ok(match outcome.as_str() {
+        "claimed" | "ours" => Claim::Claimed,
+        "early" => {
+            let ms: Option<f64> = row.try_get("early_ms")?;
+            Claim::Early(Duration::from_secs_f64(ms.unwrap_or(1.0).max(1.0) / 1000.0))
+        }
+        "fenced" => Claim::Fenced,
+        _ => Claim::Taken,
+    })
+}
+
+/// What recording an outcome found.
+#[derive(Debug, PartialEq)]
+pub(super) enum Finish {
+    /// Recorded.
+    Recorded,
+    /// The tick was already final (completed in the handler's transaction): its state.
+    AlreadyFinal(String),
+    /// Another tenure took the tick over (this leader was presumed dead).
+    Taken,
+}
+
+/// Records a run's outcome, if the tick is still running under this tenure.
+pub(super) async fn finish(
+    cron: &CronJob,
+    leadership: &Leadership,
+    tick: DateTime<Utc>,
+    state: TickState,
+    error: Option<&str>,
+) -> Result<Finish, sqlx::Error> {
+    let outcome: String = sqlx::query_scalar("SELECT forge.tick_finish($1, $2, $3, $4, $5, $6)")
+        .bind(leadership.namespace())
+        .bind(&cron.name)
+        .bind(tick)
+        .bind(leadership.tenure_id())
+        .bind(state)
+        .bind(error)
+        .fetch_one(leadership.pool())
+        .await?;
+    Ok(match outcome.as_str() {
+        "recorded" => Finish::Recorded,
+        "taken" | "missing" => Finish::Taken,
+        other => Finish::AlreadyFinal(other.to_owned()),
+    })
+}
+
+/// Marks the tick succeeded inside the handler's transaction, fenced.
+pub(super) async fn complete(
+    leadership: &Leadership,
+    cron: &str,
+    tick: DateTime<Utc>,
+    tx: &mut Transaction<'_, Postgres>,
+) -> Result<()> {
+    let token = leadership.fence_token();
+    sqlx::query("SELECT forge.tick_complete($1, $2, $3, $4, $5, $6)")
+        .bind(&token.namespace)
+        .bind(&token.role)
+        .bind(token.epoch)
+        .bind(token.tenure)
+        .bind(cron)
+        .bind(tick)
+        .execute(&mut **tx)
+        .await
+        .map_err(|err| match &err {
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("FG002") => {
+                Error::NotRunning {
+                    what: format!("tick {tick} of cron `{cron}`"),
+                    why: "another leadership took it over, or it was recorded already".into(),
+                }
+            }
+            _ => token.map_error(err),
+        })?;
+    Ok(())
+}
+
+/// Takes over a tick an earlier tenure left running (rerun) or marks it abandoned, fenced.
+/// Returns the tick's attempt number if this tenure took it.
+pub(super) async fn reclaim(
+    cron: &CronJob,
+    leadership: &Leadership,
+    tick: DateTime<Utc>,
+    rerun: bool,
+) -> Result<Option<i32>, sqlx::Error> {
+    let token = leadership.fence_token();
+    sqlx::query_scalar("SELECT forge.tick_reclaim($1, $2, $3, $4, $5, $6, $7, $8)")
+        .bind(&token.namespace)
+        .bind(&token.role)
+        .bind(token.epoch)
+        .bind(token.tenure)
+        .bind(leadership.node_id())
+        .bind(&cron.name)
+        .bind(tick)
+        .bind(rerun)
+        .fetch_one(leadership.pool())
+        .await
+}
+
+/// Where a cron resumes in a new tenure.
+#[derive(Default)]
+pub(super) struct Resume {
+    /// When the cron was first registered in the cluster (nothing to catch up before that).
+    pub(super) first_seen: Option<DateTime<Utc>>,
+    /// The newest claimed tick.
+    pub(super) frontier: Option<DateTime<Utc>>,
+    /// Ticks whose run was cut short by an earlier tenure: (scheduled_at, attempt, epoch).
+    pub(super) interrupted: Vec<(DateTime<Utc>, i32, i64)>,
+}
+
+/// Registers the role's crons, reads each one's frontier and interrupted ticks, and counts
+/// crons the cluster knows for this role that this binary lacks. Two statements.
+pub(super) async fn load(
+    crons: &[CronJob],
+    leadership: &Leadership,
+) -> Result<(BTreeMap<String, Resume>, Vec<(String, String)>), sqlx::Error> {
+    let namespace = leadership.namespace();
+    let role = leadership.role();
+    let names: Vec<&str> = crons.iter().map(|c| c.name.as_str()).collect();
+    let expressions: Vec<&str> = crons.iter().map(|c| c.schedule.expression()).collect();
+    let zones: Vec<&str> = crons.iter().map(|c| c.schedule.timezone().name()).collect();
+    let rows = sqlx::query(
+        "WITH up AS (
+             INSERT INTO forge.crons AS c (namespace, name, role, expression, timezone, last_seen_by)
+             SELECT $1, name, $2, expression, timezone, $6
+               FROM unnest($3::text[], $4::text[], $5::text[]) AS m(name, expression, timezone)
+             ON CONFLICT (namespace, name) DO UPDATE
+                SET role = EXCLUDED.role, expression = EXCLUDED.expression, timezone = EXCLUDED.timezone,
+                    last_seen_at = clock_timestamp(), last_seen_by = EXCLUDED.last_seen_by
+             RETURNING c.name, c.first_seen_at)
+         SELECT up.name, up.first_seen_at,
+                (SELECT max(t.scheduled_at) FROM forge.cron_ticks t
+                  WHERE t.namespace = $1 AND t.cron = up.name) AS frontier
+           FROM up",
+    )
+    .bind(namespace)
+    .bind(role)
+    .bind(&names)
+    .bind(&expressions)
+    .bind(&zones)
+    .bind(leadership.node_id())
+    .fetch_all(leadership.pool())
+    .await?;
+    let mut resume: BTreeMap<String, Resume> = BTreeMap::new();
+    for row in rows {
+        let entry = resume.entry(row.try_get("name")?).or_default();
+        entry.first_seen = row.try_get("first_seen_at")?;
+        entry.frontier = row.try_get("frontier")?;
+    }
+    let rows = sqlx::query(
+        "SELECT 'interrupted' AS kind, cron AS name, scheduled_at, attempt, epoch, NULL AS seen_by
+           FROM forge.cron_ticks
+          WHERE namespace = $1 AND role = $2 AND state = 'running' AND tenure <> $3
+         UNION ALL
+         SELECT 'unknown', name, NULL, NULL, NULL, last_seen_by
+           FROM forge.crons
+          WHERE namespace = $1 AND role = $2 AND NOT (name = ANY($4))
+          ORDER BY 3",
+    )
+    .bind(namespace)
+    .bind(role)
+    .bind(leadership.tenure_id())
+    .bind(&names)
+    .fetch_all(leadership.pool())
+    .await?;
+    let mut unknown = Vec::new();
+    for row in rows {
+        let kind: String = row.try_get("kind")?;
+        let name: String = row.try_get("name")?;
+        if kind == "unknown" {
+            let seen_by: Option<String> = row.try_get("seen_by")?;
+            unknown.push((name, seen_by.unwrap_or_default()));
+        } else {
+            let entry = resume.entry(name).or_default();
+            let at: Option<DateTime<Utc>> = row.try_get("scheduled_at")?;
+            let attempt: Option<i32> = row.try_get("attempt")?;
+            let epoch: Option<i64> = row.try_get("epoch")?;
+            if let (Some(at), Some(attempt), Some(epoch)) = (at, attempt, epoch) {
+                entry.interrupted.push((at, attempt, epoch));
+            }
+        }
+    }
+    Ok((resume, unknown))
+}
+
+/// Records this node's crons in `forge.crons`, so that a leader whose binary lacks one of
+/// them can say so.
+pub(super) async fn register(
+    pool: &sqlx::PgPool,
+    namespace: &forge_core::LockNamespace,
+    node: &forge_core::NodeId,
+    crons: &[CronJob],
+) -> Result<(), sqlx::Error> {
+    let names: Vec<&str> = crons.iter().map(|c| c.name.as_str()).collect();
+    let roles: Vec<&str> = crons.iter().map(|c| c.role.name()).collect();
+    let expressions: Vec<&str> = crons.iter().map(|c| c.schedule.expression()).collect();
+    let zones: Vec<&str> = crons.iter().map(|c| c.schedule.timezone().name()).collect();
+    sqlx::query(
+        "INSERT INTO forge.crons AS c (namespace, name, role, expression, timezone, last_seen_by)
+         SELECT $1, name, role, expression, timezone, $6
+           FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS m(name, role, expression, timezone)
+         ON CONFLICT (namespace, name) DO UPDATE
+            SET role = EXCLUDED.role, expression = EXCLUDED.expression, timezone = EXCLUDED.timezone,
+                last_seen_at = clock_timestamp(), last_seen_by = EXCLUDED.last_seen_by",
+    )
+    .bind(namespace)
+    .bind(&names)
+    .bind(&roles)
+    .bind(&expressions)
+    .bind(&zones)
+    .bind(node)
+    .execute(pool)
+    .await?;
+    Ok(())
+}

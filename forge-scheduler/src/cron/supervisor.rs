@@ -1,0 +1,519 @@
+//! The cron runtime: one supervisor per role (a leader task), one loop per cron.
+//!
+//! ```text
+//! tenure starts ──► load: register crons, frontier per cron, interrupted ticks, unknown crons
+//!                   ├─► interrupted ticks: rerun (attempt + 1) or abandon
+//!                   ├─► backlog: ticks due between the frontier and the tenure's start, per the
+//!                   │   catch-up policy, one after another
+//!                   └─► loop: next tick ─► sleep until due ─► claim (fenced) ─► run ─► finish
+//! ```
+//!
+//! Overlap. A tick reached while the cron is behind - the following tick is already due,
+//! because the backlog or a slow run held the loop - is backlog too: it waits for the run
+//! before it and then runs. The overlap policy (skip / wait / allow) applies only to a tick
+//! that comes due on time while a run of an earlier on-time tick is still going.
+//!
+//! Failures. A claim that fails (database error, lost reply) is retried until it succeeds,
+//! the tick turns out claimed by another tenure, or this leadership ends: a claim that
+//! committed unseen comes back as this tenure's own and runs. An outcome that cannot be
+//! recorded is retried the same way, so a succeeded tick is not rerun by a later tenure.
+//! A claim the fence refuses while this node still believes it leads is retried after a
+//! short pause (the lease was being renewed), not taken as the end of the tenure. A tick the
+//! database says is not due yet (this node's clock runs ahead) is claimed when it is.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use forge_core::Leadership;
+use futures_util::FutureExt;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::ledger::{self, Claim, Finish, Resume};
+use super::{CatchUp, CronContext, CronJob, Interrupted, Overlap, TickState};
+use crate::metrics::{CRON_DURATION, CRON_LAG, CRON_MISSED, CRON_RUNS, CRON_UNKNOWN};
+
+/// Attempts of one tick under [`Interrupted::Rerun`], the first included.
+const MAX_TICK_ATTEMPTS: i32 = 3;
+
+/// Settings every cron loop of a node shares, read from the config at install time.
+pub(super) struct Settings {
+    pub(super) misfire_threshold: Duration,
+}
+
+/// The leader task of one role's crons.
+pub(super) async fn supervise(
+    crons: Arc<Vec<CronJob>>,
+    leadership: Leadership,
+    settings: Arc<Settings>,
+) {
+    let mut delay = Duration::from_millis(100);
+    let mut resume = loop {
+        match ledger::load(&crons, &leadership).await {
+            Ok((resume, unknown)) => {
+                report_unknown(&leadership, &unknown);
+                break resume;
+            }
+            Err(err) => {
+                warn!(target: "forge::cron", role = %leadership.role(), epoch = %leadership.epoch(), error = %err,
+                      "cannot read the tick ledger; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = leadership.stopping() => return,
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    };
+    info!(target: "forge::cron", role = %leadership.role(), epoch = %leadership.epoch(), crons = crons.len(),
+          "running crons");
+    let mut loops = JoinSet::new();
+    for cron in crons.iter() {
+        let resume = resume.remove(&cron.name).unwrap_or_default();
+        loops.spawn(run_cron(
+            cron.clone(),
+            leadership.clone(),
+            resume,
+            settings.clone(),
+        ));
+    }
+    while loops.join_next().await.is_some() {}
+}
+
+fn report_unknown(leadership: &Leadership, unknown: &[(String, String)]) {
+    for (name, seen_by) in unknown {
+        warn!(target: "forge::cron", cron = %name, role = %leadership.role(), last_seen_by = %seen_by,
+              "the cluster knows a cron of this role that this leader's binary lacks: its ticks do not run until a node that has it leads the role");
+    }
+    leadership
+        .metrics()
+        .gauge(&CRON_UNKNOWN, &[("role", leadership.role().name())])
+        .set(unknown.len() as f64);
+}
+
+/// One cron's loop for one tenure.
+async fn run_cron(cron: CronJob, leadership: Leadership, resume: Resume, settings: Arc<Settings>) {
+    let mut runs = Runs::new(cron.clone(), leadership.clone());
+    for (at, attempt, epoch) in &resume.interrupted {
+        runs.recover(*at, *attempt, *epoch).await;
+    }
+    let start = Utc::now();
+    let from = resume.frontier.or(resume.first_seen).unwrap_or(start);
+    for tick in backlog(&cron, &leadership, from, start, settings.misfire_threshold) {
+        if !runs.fire(tick, true).await {
+            return runs.drain().await;
+        }
+    }
+    let mut cursor = start.max(from);
+    loop {
+        let Some(tick) = cron.schedule.next_after(cursor) else {
+            info!(target: "forge::cron", cron = %cron.name, "the schedule has no further ticks");
+            break;
+        };
+        cursor = tick;
+        let due = tokio::select! {
+            biased;
+            _ = leadership.stopping() => false,
+            _ = sleep_until_utc(tick) => true,
+        };
+        // Behind: the following tick is due already. Then this one is backlog, not overlap.
+        let behind = cron
+            .schedule
+            .next_after(tick)
+            .is_some_and(|next| next <= Utc::now());
+        if !due || !runs.fire(tick, behind).await {
+            break;
+        }
+    }
+    runs.drain().await
+}
+
+/// The ticks due between the frontier and the tenure's start that the catch-up policy runs,
+/// oldest first. Counts and reports the others as missed.
+fn backlog(
+    cron: &CronJob,
+    leadership: &Leadership,
+    from: DateTime<Utc>,
+    now: DateTime<Utc>,
+    misfire_threshold: Duration,
+) -> Vec<DateTime<Utc>> {
+    if from >= now {
+        return Vec::new();
+    }
+    let window_start = now
+        .checked_sub_signed(to_delta(cron.catch_up_window))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
+    let threshold = to_delta(misfire_threshold);
+    let mut missed = 0u64;
+    let mut due: Vec<DateTime<Utc>> = Vec::new();
+    for tick in cron.schedule.ticks_between(from, now) {
+        let eligible = match cron.catch_up {
+            CatchUp::Skip => now - tick <= threshold,
+            CatchUp::Latest | CatchUp::All => tick >= window_start,
+        };
+        if !eligible {
+            missed += 1;
+        } else if cron.catch_up == CatchUp::Latest && !due.is_empty() {
+            // Only the most recent eligible tick runs.
+            missed += 1;
+            due[0] = tick;
+        } else {
+            due.push(tick);
+        }
+    }
+    if missed > 0 {
+        leadership
+            .metrics()
+            .counter(&CRON_MISSED, &labels(cron))
+            .increment(missed);
+        warn!(target: "forge::cron", cron = %cron.name, role = %cron.role, missed, catch_up = cron.catch_up.as_str(),
+              "ticks were due while the role had no leader and are not run");
+    }
+    due
+}
+
+/// The runs of one cron in one tenure.
+struct Runs {
+    cron: CronJob,
+    leadership: Leadership,
+    /// Runs of ticks fired on time: the overlap policy is about these.
+    on_time: JoinSet<()>,
+    /// Runs of backlog ticks (caught up, rerun, or reached while behind).
+    backlog: JoinSet<()>,
+}
+
+/// Whether a run may start now, after the overlap rules.
+enum Slot {
+    Run,
+    Skip,
+}
+
+impl Runs {
+    fn new(cron: CronJob, leadership: Leadership) -> Runs {
+        Runs {
+            cron,
+            leadership,
+            on_time: JoinSet::new(),
+            backlog: JoinSet::new(),
+        }
+    }
+
+    async fn wait_backlog(&mut self) {
+        while self.backlog.join_next().await.is_some() {}
+    }
+
+    async fn wait_all(&mut self) {
+        self.wait_backlog().await;
+        while self.on_time.join_next().await.is_some() {}
+    }
+
+    /// On a handoff, lets runs in progress finish (the election bounds this with
+    /// `drain_timeout`); on a loss they are aborted when this is dropped.
+    async fn drain(mut self) {
+        self.wait_all().await;
+    }
+
+    /// Applies the overlap rules before a tick runs.
+    async fn slot(&mut self, backlog: bool) -> Slot {
+        if self.cron.overlap == Overlap::Allow {
+            return Slot::Run;
+        }
+        if backlog {
+            self.wait_all().await;
+            return Slot::Run;
+        }
+        // A backlog run still going is not an overlap: wait for it.
+        self.wait_backlog().await;
+        while self.on_time.try_join_next().is_some() {}
+        if self.on_time.is_empty() {
+            return Slot::Run;
+        }
+        match self.cron.overlap {
+            Overlap::Skip => Slot::Skip,
+            _ => {
+                while self.on_time.join_next().await.is_some() {}
+                Slot::Run
+            }
+        }
+    }
+
+    /// Claims and runs one tick. Returns false when this tenure can no longer act.
+    async fn fire(&mut self, tick: DateTime<Utc>, backlog: bool) -> bool {
+        if !self.leadership.is_valid() || self.leadership.is_draining() {
+            return false;
+        }
+        let slot = self.slot(backlog).await;
+        let state = match slot {
+            Slot::Run => TickState::Running,
+            Slot::Skip => TickState::Skipped,
+        };
+        match self.claim(tick, state).await {
+            Some(true) => {}
+            Some(false) => return true,
+            None => return false,
+        }
+        match slot {
+            Slot::Skip => {
+                self.leadership
+                    .metrics()
+                    .counter(&CRON_RUNS, &outcome_labels(&self.cron, TickState::Skipped))
+                    .increment(1);
+                info!(target: "forge::cron", cron = %self.cron.name, %tick, "tick skipped: the previous run is still going (overlap = skip)");
+            }
+            Slot::Run => self.spawn_run(tick, 1, backlog),
+        }
+        true
+    }
+
+    /// Claims a tick, retrying failures. `Some(true)`: this tenure holds it; `Some(false)`:
+    /// another tenure does; `None`: this leadership is over.
+    async fn claim(&self, tick: DateTime<Utc>, state: TickState) -> Option<bool> {
+        let mut pause = Duration::from_millis(50);
+        let bound = self.leadership.lease_duration();
+        loop {
+            if !self.leadership.is_valid() || self.leadership.is_draining() {
+                return None;
+            }
+            let claimed = tokio::time::timeout(
+                bound,
+                ledger::claim(&self.cron, &self.leadership, tick, state),
+            )
+            .await;
+            match claimed {
+                Ok(Ok(Claim::Claimed)) => return Some(true),
+                Ok(Ok(Claim::Taken)) => {
+                    debug!(target: "forge::cron", cron = %self.cron.name, %tick, "tick already claimed");
+                    return Some(false);
+                }
+                Ok(Ok(Claim::Early(wait))) => {
+                    debug!(target: "forge::cron", cron = %self.cron.name, %tick, wait_ms = wait.as_millis() as u64,
+                           "the database says the tick is not due yet (this node's clock runs ahead)");
+                    if !self.pause(wait).await {
+                        return None;
+                    }
+                    continue;
+                }
+                Ok(Ok(Claim::Fenced)) => {
+                    debug!(target: "forge::cron", cron = %self.cron.name, %tick, epoch = %self.leadership.epoch(),
+                           "the fence refused a claim while this node still leads; checking again");
+                }
+                Ok(Err(err)) => {
+                    warn!(target: "forge::cron", cron = %self.cron.name, %tick, error = %err, "cannot claim a tick yet; retrying");
+                }
+                Err(_) => {
+                    warn!(target: "forge::cron", cron = %self.cron.name, %tick, "a claim got no answer in time; retrying");
+                }
+            }
+            if !self.pause(pause).await {
+                return None;
+            }
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// Sleeps, unless the leadership winds down first (then false).
+    async fn pause(&self, pause: Duration) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => true,
+            _ = self.leadership.stopping() => false,
+        }
+    }
+
+    /// Handles a tick an earlier tenure claimed but did not finish.
+    async fn recover(&mut self, tick: DateTime<Utc>, attempt: i32, epoch: i64) {
+        let rerun = self.cron.interrupted == Interrupted::Rerun && attempt < MAX_TICK_ATTEMPTS;
+        match ledger::reclaim(&self.cron, &self.leadership, tick, rerun).await {
+            Ok(Some(attempt)) if rerun => {
+                warn!(target: "forge::cron", cron = %self.cron.name, %tick, attempt, previous_epoch = epoch,
+                      "rerunning a tick whose run was cut short by its leader's death");
+                if self.cron.overlap != Overlap::Allow {
+                    self.wait_all().await;
+                }
+                self.spawn_run(tick, attempt as u32, true);
+            }
+            Ok(Some(_)) => {
+                self.leadership
+                    .metrics()
+                    .counter(
+                        &CRON_RUNS,
+                        &outcome_labels(&self.cron, TickState::Abandoned),
+                    )
+                    .increment(1);
+                warn!(target: "forge::cron", cron = %self.cron.name, %tick, attempt, previous_epoch = epoch,
+                      "abandoned a tick whose run was cut short by its leader's death");
+            }
+            Ok(None) => {}
+            Err(err) => {
+                error!(target: "forge::cron", cron = %self.cron.name, %tick, error = %err, "cannot recover an interrupted tick");
+            }
+        }
+    }
+
+    fn spawn_run(&mut self, tick: DateTime<Utc>, attempt: u32, backlog: bool) {
+        let cron = self.cron.clone();
+        let leadership = self.leadership.clone();
+        let run = async move { run_tick(cron, leadership, tick, attempt).await };
+        if backlog {
+            self.backlog.spawn(run);
+        } else {
+            self.on_time.spawn(run);
+        }
+    }
+}
+
+/// Runs a claimed tick's handler and records the outcome.
+async fn run_tick(cron: CronJob, leadership: Leadership, tick: DateTime<Utc>, attempt: u32) {
+    // Never start a handler past the local deadline: the lease may be gone already.
+    if !leadership.is_valid() {
+        debug!(target: "forge::cron", cron = %cron.name, %tick, "not starting: this leadership is past its deadline");
+        return;
+    }
+    let fired_at = Utc::now();
+    let metrics = leadership.metrics().clone();
+    let labels = labels(&cron);
+    let lag = (fired_at - tick).to_std().unwrap_or_default();
+    metrics
+        .histogram(&CRON_LAG, &labels)
+        .record(lag.as_secs_f64());
+    let cancel = CancellationToken::new();
+    let ctx = CronContext {
+        name: cron.name.as_str().into(),
+        scheduled_at: tick,
+        fired_at,
+        attempt,
+        leadership: leadership.clone(),
+        cancel: cancel.clone(),
+    };
+    debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, lag_ms = lag.as_millis() as u64, "run");
+    let started = tokio::time::Instant::now();
+    let (state, error) = run_handler(&cron, ctx, &cancel).await;
+    metrics
+        .histogram(&CRON_DURATION, &labels)
+        .record(started.elapsed().as_secs_f64());
+    metrics
+        .counter(&CRON_RUNS, &outcome_labels(&cron, state))
+        .increment(1);
+    match &error {
+        Some(error) => {
+            warn!(target: "forge::cron", cron = %cron.name, %tick, attempt, outcome = %state, %error, "run did not succeed")
+        }
+        None => debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, "run succeeded"),
+    }
+    record(&cron, &leadership, tick, state, error.as_deref()).await;
+}
+
+/// Runs the handler with the cron's timeout; panics are caught.
+async fn run_handler(
+    cron: &CronJob,
+    ctx: CronContext,
+    cancel: &CancellationToken,
+) -> (TickState, Option<String>) {
+    let work = AssertUnwindSafe((cron.handler)(ctx)).catch_unwind();
+    let result = match cron.timeout {
+        Some(limit) => tokio::time::timeout(limit, work).await.ok(),
+        None => Some(work.await),
+    };
+    match result {
+        None => {
+            cancel.cancel();
+            (
+                TickState::TimedOut,
+                Some(format!(
+                    "the run exceeded its timeout of {}",
+                    crate::config::fmt_duration(cron.timeout.unwrap_or_default())
+                )),
+            )
+        }
+        Some(Ok(Ok(()))) => (TickState::Succeeded, None),
+        Some(Ok(Err(err))) => (TickState::Failed, Some(err.to_string())),
+        Some(Err(panic)) => (
+            TickState::Failed,
+            Some(format!("panicked: {}", panic_message(&panic))),
+        ),
+    }
+}
+
+/// Records a run's outcome, retrying until it lands or this leadership ends (a succeeded tick
+/// whose outcome is lost would be rerun by the next leader).
+async fn record(
+    cron: &CronJob,
+    leadership: &Leadership,
+    tick: DateTime<Utc>,
+    state: TickState,
+    error: Option<&str>,
+) {
+    let mut pause = Duration::from_millis(50);
+    let bound = leadership.lease_duration();
+    loop {
+        let finished =
+            tokio::time::timeout(bound, ledger::finish(cron, leadership, tick, state, error)).await;
+        match finished {
+            Ok(Ok(Finish::Recorded)) => return,
+            Ok(Ok(Finish::AlreadyFinal(final_state))) => {
+                if final_state != state.as_str() {
+                    warn!(target: "forge::cron", cron = %cron.name, %tick, outcome = %state, recorded = %final_state,
+                          "the handler completed the tick in its transaction; its later outcome is not recorded");
+                }
+                return;
+            }
+            Ok(Ok(Finish::Taken)) => {
+                warn!(target: "forge::cron", cron = %cron.name, %tick,
+                      "another leadership took the tick over; this run's outcome is not recorded");
+                return;
+            }
+            Ok(Err(err)) => {
+                warn!(target: "forge::cron", cron = %cron.name, %tick, error = %err, "cannot record a run's outcome yet; retrying");
+            }
+            Err(_) => {
+                warn!(target: "forge::cron", cron = %cron.name, %tick, "recording a run's outcome got no answer in time; retrying");
+            }
+        }
+        if !leadership.is_valid() {
+            warn!(target: "forge::cron", cron = %cron.name, %tick,
+                  "this leadership ended before the run's outcome was recorded; the next leader handles the tick per its `interrupted` policy");
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
+}
+
+/// Sleeps until a wall-clock instant. Timers run on the monotonic clock, so long sleeps are
+/// cut into pieces of at most 30 s and the wall clock is re-read: a stepped system clock
+/// (NTP) shifts the tick by at most that much re-check.
+async fn sleep_until_utc(at: DateTime<Utc>) {
+    loop {
+        let remaining = (at - Utc::now()).to_std().unwrap_or_default();
+        if remaining.is_zero() {
+            return;
+        }
+        tokio::time::sleep(remaining.min(Duration::from_secs(30))).await;
+    }
+}
+
+fn to_delta(d: Duration) -> TimeDelta {
+    TimeDelta::from_std(d).unwrap_or(TimeDelta::MAX)
+}
+
+fn labels(cron: &CronJob) -> [(&'static str, &str); 2] {
+    [("cron", cron.name.as_str()), ("role", cron.role.name())]
+}
+
+fn outcome_labels(cron: &CronJob, outcome: TickState) -> [(&'static str, &str); 3] {
+    [
+        ("cron", cron.name.as_str()),
+        ("role", cron.role.name()),
+        ("outcome", outcome.as_str()),
+    ]
+}

@@ -1,0 +1,507 @@
+//! The attempts of one worker: claimed jobs waiting for a slot, running attempts (each in its
+//! own task), and turning their results into outcomes to record.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use forge_core::{Leadership, LockNamespace, NodeId};
+use metrics::{Counter, Histogram};
+use serde_json::json;
+use sqlx::PgPool;
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::{Instant, sleep};
+use tracing::{debug, error, warn};
+
+use super::shared::Outcome;
+use super::{CancelReason, CancelSignal, FailAction, JobContext, JobError, JobId, JobType};
+use crate::config::fmt_duration;
+use crate::metrics::{
+    JOB_CANCELLED, JOB_COMPLETED, JOB_DEAD, JOB_DURATION, JOB_FAILED, JOB_PICKUP, JOB_RETRIED,
+};
+
+/// How many cancel requests for jobs not (yet) known to the worker are remembered: a cancel
+/// notification can overtake the response of the claim that started the job.
+const EARLY_CANCELS: usize = 256;
+
+/// A claimed job, not started yet.
+pub(super) struct Claimed {
+    pub(super) id: i64,
+    pub(super) attempt: i32,
+    pub(super) ty: JobType,
+    pub(super) args: serde_json::Value,
+    pub(super) max_attempts: u32,
+    pub(super) timeout: Option<Duration>,
+    /// Claimed with a free slot (marked started by the claim); else claimed ahead.
+    pub(super) started_by_claim: bool,
+}
+
+/// A running attempt, as the worker knows it.
+struct Running {
+    attempt: i32,
+    ty: JobType,
+    max_attempts: u32,
+    cancel: Arc<CancelSignal>,
+    started: Instant,
+}
+
+/// What one attempt's task reports.
+pub(super) enum AttemptResult {
+    /// The handler returned.
+    Done(Result<(), JobError>),
+    /// The handler ran past its timeout and was dropped.
+    TimedOut(Duration),
+    /// The attempt was stopped from outside.
+    Interrupted(CancelReason),
+    /// The handler panicked (with this message).
+    Panicked(String),
+}
+
+/// An outcome to record.
+pub(super) struct Record {
+    pub(super) id: i64,
+    pub(super) attempt: i32,
+    pub(super) outcome: Outcome,
+    pub(super) delay_ms: Option<i64>,
+    pub(super) error: Option<serde_json::Value>,
+    pub(super) kind: &'static str,
+    /// The attempt failed (counts in forge_job_failed_total).
+    pub(super) failed: bool,
+}
+
+impl Record {
+    fn new(id: i64, attempt: i32, kind: &'static str, outcome: Outcome) -> Record {
+        Record {
+            id,
+            attempt,
+            outcome,
+            delay_ms: None,
+            error: None,
+            kind,
+            failed: false,
+        }
+    }
+
+    fn because(mut self, reason: &str, error: impl Into<String>) -> Record {
+        self.error = Some(json!({"reason": reason, "error": error.into()}));
+        self
+    }
+}
+
+/// The metrics of one job kind in this worker's queue.
+pub(super) struct KindMetrics {
+    completed: Counter,
+    failed: Counter,
+    retried: Counter,
+    dead: Counter,
+    cancelled: Counter,
+    pub(super) duration: Histogram,
+    pub(super) pickup: Histogram,
+}
+
+impl KindMetrics {
+    pub(super) fn new(metrics: &forge_core::Metrics, queue: &str, kind: &str) -> KindMetrics {
+        let labels = [("queue", queue), ("job", kind)];
+        KindMetrics {
+            completed: metrics.counter(&JOB_COMPLETED, &labels),
+            failed: metrics.counter(&JOB_FAILED, &labels),
+            retried: metrics.counter(&JOB_RETRIED, &labels),
+            dead: metrics.counter(&JOB_DEAD, &labels),
+            cancelled: metrics.counter(&JOB_CANCELLED, &labels),
+            duration: metrics.histogram(&JOB_DURATION, &labels),
+            pickup: metrics.histogram(&JOB_PICKUP, &labels),
+        }
+    }
+}
+
+/// What an attempt's [`JobContext`] needs from its worker.
+pub(super) struct Origin {
+    pub(super) queue: Arc<str>,
+    pub(super) namespace: LockNamespace,
+    pub(super) node_id: NodeId,
+    pub(super) pool: PgPool,
+    pub(super) leadership: Option<Leadership>,
+}
+
+/// The claimed and running attempts of one worker, and the outcomes waiting to be recorded.
+#[derive(Default)]
+pub(super) struct Attempts {
+    /// Claimed jobs waiting for a slot (see "claiming ahead").
+    pub(super) claimed: VecDeque<Claimed>,
+    running: HashMap<i64, Running>,
+    tasks: JoinSet<(i64, AttemptResult)>,
+    task_jobs: HashMap<tokio::task::Id, i64>,
+    early_cancels: VecDeque<i64>,
+    /// Claimed-ahead jobs that started since the last round trip (it marks them started).
+    pub(super) started_ahead: Vec<i64>,
+    /// Outcomes waiting for the next round trip.
+    pub(super) records: Vec<Record>,
+    /// Kinds and durations of attempts finished since last asked, for the worker's pacing
+    /// and metrics.
+    pub(super) durations: Vec<(&'static str, f64)>,
+}
+
+impl Attempts {
+    pub(super) fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub(super) fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.claimed.is_empty()
+    }
+
+    /// `(id, attempt)` of every job this worker holds, for reconciliation.
+    pub(super) fn held(&self) -> (Vec<i64>, Vec<i32>) {
+        self.running
+            .iter()
+            .map(|(id, r)| (*id, r.attempt))
+            .chain(self.claimed.iter().map(|c| (c.id, c.attempt)))
+            .unzip()
+    }
+
+    /// The next finished attempt, as `Option` so the worker's `select!` can poll it.
+    pub(super) async fn next_finished(
+        &mut self,
+    ) -> Option<Result<(tokio::task::Id, (i64, AttemptResult)), JoinError>> {
+        self.tasks.join_next_with_id().await
+    }
+
+    pub(super) fn has_tasks(&self) -> bool {
+        !self.tasks.is_empty()
+    }
+
+    /// Starts claimed jobs while there are free slots; when `stopping`, releases them instead.
+    pub(super) fn fill(&mut self, concurrency: usize, stopping: bool, origin: &Origin) {
+        while let Some(claimed) = self.claimed.pop_front() {
+            if stopping {
+                self.records.push(
+                    Record::new(claimed.id, claimed.attempt, claimed.ty.kind, Outcome::Released)
+                        .because(
+                            "released",
+                            "claimed but not started before its node shut down (the attempt does not count against max_attempts)",
+                        ),
+                );
+                continue;
+            }
+            if self.running.len() >= concurrency {
+                self.claimed.push_front(claimed);
+                return;
+            }
+            self.start(claimed, origin);
+        }
+    }
+
+    /// Starts an attempt in its own task.
+    fn start(&mut self, claimed: Claimed, origin: &Origin) {
+        let Claimed {
+            id,
+            attempt,
+            ty,
+            args,
+            max_attempts,
+            timeout,
+            started_by_claim,
+        } = claimed;
+        if !started_by_claim {
+            self.started_ahead.push(id);
+        }
+        let cancel = Arc::new(CancelSignal::default());
+        let ctx = JobContext {
+            id: JobId(id),
+            namespace: origin.namespace.clone(),
+            kind: ty.kind,
+            queue: origin.queue.clone(),
+            attempt: attempt.max(1) as u32,
+            max_attempts,
+            node_id: origin.node_id.clone(),
+            pool: origin.pool.clone(),
+            cancel: cancel.clone(),
+            leadership: origin.leadership.clone(),
+        };
+        debug!(target: "forge::job", queue = %origin.queue, job = ty.kind, id, attempt, "attempt started");
+        let handler = (ty.handler)(ctx, args);
+        let signal = cancel.clone();
+        let task = self.tasks.spawn(async move {
+            let timed_out = async {
+                match timeout {
+                    Some(limit) => {
+                        sleep(limit).await;
+                        limit
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            let result = tokio::select! {
+                biased;
+                _ = signal.token.cancelled() => {
+                    AttemptResult::Interrupted(signal.reason().unwrap_or(CancelReason::Shutdown))
+                }
+                limit = timed_out => {
+                    signal.cancel(CancelReason::TimedOut);
+                    AttemptResult::TimedOut(limit)
+                }
+                result = handler => AttemptResult::Done(result),
+            };
+            (id, result)
+        });
+        self.task_jobs.insert(task.id(), id);
+        if let Some(at) = self.early_cancels.iter().position(|c| *c == id) {
+            self.early_cancels.remove(at);
+            cancel.cancel(CancelReason::Requested);
+        }
+        self.running.insert(
+            id,
+            Running {
+                attempt,
+                ty,
+                max_attempts,
+                cancel,
+                started: Instant::now(),
+            },
+        );
+    }
+
+    /// Stops a running attempt, or drops a job claimed ahead.
+    pub(super) fn cancel(&mut self, id: i64, reason: CancelReason) {
+        if let Some(running) = self.running.get(&id) {
+            debug!(target: "forge::job", job = running.ty.kind, id, ?reason, "stopping the attempt");
+            running.cancel.cancel(reason);
+        } else if let Some(at) = self.claimed.iter().position(|c| c.id == id) {
+            let Some(claimed) = self.claimed.remove(at) else {
+                return;
+            };
+            if reason == CancelReason::Requested {
+                self.records.push(
+                    Record::new(id, claimed.attempt, claimed.ty.kind, Outcome::Cancelled)
+                        .because("cancelled", "cancelled before it started"),
+                );
+            }
+        } else if reason == CancelReason::Requested {
+            if self.early_cancels.len() == EARLY_CANCELS {
+                self.early_cancels.pop_front();
+            }
+            self.early_cancels.push_back(id);
+        }
+    }
+
+    /// Stops every running attempt (a graceful stop past its bound, or a lost leadership).
+    pub(super) fn cancel_all(&self, reason: CancelReason) {
+        for running in self.running.values() {
+            running.cancel.cancel(reason);
+        }
+    }
+
+    /// Stops every attempt and waits for their tasks, turning them into outcomes.
+    pub(super) async fn stop_all(&mut self, origin: &Origin) {
+        self.cancel_all(CancelReason::Shutdown);
+        // The attempts' tasks drop their handlers at the next poll.
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            while let Some(joined) = self.tasks.join_next_with_id().await {
+                self.collect(joined, origin);
+            }
+        })
+        .await;
+        self.tasks.abort_all();
+        while let Some(joined) = self.tasks.join_next_with_id().await {
+            self.collect(joined, origin);
+        }
+    }
+
+    /// Turns a finished attempt's task into an outcome to record.
+    pub(super) fn collect(
+        &mut self,
+        joined: Result<(tokio::task::Id, (i64, AttemptResult)), JoinError>,
+        origin: &Origin,
+    ) {
+        let (id, result) = match joined {
+            Ok((task, (id, result))) => {
+                self.task_jobs.remove(&task);
+                (id, result)
+            }
+            Err(err) => {
+                let Some(id) = self.task_jobs.remove(&err.id()) else {
+                    return;
+                };
+                if err.is_panic() {
+                    (id, AttemptResult::Panicked(panic_message(err.into_panic())))
+                } else {
+                    (id, AttemptResult::Interrupted(CancelReason::Shutdown))
+                }
+            }
+        };
+        let Some(running) = self.running.remove(&id) else {
+            return;
+        };
+        self.durations
+            .push((running.ty.kind, running.started.elapsed().as_secs_f64()));
+        if let Some(record) = outcome_of(&running, id, result, origin) {
+            self.records.push(record);
+        }
+    }
+}
+
+/// What to record for an attempt's result (`None`: nothing, the job is not this node's).
+fn outcome_of(
+    running: &Running,
+    id: i64,
+    result: AttemptResult,
+    origin: &Origin,
+) -> Option<Record> {
+    let kind = running.ty.kind;
+    let record = |outcome| Record::new(id, running.attempt, kind, outcome);
+    Some(match result {
+        AttemptResult::Done(Ok(())) => {
+            debug!(target: "forge::job", queue = %origin.queue, job = kind, id, attempt = running.attempt, "completed");
+            record(Outcome::Completed)
+        }
+        AttemptResult::Done(Err(err)) => {
+            let reason = if err.action() == FailAction::Discard {
+                "discard"
+            } else {
+                "error"
+            };
+            failure(running, id, reason, err.message(), err.action(), origin)
+        }
+        AttemptResult::Panicked(message) => failure(
+            running,
+            id,
+            "panic",
+            &format!("panicked: {message}"),
+            FailAction::Retry,
+            origin,
+        ),
+        AttemptResult::TimedOut(limit) => failure(
+            running,
+            id,
+            "timeout",
+            &format!("timed out after {}", fmt_duration(limit)),
+            FailAction::Retry,
+            origin,
+        ),
+        AttemptResult::Interrupted(CancelReason::TimedOut) => failure(
+            running,
+            id,
+            "timeout",
+            "timed out",
+            FailAction::Retry,
+            origin,
+        ),
+        AttemptResult::Interrupted(CancelReason::Requested) => {
+            debug!(target: "forge::job", queue = %origin.queue, job = kind, id, attempt = running.attempt, "cancelled while running");
+            record(Outcome::Cancelled).because("cancelled", "cancelled while running")
+        }
+        // The job is no longer this node's: nothing to record.
+        AttemptResult::Interrupted(CancelReason::Rescued) => return None,
+        AttemptResult::Interrupted(CancelReason::Shutdown) => {
+            let why = if origin.leadership.is_some() {
+                "the leadership it ran under wound down"
+            } else {
+                "its node shut down"
+            };
+            record(Outcome::Released).because(
+                "released",
+                format!("interrupted: {why} (the attempt does not count against max_attempts)"),
+            )
+        }
+    })
+}
+
+/// The outcome of a failed attempt: retry after the backoff, or dead-letter.
+fn failure(
+    running: &Running,
+    id: i64,
+    reason: &'static str,
+    message: &str,
+    action: FailAction,
+    origin: &Origin,
+) -> Record {
+    let attempt = running.attempt.max(1) as u32;
+    let kind = running.ty.kind;
+    let mut base = Record::new(id, running.attempt, kind, Outcome::Dead).because(reason, message);
+    base.failed = true;
+    if action == FailAction::Discard || attempt >= running.max_attempts {
+        error!(target: "forge::job", queue = %origin.queue, job = kind, id, attempt,
+               max_attempts = running.max_attempts, reason, error = %message, "attempt failed; dead-lettering the job");
+        return base;
+    }
+    let delay = match action {
+        FailAction::RetryAfter(delay) => delay,
+        _ => running.ty.options.backoff.delay(attempt),
+    };
+    warn!(target: "forge::job", queue = %origin.queue, job = kind, id, attempt,
+          max_attempts = running.max_attempts, reason, error = %message,
+          retry_in_ms = delay.as_millis() as u64, "attempt failed; will retry");
+    let delay_ms = delay.as_millis().min(i64::MAX as u128) as i64;
+    Record {
+        outcome: if delay_ms == 0 {
+            Outcome::Available
+        } else {
+            Outcome::Retryable
+        },
+        delay_ms: Some(delay_ms),
+        ..base
+    }
+}
+
+/// Counts an outcome once the database has recorded it (`recorded` = the state written),
+/// or reports that it was refused.
+pub(super) fn count(
+    metrics: &HashMap<&'static str, KindMetrics>,
+    record: &Record,
+    recorded: Option<&str>,
+    queue: &str,
+) {
+    let Some(state) = recorded else {
+        // A late result of an attempt whose job was rescued meanwhile (this node seemed
+        // dead): the guard refused it, so the job is not completed twice.
+        warn!(target: "forge::job", queue = %queue, job = record.kind, id = record.id,
+              attempt = record.attempt, outcome = %record.outcome,
+              "outcome not recorded: the job is no longer running this attempt on this node (it was rescued)");
+        return;
+    };
+    let Some(m) = metrics.get(record.kind) else {
+        return;
+    };
+    if record.failed {
+        m.failed.increment(1);
+    }
+    match state {
+        "completed" => m.completed.increment(1),
+        "retryable" => m.retried.increment(1),
+        "available" if record.failed => m.retried.increment(1),
+        "dead" => m.dead.increment(1),
+        "cancelled" => m.cancelled.increment(1),
+        _ => {}
+    }
+}
+
+/// The outcome for a claimed row that cannot become an attempt (its arguments cannot be
+/// decoded, or its kind is unknown here).
+pub(super) fn unusable(
+    id: i64,
+    attempt: i32,
+    kind: &'static str,
+    why: String,
+    outcome: Outcome,
+) -> Record {
+    let mut record = Record::new(id, attempt, kind, outcome).because(
+        if outcome == Outcome::Dead {
+            "undecodable"
+        } else {
+            "released"
+        },
+        why,
+    );
+    record.failed = outcome == Outcome::Dead;
+    record
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "(a non-string panic payload)".to_owned()
+    }
+}

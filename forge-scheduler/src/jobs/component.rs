@@ -1,0 +1,200 @@
+//! The job queue as a node component: the per-node service (rescue of the previous run's jobs,
+//! then a worker per queue of `[jobs.queues]` that has registered jobs), the `LISTEN`
+//! channels, the scheduler leader's maintenance, and a worker per (role, queue) of role jobs on
+//! that role's leader.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use forge_core::{Assembly, Component, NODES_CHANNEL, NodeContext, Result, Role};
+use sqlx::Row;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::sleep;
+use tracing::{info, warn};
+
+use super::shared::{
+    CHANNEL_AVAILABLE, CHANNEL_CANCEL, CHANNEL_DUE, Shared, WorkerSpec, record_rescue,
+};
+use super::{JobRegistry, JobType, maintenance, validate_queue, worker};
+use crate::config::{JobsConfig, invalid};
+use crate::metrics::JOB_METRICS;
+
+/// The job queue of a node, as a [`Component`]. The `forge` facade's `NodeBuilder` builds it
+/// from the registered jobs.
+pub struct JobQueue {
+    registry: JobRegistry,
+    config: JobsConfig,
+}
+
+impl JobQueue {
+    /// The component for `registry`.
+    pub fn new(registry: JobRegistry, config: JobsConfig) -> JobQueue {
+        JobQueue { registry, config }
+    }
+}
+
+fn check_type(ty: &JobType) -> Result<Option<Role>> {
+    let invalid = |message: String| invalid(format!("job `{}`: {message}", ty.kind));
+    validate_queue(&ty.options.queue).map_err(invalid)?;
+    if ty.options.max_attempts == Some(0) {
+        return Err(invalid("max_attempts must be at least 1".into()));
+    }
+    if ty.options.timeout == Some(Duration::ZERO) {
+        return Err(invalid("a timeout must be longer than zero".into()));
+    }
+    for value in [ty.options.timeout, ty.options.backoff.max_delay()]
+        .into_iter()
+        .flatten()
+    {
+        forge_rules::check_duration(value).map_err(&invalid)?;
+    }
+    ty.options
+        .role
+        .as_deref()
+        .map(|name| Role::new(name).map_err(|err| invalid(err.to_string())))
+        .transpose()
+}
+
+impl JobQueue {
+    /// The node's workers and the role workers, by checking every registered type.
+    fn specs(&self) -> Result<(Vec<WorkerSpec>, Vec<WorkerSpec>)> {
+        let mut queue_kinds: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
+        let mut role_kinds: BTreeMap<(Role, String), Vec<&'static str>> = BTreeMap::new();
+        for ty in self.registry.types.values() {
+            let queue = ty.options.queue.clone();
+            match check_type(ty)? {
+                Some(role) => role_kinds.entry((role, queue)).or_default().push(ty.kind),
+                None => queue_kinds.entry(queue).or_default().push(ty.kind),
+            }
+        }
+        let mut node_specs = Vec::new();
+        for (queue, kinds) in queue_kinds {
+            match self.config.queues.get(&queue) {
+                Some(&concurrency) => node_specs.push(WorkerSpec {
+                    queue,
+                    role: None,
+                    concurrency: concurrency as usize,
+                    kinds,
+                }),
+                None => info!(target: "forge::job", queue = %queue, jobs = ?kinds,
+                              "this node does not work the queue (not in [jobs.queues]); its jobs run on nodes that do"),
+            }
+        }
+        // Role jobs run where the role's leader is, whether or not it lists the queue; the
+        // queue's concurrency applies when it does.
+        let role_specs = role_kinds
+            .into_iter()
+            .map(|((role, queue), kinds)| WorkerSpec {
+                concurrency: self.config.queues.get(&queue).copied().unwrap_or(1) as usize,
+                queue,
+                role: Some(role),
+                kinds,
+            })
+            .collect();
+        Ok((node_specs, role_specs))
+    }
+}
+
+impl Component for JobQueue {
+    fn name(&self) -> &'static str {
+        "jobs"
+    }
+
+    fn install(self: Box<Self>, node: &mut Assembly) -> Result<()> {
+        node.migrations(crate::MIGRATIONS)
+            .describe_metrics(JOB_METRICS);
+        if self.registry.is_empty() {
+            return Ok(());
+        }
+        let (node_specs, role_specs) = self.specs()?;
+        let election = &node.config().cluster.leader_election;
+        let (ready, _) = watch::channel(None);
+        let shared = Arc::new(Shared {
+            types: self.registry.types,
+            namespace: node.namespace().clone(),
+            election_drain: election.drain_timeout,
+            check_interval: election.check_interval,
+            statement_bound: election.lease_duration.max(Duration::from_secs(5)),
+            ready,
+            config: self.config,
+        });
+        node.listen(CHANNEL_AVAILABLE)
+            .listen(CHANNEL_DUE)
+            .listen(CHANNEL_CANCEL)
+            .listen(NODES_CHANNEL)
+            .drain_budget(shared.config.drain_timeout)
+            .advertise_queues(
+                node_specs
+                    .iter()
+                    .map(|s| (s.queue.clone(), s.concurrency as u32))
+                    .collect(),
+            );
+        let service_shared = shared.clone();
+        node.service("jobs", move |ctx| {
+            node_service(service_shared, ctx, node_specs)
+        });
+        let maintenance_shared = shared.clone();
+        node.leader_task(Role::SCHEDULER, "jobs-maintenance", move |leadership| {
+            maintenance::run(maintenance_shared.clone(), leadership)
+        });
+        for spec in role_specs {
+            let shared = shared.clone();
+            let role = spec.role.clone().unwrap_or(Role::SCHEDULER);
+            node.leader_task(role, format!("jobs:{}", spec.queue), move |leadership| {
+                worker::run_role_worker(shared.clone(), spec.clone(), leadership)
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The per-node service: rescue what this node's previous run left running, then run the
+/// queue workers until shutdown.
+async fn node_service(shared: Arc<Shared>, ctx: NodeContext, specs: Vec<WorkerSpec>) {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match rescue_own(&shared, &ctx).await {
+            Ok(()) => break,
+            Err(err) => {
+                warn!(target: "forge::job", node = %ctx.node_id(), error = %err,
+                      "cannot rescue this node's previous jobs yet; retrying");
+                tokio::select! {
+                    _ = sleep(delay) => {}
+                    _ = ctx.shutdown().cancelled() => return,
+                }
+                delay = (delay * 2).min(shared.check_interval.max(Duration::from_secs(1)));
+            }
+        }
+    }
+    shared.ready.send_replace(Some(ctx.clone()));
+    let mut workers = JoinSet::new();
+    for spec in specs {
+        info!(target: "forge::job", queue = %spec.queue, concurrency = spec.concurrency,
+              jobs = ?spec.kinds, "working queue");
+        workers.spawn(worker::run_node_worker(shared.clone(), ctx.clone(), spec));
+    }
+    while workers.join_next().await.is_some() {}
+}
+
+/// Rescues the jobs this node's previous run left running (it holds its id's lock now, so no
+/// other process can be running them).
+async fn rescue_own(shared: &Shared, ctx: &NodeContext) -> Result<(), sqlx::Error> {
+    let rows = sqlx::query("SELECT * FROM forge.jobs_rescue_own($1, $2, $3)")
+        .bind(&shared.namespace)
+        .bind(ctx.node_id())
+        .bind(shared.default_max_attempts())
+        .fetch_all(ctx.pool())
+        .await?;
+    for row in rows {
+        let id: i64 = row.try_get("id")?;
+        let queue: String = row.try_get("queue")?;
+        let kind: String = row.try_get("kind")?;
+        let state: String = row.try_get("state")?;
+        warn!(target: "forge::job", queue = %queue, job = %kind, id, state = %state,
+              "rescued a job this node's previous run left running");
+        record_rescue(ctx.metrics(), &queue, &kind, &state, 1);
+    }
+    Ok(())
+}

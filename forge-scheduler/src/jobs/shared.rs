@@ -1,0 +1,95 @@
+//! What the job queue's service, workers and leader tasks of one node share: notification
+//! channels, worker specs, the registry and settings, and the outcome vocabulary.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use forge_core::{LockNamespace, Metrics, NodeContext, Role};
+use tokio::sync::watch;
+
+use super::JobType;
+use crate::config::JobsConfig;
+use crate::metrics::{JOB_CANCELLED, JOB_DEAD, JOB_RESCUED};
+
+/// Jobs became available: payload `<namespace> <queue>` or `<namespace> @<role>`.
+pub(crate) const CHANNEL_AVAILABLE: &str = "forge_jobs";
+/// A scheduled job or retry is due: payload `<namespace> <unix ms>`.
+pub(crate) const CHANNEL_DUE: &str = "forge_jobs_due";
+/// Cancel a running job: payload `<namespace> <node> <job id>`.
+pub(crate) const CHANNEL_CANCEL: &str = "forge_jobs_cancel";
+
+forge_core::sql_enum! {
+    /// What a worker asks `forge.jobs_step` to record for a finished attempt.
+    pub(crate) enum Outcome {
+        /// Done.
+        Completed = "completed",
+        /// Failed; retry after the backoff.
+        Retryable = "retryable",
+        /// Failed; retry at once.
+        Available = "available",
+        /// Failed for good: dead-letter.
+        Dead = "dead",
+        /// Stopped by a cancel request.
+        Cancelled = "cancelled",
+        /// Interrupted by a graceful stop or a lost leadership: available again, the attempt
+        /// not counted (cancelled instead if a cancel was requested meanwhile).
+        Released = "released",
+    }
+}
+
+/// One worker: the jobs of one queue (without role), or of one (role, queue) on the role's
+/// leader.
+#[derive(Clone, Debug)]
+pub(crate) struct WorkerSpec {
+    pub(crate) queue: String,
+    pub(crate) role: Option<Role>,
+    pub(crate) concurrency: usize,
+    pub(crate) kinds: Vec<&'static str>,
+}
+
+/// What the service, the workers and the leader tasks of one node share.
+pub(crate) struct Shared {
+    pub(crate) types: BTreeMap<&'static str, JobType>,
+    pub(crate) config: JobsConfig,
+    pub(crate) namespace: LockNamespace,
+    /// `[cluster.leader_election] drain_timeout`: how long a role's leader tasks may drain.
+    pub(crate) election_drain: Duration,
+    /// `[cluster.leader_election] check_interval`: the longest a node waits to reconnect.
+    pub(crate) check_interval: Duration,
+    /// How long one database round trip may take before it counts as failed (a half-open
+    /// connection never answers).
+    pub(crate) statement_bound: Duration,
+    /// The node's context, once the node has rescued its previous run's jobs; leader tasks
+    /// wait for it.
+    pub(crate) ready: watch::Sender<Option<NodeContext>>,
+}
+
+impl Shared {
+    /// The node's context, once ready; `None` if `stop` resolves first.
+    pub(crate) async fn context_until(
+        &self,
+        stop: impl Future<Output = ()>,
+    ) -> Option<NodeContext> {
+        let mut ready = self.ready.subscribe();
+        tokio::select! {
+            context = ready.wait_for(Option::is_some) => context.ok().and_then(|c| c.clone()),
+            _ = stop => None,
+        }
+    }
+
+    pub(crate) fn default_max_attempts(&self) -> i32 {
+        self.config.default_max_attempts.clamp(1, i32::MAX as u32) as i32
+    }
+}
+
+/// Counts rescued jobs in the metrics.
+pub(crate) fn record_rescue(metrics: &Metrics, queue: &str, kind: &str, state: &str, n: u64) {
+    let labels = [("queue", queue), ("job", kind)];
+    metrics.counter(&JOB_RESCUED, &labels).increment(n);
+    match state {
+        "dead" => metrics.counter(&JOB_DEAD, &labels).increment(n),
+        "cancelled" => metrics.counter(&JOB_CANCELLED, &labels).increment(n),
+        _ => {}
+    }
+}

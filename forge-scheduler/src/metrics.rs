@@ -1,0 +1,110 @@
+//! The scheduler's metrics: crons and jobs. Names are spelled here only.
+
+use forge_core::metrics::MetricDef;
+
+/// `forge_cron_lag_seconds{cron, role}`
+pub(crate) const CRON_LAG: MetricDef = MetricDef::histogram(
+    "forge_cron_lag_seconds",
+    "How late a cron run started: actual start minus scheduled instant",
+);
+/// `forge_cron_runs_total{cron, role, outcome}`
+pub(crate) const CRON_RUNS: MetricDef = MetricDef::counter(
+    "forge_cron_runs_total",
+    "Cron runs by outcome (succeeded, failed, timed_out, skipped, abandoned)",
+);
+/// `forge_cron_missed_ticks_total{cron, role}`
+pub(crate) const CRON_MISSED: MetricDef = MetricDef::counter(
+    "forge_cron_missed_ticks_total",
+    "Cron ticks not run because they were due while the role had no leader (per catch-up policy)",
+);
+/// `forge_cron_run_duration_seconds{cron, role}`
+pub(crate) const CRON_DURATION: MetricDef =
+    MetricDef::histogram("forge_cron_run_duration_seconds", "How long cron runs took");
+/// `forge_cron_unknown_crons{role}`
+pub(crate) const CRON_UNKNOWN: MetricDef = MetricDef::gauge(
+    "forge_cron_unknown_crons",
+    "Crons of the role known to the cluster (forge.crons) that this leader's binary lacks: their ticks do not run",
+);
+
+/// `forge_job_enqueued_total{queue, job}`
+pub(crate) const JOB_ENQUEUED: MetricDef = MetricDef::counter(
+    "forge_job_enqueued_total",
+    "Jobs inserted through this node's client (node.jobs()), by queue and job",
+);
+/// `forge_job_completed_total{queue, job}`
+pub(crate) const JOB_COMPLETED: MetricDef = MetricDef::counter(
+    "forge_job_completed_total",
+    "Attempts that completed their job, recorded by this node (in the handler's transaction or after it)",
+);
+/// `forge_job_failed_total{queue, job}`
+pub(crate) const JOB_FAILED: MetricDef = MetricDef::counter(
+    "forge_job_failed_total",
+    "Attempts that failed on this node (error, timeout, panic, discard), whatever follows",
+);
+/// `forge_job_retried_total{queue, job}`
+pub(crate) const JOB_RETRIED: MetricDef = MetricDef::counter(
+    "forge_job_retried_total",
+    "Failed attempts on this node after which the job will be retried",
+);
+/// `forge_job_dead_total{queue, job}`
+pub(crate) const JOB_DEAD: MetricDef = MetricDef::counter(
+    "forge_job_dead_total",
+    "Jobs dead-lettered by this node: out of attempts, discarded, undecodable, or rescued with no attempts left",
+);
+/// `forge_job_cancelled_total{queue, job}`
+pub(crate) const JOB_CANCELLED: MetricDef = MetricDef::counter(
+    "forge_job_cancelled_total",
+    "Running jobs this node stopped because they were cancelled, and rescued jobs cancelled",
+);
+/// `forge_job_rescued_total{queue, job}`
+pub(crate) const JOB_RESCUED: MetricDef = MetricDef::counter(
+    "forge_job_rescued_total",
+    "Running jobs of down, stopped or restarted nodes given back by this node (scheduler leader, or the node itself on start)",
+);
+/// `forge_job_duration_seconds{queue, job}`
+pub(crate) const JOB_DURATION: MetricDef = MetricDef::histogram(
+    "forge_job_duration_seconds",
+    "How long attempts took on this node, whatever their outcome",
+);
+/// `forge_job_pickup_latency_seconds{queue, job}`
+pub(crate) const JOB_PICKUP: MetricDef = MetricDef::histogram(
+    "forge_job_pickup_latency_seconds",
+    "From when a job was due (enqueued, run-at reached, backoff over) to its claim by this node (database clock)",
+);
+/// `forge_job_queue_depth{queue, job, state}`
+pub(crate) const JOB_QUEUE_DEPTH: MetricDef = MetricDef::gauge(
+    "forge_job_queue_depth",
+    "Unfinished jobs by queue, job and state, as of the scheduler leader's last maintenance pass (reported by the leader only)",
+);
+
+/// Every metric of the crons.
+pub(crate) const CRON_METRICS: &[&MetricDef] = &[
+    &CRON_LAG,
+    &CRON_RUNS,
+    &CRON_MISSED,
+    &CRON_DURATION,
+    &CRON_UNKNOWN,
+];
+
+/// Every metric of the jobs.
+pub(crate) const JOB_METRICS: &[&MetricDef] = &[
+    &JOB_ENQUEUED,
+    &JOB_COMPLETED,
+    &JOB_FAILED,
+    &JOB_RETRIED,
+    &JOB_DEAD,
+    &JOB_CANCELLED,
+    &JOB_RESCUED,
+    &JOB_DURATION,
+    &JOB_PICKUP,
+    &JOB_QUEUE_DEPTH,
+];
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        forge_core::metrics::check_conventions(super::CRON_METRICS).unwrap();
+        forge_core::metrics::check_conventions(super::JOB_METRICS).unwrap();
+    }
+}

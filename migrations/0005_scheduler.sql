@@ -1,0 +1,602 @@
+-- FORGE crons and jobs on the cluster model of 0004: ticks and role jobs carry their tenure
+-- (fenced by forge.fence), handlers can complete a tick or a job inside their own transaction,
+-- and job rescue reads membership instead of guessing from database sessions.
+
+------------------------------------------------------------------------------------------------
+-- Cron ticks
+------------------------------------------------------------------------------------------------
+
+ALTER TABLE forge.cron_ticks ADD COLUMN tenure bigint NOT NULL DEFAULT 0;
+ALTER TABLE forge.cron_ticks ALTER COLUMN tenure DROP DEFAULT;
+
+COMMENT ON TABLE forge.cron_ticks IS
+    'The tick ledger: one row per claimed tick. A row still running under another tenure than the current leader''s = a run cut short by its leader''s death. A handler that completes its tick in its own transaction (CronContext::complete) commits its effects and the succeeded state together.';
+
+-- Claims a tick for a tenure. Returns
+--   'claimed'  inserted now: run it;
+--   'ours'     this tenure had claimed it already (the reply to that claim was lost): run it;
+--   'taken'    claimed by another tenure, or already recorded with another state;
+--   'early'    not due yet by the database's clock (this node's clock runs ahead): retry in
+--              early_ms;
+--   'fenced'   the tenure is not the role's current leadership.
+CREATE FUNCTION forge.tick_claim(
+    p_namespace text,
+    p_role      text,
+    p_epoch     bigint,
+    p_tenure    bigint,
+    p_node      text,
+    p_cron      text,
+    p_tick      timestamptz,
+    p_state     text
+) RETURNS TABLE (outcome text, early_ms double precision)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_tenure bigint;
+    v_state  text;
+BEGIN
+    IF p_tick > clock_timestamp() THEN
+        RETURN QUERY SELECT 'early'::text,
+                            extract(epoch FROM p_tick - clock_timestamp())::double precision * 1000;
+        RETURN;
+    END IF;
+    IF NOT forge.fence_holds(p_namespace, p_role, p_epoch, p_tenure) THEN
+        RETURN QUERY SELECT 'fenced'::text, NULL::double precision;
+        RETURN;
+    END IF;
+    INSERT INTO forge.cron_ticks (namespace, cron, scheduled_at, role, epoch, tenure, node_id,
+                                  state, finished_at)
+    VALUES (p_namespace, p_cron, p_tick, p_role, p_epoch, p_tenure, p_node, p_state,
+            CASE WHEN p_state = 'running' THEN NULL ELSE clock_timestamp() END)
+    ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        RETURN QUERY SELECT 'claimed'::text, NULL::double precision;
+        RETURN;
+    END IF;
+    SELECT t.tenure, t.state INTO v_tenure, v_state FROM forge.cron_ticks t
+     WHERE t.namespace = p_namespace AND t.cron = p_cron AND t.scheduled_at = p_tick;
+    RETURN QUERY SELECT CASE WHEN v_tenure = p_tenure AND v_state = p_state THEN 'ours'
+                             ELSE 'taken' END, NULL::double precision;
+END;
+$$;
+
+-- Records the outcome of a run, if the tick is still running under this tenure. Returns
+-- 'recorded', or the tick's state when it was already final (for example 'succeeded' after
+-- the handler completed it in its own transaction), or 'taken' when another tenure owns it.
+CREATE FUNCTION forge.tick_finish(
+    p_namespace text,
+    p_cron      text,
+    p_tick      timestamptz,
+    p_tenure    bigint,
+    p_state     text,
+    p_error     text
+) RETURNS text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_tenure bigint;
+    v_state  text;
+BEGIN
+    PERFORM set_config('synchronous_commit', 'on', true);
+    UPDATE forge.cron_ticks t
+       SET state = p_state, finished_at = clock_timestamp(), error = p_error
+     WHERE t.namespace = p_namespace AND t.cron = p_cron AND t.scheduled_at = p_tick
+       AND t.tenure = p_tenure AND t.state = 'running';
+    IF FOUND THEN
+        RETURN 'recorded';
+    END IF;
+    SELECT t.tenure, t.state INTO v_tenure, v_state FROM forge.cron_ticks t
+     WHERE t.namespace = p_namespace AND t.cron = p_cron AND t.scheduled_at = p_tick;
+    RETURN CASE WHEN NOT FOUND THEN 'missing'
+                WHEN v_tenure <> p_tenure THEN 'taken'
+                ELSE v_state END;
+END;
+$$;
+
+-- Completes a tick inside the handler's own transaction: fenced, and marks the tick
+-- succeeded, so the handler's writes and the tick's outcome commit together (or not at all).
+-- Raises FG001 when the tenure is no longer current and FG002 when the tick is not running
+-- under this tenure.
+CREATE FUNCTION forge.tick_complete(
+    p_namespace text,
+    p_role      text,
+    p_epoch     bigint,
+    p_tenure    bigint,
+    p_cron      text,
+    p_tick      timestamptz
+) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
+    UPDATE forge.cron_ticks t
+       SET state = 'succeeded', finished_at = clock_timestamp(), error = NULL
+     WHERE t.namespace = p_namespace AND t.cron = p_cron AND t.scheduled_at = p_tick
+       AND t.tenure = p_tenure AND t.state IN ('running', 'succeeded');
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'FG002',
+            MESSAGE = format('tick %s of cron %s is not running under this leadership', p_tick, p_cron);
+    END IF;
+END;
+$$;
+
+-- Takes over a tick an earlier tenure left running (rerun: attempt + 1) or marks it abandoned,
+-- fenced. Returns the tick's attempt number when this tenure took it.
+CREATE FUNCTION forge.tick_reclaim(
+    p_namespace text,
+    p_role      text,
+    p_epoch     bigint,
+    p_tenure    bigint,
+    p_node      text,
+    p_cron      text,
+    p_tick      timestamptz,
+    p_rerun     boolean
+) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_attempt integer;
+BEGIN
+    IF NOT forge.fence_holds(p_namespace, p_role, p_epoch, p_tenure) THEN
+        RETURN NULL;
+    END IF;
+    UPDATE forge.cron_ticks t
+       SET attempt = t.attempt + CASE WHEN p_rerun THEN 1 ELSE 0 END,
+           epoch = p_epoch, tenure = p_tenure, node_id = p_node,
+           state = CASE WHEN p_rerun THEN 'running' ELSE 'abandoned' END,
+           claimed_at = clock_timestamp(),
+           finished_at = CASE WHEN p_rerun THEN NULL ELSE clock_timestamp() END,
+           error = CASE WHEN p_rerun THEN NULL
+                        ELSE 'interrupted by the loss of the leadership of epoch ' || t.epoch END
+     WHERE t.namespace = p_namespace AND t.cron = p_cron AND t.scheduled_at = p_tick
+       AND t.state = 'running' AND t.tenure <> p_tenure
+    RETURNING t.attempt INTO v_attempt;
+    RETURN v_attempt;
+END;
+$$;
+
+------------------------------------------------------------------------------------------------
+-- Jobs
+------------------------------------------------------------------------------------------------
+
+-- tenure: the leadership a role job's attempt runs under. started_at: when the running attempt
+-- started; NULL while a job claimed ahead waits for a free slot on its node (such an attempt
+-- never counts when it is rescued).
+ALTER TABLE forge.jobs
+    ADD COLUMN tenure     bigint,
+    ADD COLUMN started_at timestamptz;
+
+-- Gives running jobs back: retried at once (available), or dead when out of attempts, or
+-- cancelled when a cancel was requested. Guarded by (id, attempt, state = running), so a job
+-- that finished or was re-claimed meanwhile is left alone. An attempt that started counts; one
+-- that never started (claimed ahead, waiting for a slot) does not: max_attempts grows by one.
+DROP FUNCTION forge.jobs_rescue(bigint[], integer[], text[], integer);
+CREATE FUNCTION forge.jobs_rescue(
+    p_ids                  bigint[],
+    p_attempts             integer[],
+    p_reasons              text[],
+    p_default_max_attempts integer
+) RETURNS TABLE (id bigint, queue text, kind text, state text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids    bigint[];
+    v_queues text[];
+    v_kinds  text[];
+    v_states text[];
+    v_wake   text[];
+BEGIN
+    WITH r AS (
+        UPDATE forge.jobs j
+           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                            WHEN j.started_at IS NOT NULL
+                             AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts) THEN 'dead'
+                            ELSE 'available' END,
+               max_attempts = CASE WHEN j.started_at IS NULL
+                                   THEN coalesce(j.max_attempts, p_default_max_attempts) + 1
+                                   ELSE j.max_attempts END,
+               finished_at = CASE WHEN j.cancel_requested
+                                    OR (j.started_at IS NOT NULL
+                                        AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts))
+                                  THEN clock_timestamp() END,
+               run_at = CASE WHEN j.cancel_requested
+                               OR (j.started_at IS NOT NULL
+                                   AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts))
+                             THEN j.run_at ELSE clock_timestamp() END,
+               errors = j.errors || jsonb_build_array(jsonb_build_object(
+                   'at', clock_timestamp(), 'attempt', j.attempt, 'node', j.node_id,
+                   'reason', 'rescued',
+                   'error', l.reason || CASE WHEN j.started_at IS NULL
+                                             THEN ' (the attempt had not started; it does not count)'
+                                             ELSE '' END))
+          FROM unnest(p_ids, p_attempts, p_reasons) AS l(id, attempt, reason)
+         WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = 'running'
+        RETURNING j.id, j.queue, j.kind, j.state, j.role, j.namespace
+    )
+    SELECT array_agg(r.id), array_agg(r.queue), array_agg(r.kind), array_agg(r.state),
+           array_agg(DISTINCT r.namespace || ' ' || CASE WHEN r.role IS NULL THEN r.queue ELSE '@' || r.role END)
+               FILTER (WHERE r.state = 'available')
+      INTO v_ids, v_queues, v_kinds, v_states, v_wake
+      FROM r;
+    PERFORM pg_notify('forge_jobs', w) FROM unnest(v_wake) AS w;
+    RETURN QUERY SELECT * FROM unnest(v_ids, v_queues, v_kinds, v_states);
+END;
+$$;
+
+-- One round trip of a worker: mark claimed-ahead jobs that started, record the outcomes of
+-- finished attempts, then claim up to p_limit jobs, the first p_start of which start at once.
+-- Returns the recorded outcomes (claimed = false, with the state written) and the claimed jobs
+-- (claimed = true; state 'running', or 'ahead' for the ones claimed ahead, not started yet).
+--
+-- Outcomes: completed, retryable (after p_delays_ms), available (retry now), dead, cancelled,
+-- released (interrupted by a graceful shutdown or a lost leadership: available again, or
+-- cancelled if a cancel was requested; attempt numbers never go back, so the interrupted
+-- attempt is not counted by raising max_attempts by one). Each is applied only if the job is
+-- still running this attempt on this node, so a node that was presumed dead and rescued cannot
+-- complete the job a second time. A 'completed' outcome of a job its handler already completed
+-- in its own transaction is reported as recorded.
+--
+-- A role worker's claims are fenced: a deposed leader claims nothing (its outcomes are still
+-- recorded, guarded as above).
+DROP FUNCTION forge.jobs_step(text, text, text, text, bigint, text[], integer, bigint[],
+                              integer[], text[], bigint[], jsonb[], integer);
+CREATE FUNCTION forge.jobs_step(
+    p_namespace text,
+    p_node      text,
+    p_queue     text,
+    p_role      text,
+    p_epoch     bigint,
+    p_tenure    bigint,
+    p_kinds     text[],
+    p_limit     integer,
+    p_start     integer,
+    p_started   bigint[],
+    p_ids       bigint[],
+    p_attempts  integer[],
+    p_states    text[],
+    p_delays_ms bigint[],
+    p_errors    jsonb[],
+    p_default_max_attempts integer
+) RETURNS TABLE (id bigint, claimed boolean, kind text, args jsonb, attempt integer,
+                 max_attempts integer, timeout_ms bigint, pickup_ms double precision, state text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids    bigint[];
+    v_states text[];
+    v_due    timestamptz;
+    v_wake   text[];
+BEGIN
+    IF cardinality(p_started) > 0 THEN
+        UPDATE forge.jobs j SET started_at = clock_timestamp()
+         WHERE j.id = ANY (p_started) AND j.node_id = p_node AND j.state = 'running'
+           AND j.started_at IS NULL;
+    END IF;
+
+    IF cardinality(p_ids) > 0 THEN
+        WITH o AS (
+            SELECT * FROM unnest(p_ids, p_attempts, p_states, p_delays_ms, p_errors)
+                       AS o(id, attempt, state, delay_ms, error)
+        ), u AS (
+            UPDATE forge.jobs j
+               SET state = CASE
+                       WHEN o.state IN ('retryable', 'available', 'released') AND j.cancel_requested
+                           THEN 'cancelled'
+                       WHEN o.state = 'released' THEN 'available'
+                       ELSE o.state END,
+                   max_attempts = CASE WHEN o.state = 'released'
+                       THEN coalesce(j.max_attempts, p_default_max_attempts) + 1
+                       ELSE j.max_attempts END,
+                   run_at = CASE
+                       WHEN o.state = 'retryable'
+                           THEN clock_timestamp() + coalesce(o.delay_ms, 0) * interval '1 millisecond'
+                       WHEN o.state IN ('available', 'released') THEN clock_timestamp()
+                       ELSE j.run_at END,
+                   finished_at = CASE
+                       WHEN o.state IN ('completed', 'dead', 'cancelled')
+                         OR (o.state IN ('retryable', 'available', 'released') AND j.cancel_requested)
+                       THEN clock_timestamp() END,
+                   errors = CASE WHEN o.error IS NULL THEN j.errors
+                       ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                           'at', clock_timestamp(), 'attempt', j.attempt, 'node', p_node) || o.error)
+                       END
+              FROM o
+             WHERE j.id = o.id AND j.attempt = o.attempt AND j.node_id = p_node
+               AND j.state = 'running'
+            RETURNING j.id, j.state, j.run_at, j.queue, j.role
+        ), done AS (
+            -- Completed in the handler's own transaction: nothing to write.
+            SELECT j.id, j.state FROM forge.jobs j JOIN o ON o.id = j.id
+             WHERE o.state = 'completed' AND j.state = 'completed' AND j.attempt = o.attempt
+               AND j.node_id = p_node
+        )
+        SELECT array_agg(x.id), array_agg(x.state),
+               min(x.run_at) FILTER (WHERE x.state = 'retryable'),
+               array_agg(DISTINCT CASE WHEN x.role IS NULL THEN x.queue ELSE '@' || x.role END)
+                   FILTER (WHERE x.state = 'available')
+          INTO v_ids, v_states, v_due, v_wake
+          FROM (SELECT u.id, u.state, u.run_at, u.queue, u.role FROM u
+                UNION ALL
+                SELECT done.id, done.state, NULL, NULL, NULL FROM done) x;
+        IF v_due IS NOT NULL THEN
+            PERFORM pg_notify('forge_jobs_due',
+                              p_namespace || ' ' || (extract(epoch FROM v_due) * 1000)::bigint);
+        END IF;
+        PERFORM pg_notify('forge_jobs', p_namespace || ' ' || w) FROM unnest(v_wake) AS w;
+        RETURN QUERY SELECT d.id, false, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
+                            NULL::bigint, NULL::double precision, d.state
+                       FROM unnest(v_ids, v_states) AS d(id, state);
+    END IF;
+
+    IF p_limit <= 0 OR (p_role IS NOT NULL
+                        AND NOT forge.fence_holds(p_namespace, p_role, p_epoch, p_tenure)) THEN
+        RETURN;
+    END IF;
+    -- Two branches, so that each matches its partial index (jobs_claim, jobs_claim_role) in
+    -- plpgsql's cached generic plan.
+    IF p_role IS NULL THEN
+        RETURN QUERY
+        WITH c AS (
+            SELECT j.id, j.priority, j.run_at FROM forge.jobs j
+             WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
+               AND j.role IS NULL AND j.kind = ANY (p_kinds)
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED
+        ), n AS (
+            SELECT c.id, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS rn FROM c
+        )
+        UPDATE forge.jobs j
+           SET state = 'running', attempt = j.attempt + 1, node_id = p_node, epoch = NULL,
+               tenure = NULL, attempted_at = clock_timestamp(),
+               started_at = CASE WHEN n.rn <= p_start THEN clock_timestamp() END
+          FROM n
+         WHERE j.id = n.id
+        RETURNING j.id, true, j.kind, j.args, j.attempt, j.max_attempts, j.timeout_ms,
+                  extract(epoch FROM j.attempted_at - j.run_at)::double precision * 1000,
+                  CASE WHEN j.started_at IS NULL THEN 'ahead' ELSE j.state END;
+    ELSE
+        RETURN QUERY
+        WITH c AS (
+            SELECT j.id, j.priority, j.run_at FROM forge.jobs j
+             WHERE j.namespace = p_namespace AND j.role = p_role AND j.queue = p_queue
+               AND j.state = 'available' AND j.kind = ANY (p_kinds)
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED
+        ), n AS (
+            SELECT c.id, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS rn FROM c
+        )
+        UPDATE forge.jobs j
+           SET state = 'running', attempt = j.attempt + 1, node_id = p_node, epoch = p_epoch,
+               tenure = p_tenure, attempted_at = clock_timestamp(),
+               started_at = CASE WHEN n.rn <= p_start THEN clock_timestamp() END
+          FROM n
+         WHERE j.id = n.id
+        RETURNING j.id, true, j.kind, j.args, j.attempt, j.max_attempts, j.timeout_ms,
+                  extract(epoch FROM j.attempted_at - j.run_at)::double precision * 1000,
+                  CASE WHEN j.started_at IS NULL THEN 'ahead' ELSE j.state END;
+    END IF;
+END;
+$$;
+
+-- A worker's check of its own running jobs, after a failed round trip or a LISTEN outage:
+-- jobs running on this node for this worker that the worker does not know (a claim whose
+-- response was lost, an ended role tenure) are rescued; for the jobs it knows, it learns
+-- which were cancelled ('cancel') or taken away from it ('gone'). Role workers also rescue
+-- jobs of their role left running under another tenure, on any node.
+DROP FUNCTION forge.jobs_reconcile(text, text, text, text, bigint, bigint[], integer[], integer);
+CREATE FUNCTION forge.jobs_reconcile(
+    p_namespace            text,
+    p_node                 text,
+    p_queue                text,
+    p_role                 text,
+    p_tenure               bigint,
+    p_ids                  bigint[],
+    p_attempts             integer[],
+    p_default_max_attempts integer
+) RETURNS TABLE (id bigint, status text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids      bigint[];
+    v_attempts integer[];
+    v_reasons  text[];
+BEGIN
+    SELECT array_agg(j.id), array_agg(j.attempt),
+           array_agg(CASE WHEN j.node_id = p_node AND j.tenure IS NOT DISTINCT FROM p_tenure
+                          THEN 'orphaned: claimed by node ' || p_node || ' but not running there'
+                          ELSE 'the leadership of role ' || j.role || ' at epoch ' || j.epoch || ' ended' END)
+      INTO v_ids, v_attempts, v_reasons
+      FROM forge.jobs j
+     WHERE j.namespace = p_namespace AND j.state = 'running' AND j.queue = p_queue
+       AND j.role IS NOT DISTINCT FROM p_role
+       AND ((j.node_id = p_node AND NOT (j.id = ANY (p_ids)))
+            OR (p_role IS NOT NULL AND j.tenure IS DISTINCT FROM p_tenure));
+    IF v_ids IS NOT NULL THEN
+        PERFORM forge.jobs_rescue(v_ids, v_attempts, v_reasons, p_default_max_attempts);
+    END IF;
+
+    RETURN QUERY
+    SELECT k.id, CASE WHEN j.id IS NULL OR j.state <> 'running' OR j.node_id <> p_node
+                           OR j.attempt <> k.attempt THEN 'gone'
+                      ELSE 'cancel' END
+      FROM unnest(p_ids, p_attempts) AS k(id, attempt)
+      LEFT JOIN forge.jobs j ON j.id = k.id
+     WHERE j.id IS NULL OR j.state <> 'running' OR j.node_id <> p_node OR j.attempt <> k.attempt
+        OR j.cancel_requested;
+END;
+$$;
+
+-- Completes a job inside its handler's own transaction (River's JobCompleteTx): the handler's
+-- writes and the job's completion commit together, or not at all. Guarded like every outcome
+-- (this attempt, this node, still running); a role job is also fenced by its tenure. Raises
+-- FG001 when fenced and FG002 when the job is no longer running this attempt on this node.
+CREATE FUNCTION forge.jobs_complete(
+    p_id        bigint,
+    p_attempt   integer,
+    p_node      text,
+    p_namespace text,
+    p_role      text,
+    p_epoch     bigint,
+    p_tenure    bigint
+) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_state text;
+    v_node  text;
+    v_attempt integer;
+BEGIN
+    IF p_role IS NOT NULL THEN
+        PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
+    END IF;
+    PERFORM set_config('synchronous_commit', 'on', true);
+    UPDATE forge.jobs j
+       SET state = 'completed', finished_at = clock_timestamp()
+     WHERE j.id = p_id AND j.attempt = p_attempt AND j.node_id = p_node AND j.state = 'running';
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT j.state, j.node_id, j.attempt INTO v_state, v_node, v_attempt
+      FROM forge.jobs j WHERE j.id = p_id;
+    IF v_state = 'completed' AND v_node = p_node AND v_attempt = p_attempt THEN
+        RETURN;
+    END IF;
+    RAISE EXCEPTION USING
+        ERRCODE = 'FG002',
+        MESSAGE = format('job %s is no longer running attempt %s on node %s', p_id, p_attempt, p_node),
+        DETAIL = CASE WHEN v_state IS NULL THEN 'the job no longer exists'
+                      ELSE format('it is %s (attempt %s, node %s)', v_state, v_attempt, v_node) END;
+END;
+$$;
+
+-- The scheduler leader's pass, fenced by its tenure: rescue the running jobs of nodes that
+-- are down or stopped (membership says so, with evidence; see 0004) and of role leaderships
+-- that ended, promote due jobs, prune finished jobs by retention, and report queue depths.
+-- Rows:
+--   ('rescued', queue, kind, new state, n)   jobs taken back
+--   ('pruned',  NULL,  NULL, state, n)       finished jobs deleted by retention
+--   ('depth',   queue, kind, state, n)       unfinished jobs
+--   ('next_due', NULL, NULL, NULL, ms, at)   how long until the next scheduled job is due, and
+--                                            the server's clock
+DROP FUNCTION forge.jobs_maintain(text, bigint, bigint, integer, bigint, bigint, integer);
+CREATE FUNCTION forge.jobs_maintain(
+    p_namespace              text,
+    p_role                   text,
+    p_epoch                  bigint,
+    p_tenure                 bigint,
+    p_default_max_attempts   integer,
+    p_completed_retention_ms bigint,
+    p_dead_retention_ms      bigint,
+    p_limit                  integer
+) RETURNS TABLE (event text, queue text, kind text, state text, n double precision,
+                 at timestamptz)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids      bigint[];
+    v_attempts integer[];
+    v_reasons  text[];
+    v_pruned   bigint;
+    v_promote  record;
+BEGIN
+    PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
+    WITH lost AS (
+        SELECT j.id, j.attempt,
+               CASE
+                   WHEN j.role IS NOT NULL AND NOT EXISTS (
+                           SELECT 1 FROM forge.leaders l
+                            WHERE l.namespace = j.namespace AND l.role = j.role
+                              AND l.tenure IS NOT DISTINCT FROM j.tenure AND l.released_at IS NULL)
+                       THEN 'the leadership of role ' || j.role || ' at epoch '
+                            || coalesce(j.epoch::text, '?') || ' ended'
+                   WHEN nd.node_id IS NULL
+                       THEN 'node ' || j.node_id || ' is not a member of the cluster'
+                   WHEN nd.stopped_at IS NOT NULL
+                       THEN 'node ' || j.node_id || ' stopped without finishing the attempt'
+                   WHEN nd.down_at IS NOT NULL
+                       THEN 'node ' || j.node_id || ' is down: ' || coalesce(nd.down_reason, '?')
+               END AS reason
+          FROM forge.jobs j
+          LEFT JOIN forge.nodes nd ON nd.namespace = j.namespace AND nd.node_id = j.node_id
+         WHERE j.namespace = p_namespace AND j.state = 'running'
+    )
+    SELECT array_agg(lost.id), array_agg(lost.attempt), array_agg(lost.reason)
+      INTO v_ids, v_attempts, v_reasons
+      FROM lost WHERE lost.reason IS NOT NULL;
+    IF v_ids IS NOT NULL THEN
+        RETURN QUERY
+        SELECT 'rescued', r.queue, r.kind, r.state, count(*)::double precision, NULL::timestamptz
+          FROM forge.jobs_rescue(v_ids, v_attempts, v_reasons, p_default_max_attempts) r
+         GROUP BY r.queue, r.kind, r.state;
+    END IF;
+
+    WITH d AS (
+        DELETE FROM forge.jobs j
+         WHERE j.id IN (SELECT f.id FROM forge.jobs f
+                         WHERE f.namespace = p_namespace AND f.state IN ('completed', 'cancelled')
+                           AND f.finished_at < clock_timestamp() - p_completed_retention_ms * interval '1 millisecond'
+                         LIMIT p_limit)
+        RETURNING 1
+    ) SELECT count(*) INTO v_pruned FROM d;
+    IF v_pruned > 0 THEN
+        RETURN QUERY SELECT 'pruned', NULL::text, NULL::text, 'completed', v_pruned::double precision, NULL::timestamptz;
+    END IF;
+    WITH d AS (
+        DELETE FROM forge.jobs j
+         WHERE j.id IN (SELECT f.id FROM forge.jobs f
+                         WHERE f.namespace = p_namespace AND f.state = 'dead'
+                           AND f.finished_at < clock_timestamp() - p_dead_retention_ms * interval '1 millisecond'
+                         LIMIT p_limit)
+        RETURNING 1
+    ) SELECT count(*) INTO v_pruned FROM d;
+    IF v_pruned > 0 THEN
+        RETURN QUERY SELECT 'pruned', NULL::text, NULL::text, 'dead', v_pruned::double precision, NULL::timestamptz;
+    END IF;
+
+    SELECT * INTO v_promote FROM forge.jobs_promote(p_namespace, p_limit);
+    RETURN QUERY SELECT 'next_due', NULL::text, NULL::text, NULL::text, v_promote.next_due_in_ms,
+                        v_promote.server_now;
+
+    RETURN QUERY
+    SELECT 'depth', j.queue, j.kind, j.state, count(*)::double precision, NULL::timestamptz
+      FROM forge.jobs j
+     WHERE j.namespace = p_namespace AND j.state IN ('available', 'scheduled', 'running', 'retryable')
+     GROUP BY j.queue, j.kind, j.state;
+END;
+$$;
+
+-- Registration moved to membership (forge.node_join). What remains for jobs at a node's start:
+-- rescue what the node's previous run left running. The node holds its id's lock (0004), so no
+-- other live process can be running these.
+DROP FUNCTION forge.jobs_node_start(text, text, jsonb, integer);
+CREATE FUNCTION forge.jobs_rescue_own(
+    p_namespace            text,
+    p_node                 text,
+    p_default_max_attempts integer
+) RETURNS TABLE (id bigint, queue text, kind text, state text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids      bigint[];
+    v_attempts integer[];
+BEGIN
+    SELECT array_agg(j.id), array_agg(j.attempt) INTO v_ids, v_attempts
+      FROM forge.jobs j
+     WHERE j.namespace = p_namespace AND j.node_id = p_node AND j.state = 'running';
+    IF v_ids IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM forge.jobs_rescue(
+            v_ids, v_attempts,
+            array_fill('node ' || p_node || ' restarted during the attempt', ARRAY[cardinality(v_ids)]),
+            p_default_max_attempts);
+    END IF;
+END;
+$$;

@@ -1,0 +1,377 @@
+//! `forge.toml`: the whole configuration of a node, made of the core's sections and the
+//! scheduler's, with human durations, environment overrides for what differs per node, and
+//! errors that name the file, the key and the line.
+//!
+//! Every key, with its default, is documented in the workspace's `forge.toml`, which a test
+//! parses and compares with [`Config::default`], so the reference cannot drift from the code.
+
+use std::fmt;
+use std::path::Path;
+
+use forge_core::config::{ConfigSource, read_file};
+use forge_core::{
+    ClusterConfig, CoreConfig, DatabaseConfig, Env, LockNamespace, MetricsConfig, NodeConfig,
+    NodeId, ProcessEnv, Result, Role, no_env,
+};
+use forge_scheduler::{CronConfig, JobsConfig};
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration of a node (`forge.toml`).
+///
+/// Build it from a file with [`Config::load`], from the environment alone with
+/// [`Config::from_env`], from text with [`Config::from_toml`], or start from
+/// [`Config::default`] and set fields in code.
+///
+/// ```
+/// use forge::Config;
+///
+/// let config = Config::from_toml(
+///     r#"
+///     [database]
+///     url = "postgres://app@localhost/app"
+///
+///     [cluster.leader_election]
+///     lease_duration = "10s"
+///     refresh_interval = "2s"
+///     "#,
+/// )
+/// .unwrap();
+/// assert_eq!(config.cluster.leader_election.lease_duration.as_secs(), 10);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Config {
+    /// `[database]`
+    pub database: DatabaseConfig,
+    /// `[node]`
+    pub node: NodeConfig,
+    /// `[cluster]`: namespace, `[cluster.leader_election]`, `[cluster.membership]`
+    pub cluster: ClusterConfig,
+    /// `[metrics]`
+    pub metrics: MetricsConfig,
+    /// `[cron]`
+    pub cron: CronConfig,
+    /// `[jobs]`
+    pub jobs: JobsConfig,
+}
+
+impl Config {
+    /// Reads `path`, applies the environment overrides (`DATABASE_URL`, `FORGE_NODE_ID`,
+    /// `HOSTNAME`, `FORGE_ROLES`, `FORGE_METRICS_LISTEN`) and validates.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config> {
+        Config::load_with_env(path, &ProcessEnv)
+    }
+
+    /// [`Config::load`] with an explicit environment.
+    pub fn load_with_env(path: impl AsRef<Path>, env: &dyn Env) -> Result<Config> {
+        let path = path.as_ref();
+        let text = read_file(path)?;
+        Config::parse(&text, Some(path), env)
+    }
+
+    /// Parses TOML text without consulting the environment, and validates.
+    pub fn from_toml(text: &str) -> Result<Config> {
+        Config::parse(text, None, &no_env)
+    }
+
+    /// The defaults with the environment's overrides (no file): `DATABASE_URL` is enough to
+    /// run a node.
+    pub fn from_env() -> Result<Config> {
+        Config::parse("", None, &ProcessEnv)
+    }
+
+    /// Parses TOML text, applies overrides from `env`, and validates. `path` is only used in
+    /// error messages.
+    pub fn parse(text: &str, path: Option<&Path>, env: &dyn Env) -> Result<Config> {
+        let source = ConfigSource::new(text, path);
+        let mut config: Config = toml::from_str(text).map_err(|err| source.toml_error(&err))?;
+        let mut core = config.core();
+        core.apply_env(env)?;
+        config.set_core(core);
+        config.validate_at(&source)?;
+        Ok(config)
+    }
+
+    /// Checks values and combinations (a config built in code should be validated too;
+    /// `NodeBuilder::start` does it).
+    pub fn validate(&self) -> Result<()> {
+        self.validate_at(&ConfigSource::default())
+    }
+
+    fn validate_at(&self, at: &ConfigSource<'_>) -> Result<()> {
+        self.core().validate(at)?;
+        self.cron.validate(at)?;
+        self.jobs.validate(at)
+    }
+
+    /// The core's sections.
+    pub fn core(&self) -> CoreConfig {
+        CoreConfig::new(
+            self.database.clone(),
+            self.node.clone(),
+            self.cluster.clone(),
+            self.metrics.clone(),
+        )
+    }
+
+    fn set_core(&mut self, core: CoreConfig) {
+        self.database = core.database;
+        self.node = core.node;
+        self.cluster = core.cluster;
+        self.metrics = core.metrics;
+    }
+
+    /// The database URL, or an error that says how to provide one.
+    pub fn database_url(&self) -> Result<&str> {
+        self.database.url()
+    }
+
+    /// The roles listed in `[node] roles`, parsed.
+    pub fn roles(&self) -> Result<Vec<Role>> {
+        self.node.roles()
+    }
+
+    /// The lock namespace, parsed.
+    pub fn lock_namespace(&self) -> Result<LockNamespace> {
+        self.cluster.namespace()
+    }
+
+    /// The node id: the configured one, else a generated one.
+    pub fn node_id(&self) -> Result<NodeId> {
+        self.node.node_id()
+    }
+}
+
+impl fmt::Display for Config {
+    /// The configuration as TOML (the database password redacted).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.clone();
+        shown.database.url = shown.database.url.as_deref().map(forge_core::redact_url);
+        match toml::to_string_pretty(&shown) {
+            Ok(text) => f.write_str(&text),
+            Err(_) => Err(fmt::Error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn parse_err(text: &str) -> String {
+        Config::parse(text, Some(Path::new("forge.toml")), &no_env)
+            .unwrap_err()
+            .to_string()
+    }
+
+    fn reference_path() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("forge.toml")
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().unwrap();
+        assert_eq!(Config::from_toml("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn unknown_keys_name_file_key_and_line() {
+        let msg =
+            parse_err("[cluster.leader_election]\nlease_duration = \"10s\"\nleese = \"1s\"\n");
+        assert!(
+            msg.starts_with("forge.toml:3: `cluster.leader_election.leese`"),
+            "{msg}"
+        );
+        assert!(msg.contains("unknown field `leese`"), "{msg}");
+        let msg = parse_err("[databse]\nurl = \"postgres://x\"\n");
+        assert!(msg.starts_with("forge.toml:1: `databse`"), "{msg}");
+    }
+
+    #[test]
+    fn bad_durations_say_what_is_valid() {
+        let msg = parse_err("[cluster.leader_election]\nlease_duration = \"ten seconds\"\n");
+        assert!(
+            msg.starts_with("forge.toml:2: `cluster.leader_election.lease_duration`"),
+            "{msg}"
+        );
+        assert!(msg.contains("\"5s\""), "{msg}");
+        let msg = parse_err("[cluster.leader_election]\nlock_timeout = 10\n");
+        assert!(msg.contains("expected a duration string"), "{msg}");
+    }
+
+    #[test]
+    fn absurd_durations_are_errors_not_panics() {
+        let msg = parse_err("[jobs]\ncompleted_retention = \"300000y\"\n");
+        assert!(
+            msg.starts_with("forge.toml:2: `jobs.completed_retention`"),
+            "{msg}"
+        );
+        assert!(msg.contains("longer than the longest duration"), "{msg}");
+        let msg = parse_err("[cron]\nmisfire_threshold = \"99999999999999999999s\"\n");
+        assert!(msg.contains("cron.misfire_threshold"), "{msg}");
+    }
+
+    #[test]
+    fn impossible_combinations_are_rejected_at_the_right_line() {
+        let msg = parse_err(
+            "[cluster.leader_election]\nlease_duration = \"10s\"\nrefresh_interval = \"10s\"\n",
+        );
+        assert!(
+            msg.starts_with("forge.toml:3: `cluster.leader_election.refresh_interval`"),
+            "{msg}"
+        );
+        assert!(msg.contains("at most half of lease_duration"), "{msg}");
+        let msg = parse_err(
+            "[cluster.leader_election]\nlease_duration = \"500ms\"\nrefresh_interval = \"100ms\"\n",
+        );
+        assert!(msg.contains("at least 1s"), "{msg}");
+        let msg = parse_err("[database]\nurl = \"mysql://root:pw@x/db\"\n");
+        assert!(
+            msg.contains("not a PostgreSQL URL") && !msg.contains("pw"),
+            "{msg}"
+        );
+        let msg = parse_err("[node]\nroles = [\"Scheduler\"]\n");
+        assert!(msg.starts_with("forge.toml:2: `node.roles`"), "{msg}");
+        let msg = parse_err("[cluster.membership]\ndrift_after = \"1m\"\ndown_after = \"30s\"\n");
+        assert!(
+            msg.starts_with("forge.toml:3: `cluster.membership.down_after`"),
+            "{msg}"
+        );
+        let msg = parse_err("[cluster.membership]\nheartbeat_interval = \"10s\"\n");
+        assert!(
+            msg.contains("cluster.membership.drift_after") && msg.contains("twice"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn bad_job_settings_name_the_key_and_line() {
+        let msg = parse_err("[jobs.queues]\ndefault = 0\n");
+        assert!(
+            msg.starts_with("forge.toml:2: `jobs.queues.default`"),
+            "{msg}"
+        );
+        let msg = parse_err("[jobs.queues]\n\"mail ers\" = 4\n");
+        assert!(msg.contains("invalid queue name"), "{msg}");
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let env = |name: &str| match name {
+            "DATABASE_URL" => Some("postgres://env@db/app".to_owned()),
+            "HOSTNAME" => Some("pod-7".to_owned()),
+            "FORGE_METRICS_LISTEN" => Some("127.0.0.1:9999".to_owned()),
+            "FORGE_ROLES" => Some("scheduler, reports".to_owned()),
+            _ => None,
+        };
+        let text = "[database]\nurl = \"postgres://file@db/app\"\n";
+        let config = Config::parse(text, None, &env).unwrap();
+        assert_eq!(
+            config.database.url.as_deref(),
+            Some("postgres://env@db/app")
+        );
+        assert_eq!(config.node.id.as_deref(), Some("pod-7"));
+        assert_eq!(
+            config.metrics.listen,
+            Some("127.0.0.1:9999".parse().unwrap())
+        );
+        assert_eq!(config.node.roles, ["scheduler", "reports"]);
+
+        let env = |name: &str| match name {
+            "FORGE_NODE_ID" => Some("explicit".to_owned()),
+            "HOSTNAME" => Some("pod-7".to_owned()),
+            "FORGE_METRICS_LISTEN" => Some("off".to_owned()),
+            _ => None,
+        };
+        let config = Config::parse("[metrics]\nlisten = \"0.0.0.0:1\"", None, &env).unwrap();
+        assert_eq!(config.node.id.as_deref(), Some("explicit"));
+        assert_eq!(config.metrics.listen, None);
+
+        let env = |name: &str| (name == "FORGE_METRICS_LISTEN").then(|| "nope".to_owned());
+        let msg = Config::parse("", None, &env).unwrap_err().to_string();
+        assert!(
+            msg.contains("FORGE_METRICS_LISTEN") && msg.contains("host:port"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn debug_and_display_never_show_the_password() {
+        let mut config = Config::default();
+        config.database.url = Some("postgres://app:hunter2@db/app?password=hunter2".into());
+        for shown in [format!("{config:?}"), config.to_string()] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
+    }
+
+    /// The reference forge.toml sets every key to its default, and documents the optional
+    /// ones as commented-out lines, each in its own section.
+    #[test]
+    fn reference_file_documents_every_key_with_its_default() {
+        let path = reference_path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let parsed = Config::parse(&text, Some(&path), &no_env).unwrap();
+        assert_eq!(
+            parsed,
+            Config::default(),
+            "forge.toml values differ from the defaults"
+        );
+
+        let mut full = Config::default();
+        full.database.url = Some("postgres://x@y/z".into());
+        full.node.id = Some("n".into());
+        full.metrics.listen = Some("0.0.0.0:1".parse().unwrap());
+        let mut keys = Vec::new();
+        collect_keys(&toml::Value::try_from(&full).unwrap(), "", &mut keys);
+        assert!(keys.len() >= 20, "{keys:?}");
+        for (section, key) in keys {
+            let documented = section_lines(&text, &section).any(|line| {
+                let line = line.trim_start_matches('#').trim_start();
+                line.strip_prefix(key.as_str())
+                    .is_some_and(|rest| rest.trim_start().starts_with('='))
+            });
+            assert!(
+                documented,
+                "forge.toml does not document `{key}` in [{section}]"
+            );
+        }
+    }
+
+    fn collect_keys(value: &toml::Value, section: &str, out: &mut Vec<(String, String)>) {
+        if let toml::Value::Table(table) = value {
+            for (key, child) in table {
+                if child.is_table() {
+                    let nested = if section.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{section}.{key}")
+                    };
+                    collect_keys(child, &nested, out);
+                } else {
+                    out.push((section.to_owned(), key.clone()));
+                }
+            }
+        }
+    }
+
+    fn section_lines<'a>(text: &'a str, section: &str) -> impl Iterator<Item = &'a str> {
+        let header = format!("[{section}]");
+        text.lines()
+            .skip_while(move |line| line.trim() != header)
+            .skip(1)
+            .take_while(|line| !line.trim_start().starts_with('['))
+    }
+
+    #[test]
+    fn missing_database_url_says_how_to_set_it() {
+        let msg = Config::default().database_url().unwrap_err().to_string();
+        assert!(
+            msg.contains("DATABASE_URL") && msg.contains("[database] url"),
+            "{msg}"
+        );
+    }
+}

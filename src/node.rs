@@ -1,0 +1,274 @@
+//! The node: assembled in one place from the core, the crons, the job queue, and whatever the
+//! application registers.
+
+use std::future::Future;
+
+use forge_core::{
+    Assembly, Component, Leadership, Metrics, NodeContext, NodeId, Result, Role, RoleState, Runtime,
+};
+use forge_scheduler::jobs::{Job, JobQueue, JobRegistry, Jobs};
+use forge_scheduler::{Cron, CronJob, Crons};
+use sqlx::PgPool;
+use sqlx::migrate::Migrator;
+use tokio::sync::watch;
+
+use crate::Config;
+
+/// Something the application adds to the assembly (a leader task, a service).
+type Addition = Box<dyn FnOnce(&mut Assembly) + Send>;
+
+/// Builds a [`Node`]: register crons, jobs, leader-only work, services and your migrations,
+/// then [`NodeBuilder::start`].
+///
+/// Every `#[cron]` and `#[job]` linked into the binary is registered automatically (see
+/// [`NodeBuilder::auto_register`] for the caveats); [`NodeBuilder::cron`] and
+/// [`NodeBuilder::job`] register explicitly.
+///
+/// ```no_run
+/// use forge::{Config, Node, Role};
+///
+/// # async fn demo() -> forge::Result<()> {
+/// let node = Node::builder(Config::from_env()?)
+///     .leader_task(Role::SCHEDULER, "announce", |leadership| async move {
+///         println!("leading {} at epoch {}", leadership.role(), leadership.epoch());
+///         leadership.stopping().await;
+///     })
+///     .start()
+///     .await?;
+/// node.run_until_signal().await;
+/// # Ok(()) }
+/// ```
+pub struct NodeBuilder {
+    config: Config,
+    crons: Vec<CronJob>,
+    jobs: JobRegistry,
+    auto_register: bool,
+    additions: Vec<Addition>,
+    components: Vec<Box<dyn Component>>,
+    migrator: Option<Migrator>,
+    version: Option<String>,
+    error: Option<forge_core::Error>,
+}
+
+impl NodeBuilder {
+    fn new(config: Config) -> NodeBuilder {
+        NodeBuilder {
+            config,
+            crons: Vec::new(),
+            jobs: JobRegistry::default(),
+            auto_register: true,
+            additions: Vec::new(),
+            components: Vec::new(),
+            migrator: None,
+            version: None,
+            error: None,
+        }
+    }
+
+    /// Registers a cron (a `#[cron]` function, or a [`CronJob`] built in code).
+    pub fn cron(mut self, cron: impl Cron) -> Self {
+        match cron.cron_job() {
+            Ok(job) => self.crons.push(job),
+            Err(err) => {
+                self.error.get_or_insert(err);
+            }
+        }
+        self
+    }
+
+    /// Registers a job type (a `#[job]` function).
+    pub fn job<J: Job>(mut self, job: J) -> Self {
+        if let Err(err) = self.jobs.add(job) {
+            self.error.get_or_insert(err);
+        }
+        self
+    }
+
+    /// Whether every `#[cron]` and `#[job]` linked into the binary is registered (default:
+    /// yes). Registration happens at link time through the `inventory` crate: a `#[cron]` in a
+    /// library crate is only linked if the binary uses something from that crate, so a
+    /// library of crons should be registered explicitly (or referenced), and test binaries
+    /// that start several differently-equipped nodes should turn this off.
+    pub fn auto_register(mut self, enabled: bool) -> Self {
+        self.auto_register = enabled;
+        self
+    }
+
+    /// Registers leader-only work for `role`: `task` is called with a [`Leadership`] each time
+    /// this node wins the role, and its future is dropped the moment the leadership is lost.
+    /// On a graceful shutdown [`Leadership::stopping`] resolves first and the future gets up
+    /// to `drain_timeout` to finish (the lease is still renewed meanwhile).
+    pub fn leader_task<F, Fut>(mut self, role: Role, name: impl Into<String>, task: F) -> Self
+    where
+        F: Fn(Leadership) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let name = name.into();
+        self.additions.push(Box::new(move |assembly| {
+            assembly.leader_task(role, name, task);
+        }));
+        self
+    }
+
+    /// Registers a service that runs on every node from start to shutdown; it must return soon
+    /// after [`NodeContext::shutdown`] is cancelled.
+    pub fn service<F, Fut>(mut self, name: impl Into<String>, service: F) -> Self
+    where
+        F: FnOnce(NodeContext) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let name = name.into();
+        self.additions.push(Box::new(move |assembly| {
+            assembly.service(name, service);
+        }));
+        self
+    }
+
+    /// Adds a [`Component`]: work that brings its own leader tasks, services, LISTEN channels,
+    /// metrics and shutdown budget (the crons and the job queue are components too).
+    pub fn component(mut self, component: impl Component) -> Self {
+        self.components.push(Box::new(component));
+        self
+    }
+
+    /// The application's own migrations (`sqlx::migrate!()`): applied after FORGE's and
+    /// before any cron, job or leader task starts. Nodes starting together serialize on sqlx's
+    /// migration lock, so the application's tables exist before its crons run, and exactly one
+    /// node applies each migration.
+    pub fn migrations(mut self, migrator: Migrator) -> Self {
+        self.migrator = Some(migrator);
+        self
+    }
+
+    /// The application's version, shown in membership (`forge.nodes.version`); default:
+    /// FORGE's own.
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.version = Some(version.into());
+        self
+    }
+
+    /// The configuration the node will start with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Validates everything registered, connects (retrying for `connect_timeout`), refuses
+    /// transaction poolers and duplicate node ids, applies FORGE's migrations and yours, and
+    /// starts campaigning: crons run on the leaders of their roles, jobs on every node.
+    pub async fn start(mut self) -> Result<Node> {
+        if let Some(err) = self.error.take() {
+            return Err(err);
+        }
+        self.config.validate()?;
+        if self.auto_register {
+            for cron in forge_scheduler::__private::registered_crons() {
+                self.crons.push(cron?);
+            }
+            forge_scheduler::__private::register_jobs(&mut self.jobs)?;
+        }
+        let mut assembly = Assembly::new(self.config.core())?;
+        let crons = Crons::new(self.crons, self.config.cron.clone())?;
+        assembly.install(Box::new(crons))?;
+        assembly.install(Box::new(JobQueue::new(self.jobs, self.config.jobs.clone())))?;
+        for component in self.components {
+            assembly.install(component)?;
+        }
+        for addition in self.additions {
+            addition(&mut assembly);
+        }
+        if let Some(migrator) = self.migrator {
+            assembly.app_migrations(migrator);
+        }
+        if let Some(version) = self.version {
+            assembly.version(version);
+        }
+        let runtime = assembly.start().await?;
+        let context = runtime.context();
+        let jobs = Jobs::for_node(
+            context.pool().clone(),
+            context.namespace(),
+            context.metrics().clone(),
+        );
+        Ok(Node { runtime, jobs })
+    }
+}
+
+/// A running node. Cheap to clone; all clones refer to the same node.
+#[derive(Clone)]
+pub struct Node {
+    runtime: Runtime,
+    jobs: Jobs,
+}
+
+impl Node {
+    /// A builder for a node with this configuration.
+    pub fn builder(config: Config) -> NodeBuilder {
+        NodeBuilder::new(config)
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> &NodeId {
+        self.runtime.id()
+    }
+
+    /// The node's connection pool (for your own queries as well).
+    pub fn pool(&self) -> &PgPool {
+        self.runtime.context().pool()
+    }
+
+    /// Enqueue, inspect and cancel jobs through this node's pool and namespace.
+    pub fn jobs(&self) -> &Jobs {
+        &self.jobs
+    }
+
+    /// The node's context, as services get it.
+    pub fn context(&self) -> &NodeContext {
+        self.runtime.context()
+    }
+
+    /// The roles this node campaigns for.
+    pub fn roles(&self) -> Vec<Role> {
+        self.runtime.roles()
+    }
+
+    /// Whether this node leads a role (with its epoch) or follows (with the current leader);
+    /// `None` if it does not campaign for it.
+    pub fn role_state(&self, role: &Role) -> Option<RoleState> {
+        self.runtime.role_state(role)
+    }
+
+    /// A receiver that sees every state change of a role.
+    pub fn watch_role(&self, role: &Role) -> Option<watch::Receiver<RoleState>> {
+        self.runtime.watch_role(role)
+    }
+
+    /// This node's current leadership of a role, if it leads it.
+    pub fn leadership(&self, role: &Role) -> Option<Leadership> {
+        self.runtime.leadership(role)
+    }
+
+    /// The node's metrics registry.
+    pub fn metrics(&self) -> &Metrics {
+        self.runtime.context().metrics()
+    }
+
+    /// The node's metrics in the Prometheus text format.
+    pub fn render_metrics(&self) -> String {
+        self.metrics().render()
+    }
+
+    /// Graceful shutdown: leaders stop taking new leader-only work, drain it (still renewing
+    /// their leases) for up to `drain_timeout`, and hand over (a waiting follower takes over
+    /// within milliseconds); job workers drain for up to `[jobs] drain_timeout`; then the node
+    /// records its departure and closes. Idempotent.
+    pub async fn shutdown(&self) {
+        self.runtime.shutdown().await
+    }
+
+    /// Runs until SIGTERM or ctrl-c, then shuts down gracefully.
+    pub async fn run_until_signal(&self) {
+        forge_core::shutdown_signal().await;
+        tracing::info!(target: "forge::node", node = %self.id(), "shutdown requested");
+        self.shutdown().await;
+    }
+}
