@@ -38,6 +38,7 @@ async fn main() -> ExitCode {
         .job(retrying)
         .job(quick_retry)
         .job(report)
+        .job(effect)
         .start()
         .await;
     let node = match node {
@@ -47,7 +48,11 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Err(err) = sqlx::raw_sql(RUNS_TABLE_SQL).execute(node.pool()).await {
+    let tables = format!("{RUNS_TABLE_SQL}; {EFFECTS_TABLE_SQL}");
+    if let Err(err) = sqlx::raw_sql(sqlx::AssertSqlSafe(tables))
+        .execute(node.pool())
+        .await
+    {
         eprintln!("error: {err}");
         return ExitCode::FAILURE;
     }

@@ -46,6 +46,9 @@ pub(crate) struct Behave {
     /// Sleep only on attempts 1..=sleep_attempts (0: on every attempt).
     #[serde(default)]
     pub(crate) sleep_attempts: u32,
+    /// Hold a connection of the node's pool while sleeping.
+    #[serde(default)]
+    pub(crate) hold_connection: bool,
     /// A label, so that otherwise equal arguments differ.
     #[serde(default)]
     pub(crate) tag: String,
@@ -74,9 +77,15 @@ pub(crate) async fn behave(ctx: JobContext, b: Behave) -> Result<(), JobError> {
         .as_deref()
         .is_none_or(|node| node == ctx.node_id().as_str())
         && (b.sleep_attempts == 0 || ctx.attempt() <= b.sleep_attempts);
+    let held = if b.hold_connection {
+        Some(ctx.pool().acquire().await?)
+    } else {
+        None
+    };
     if b.sleep_ms > 0 && sleeps {
         tokio::time::sleep(Duration::from_millis(b.sleep_ms)).await;
     }
+    drop(held);
     if ctx.attempt() <= b.fail_attempts {
         if b.panic {
             panic!("test panic on attempt {}", ctx.attempt());
@@ -173,3 +182,55 @@ behaving_job!(
     mailer,
     JobOptions::new().queue("mailers")
 );
+
+/// The table [`effect`] writes its effects in: no unique key, so that a repeated effect
+/// shows as a second row.
+pub(crate) const EFFECTS_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS job_effects (
+    job_id  bigint      NOT NULL,
+    attempt integer     NOT NULL,
+    node    text        NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+)";
+
+/// What an [`effect`] job does.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Effect {
+    /// Complete the job in the effect's transaction (exactly once), or just commit the
+    /// effect (at least once).
+    pub(crate) transactional: bool,
+    /// After the commit, on attempt 1, wait this long before returning (the node can be
+    /// killed meanwhile).
+    pub(crate) hang_ms: u64,
+    /// A label.
+    pub(crate) tag: String,
+}
+
+/// A job with an effect: a row in `job_effects`.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct effect;
+
+impl Job for effect {
+    type Args = Effect;
+    const KIND: &'static str = "effect";
+
+    async fn run(&self, ctx: JobContext, args: Effect) -> Result<(), JobError> {
+        let mut tx = ctx.pool().begin().await?;
+        sqlx::query("INSERT INTO job_effects (job_id, attempt, node) VALUES ($1, $2, $3)")
+            .bind(ctx.id())
+            .bind(ctx.attempt() as i32)
+            .bind(ctx.node_id())
+            .execute(&mut *tx)
+            .await?;
+        if args.transactional {
+            ctx.complete(&mut tx)
+                .await
+                .map_err(|err| JobError::retry(err.to_string()))?;
+        }
+        tx.commit().await?;
+        if ctx.attempt() == 1 && args.hang_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(args.hang_ms)).await;
+        }
+        Ok(())
+    }
+}

@@ -318,41 +318,45 @@ pub(crate) async fn setup_lock_session(
     conn: &mut PgConnection,
     election: &LeaderElectionConfig,
 ) -> Result<()> {
-    let lease_ms = election.lease_duration.as_millis();
-    let mut sql = session_settings(election, election.lock_timeout);
-    if conn.server_version_num().unwrap_or(0) >= 140000 {
-        sql.push_str(&format!(" SET idle_session_timeout = {lease_ms};"));
-    }
+    let sql = session_settings(election, election.lock_timeout, election.lease_duration);
     sqlx::raw_sql(AssertSqlSafe(sql))
         .execute(&mut *conn)
         .await?;
     Ok(())
 }
 
-/// Session settings of a node session (membership, LISTEN): those of a lock session without
-/// `idle_session_timeout` (it idles between heartbeats on purpose), with `lock_wait` bounding
-/// the wait for the node's lock. `client_connection_check_interval` is ignored before
-/// PostgreSQL 14.
+/// Session settings of a node session (membership, LISTEN): those of a lock session, with
+/// `lock_wait` bounding the wait for the node's lock and `idle` as `idle_session_timeout`: the
+/// node session heartbeats every few seconds, so a session silent for `idle` belongs to a
+/// frozen or vanished node (or sits behind a half-open connection) and is ended by the server,
+/// which frees the node's id.
 pub(crate) fn node_session_settings(
     election: &LeaderElectionConfig,
     lock_wait: std::time::Duration,
+    idle: std::time::Duration,
 ) -> String {
-    session_settings(election, lock_wait)
+    session_settings(election, lock_wait, idle)
 }
 
-fn session_settings(election: &LeaderElectionConfig, lock_wait: std::time::Duration) -> String {
+fn session_settings(
+    election: &LeaderElectionConfig,
+    lock_wait: std::time::Duration,
+    idle: std::time::Duration,
+) -> String {
     let lease_ms = election.lease_duration.as_millis();
     let lock_ms = lock_wait.as_millis().max(1);
+    let idle_ms = idle.as_millis().max(1);
     let keepalive_idle = (election.lease_duration.as_secs() / 3).max(1);
-    // client_connection_check_interval is a PostgreSQL 14 setting: set_config with
-    // missing_ok semantics is not available, so it goes through a DO block that ignores
-    // servers without it.
+    // idle_session_timeout and client_connection_check_interval are PostgreSQL 14 settings:
+    // set through a block that ignores servers without them.
     format!(
         "SET lock_timeout = {lock_ms}; SET statement_timeout = 0; \
          SET idle_in_transaction_session_timeout = {lease_ms}; SET synchronous_commit = on; \
          SET tcp_keepalives_idle = {keepalive_idle}; SET tcp_keepalives_interval = 1; \
          SET tcp_keepalives_count = 3; SET tcp_user_timeout = {lease_ms}; \
-         DO $$ BEGIN PERFORM set_config('client_connection_check_interval', '1000', false); \
+         DO $$ BEGIN \
+             PERFORM set_config('idle_session_timeout', '{idle_ms}', false); \
+             PERFORM set_config('client_connection_check_interval', '1000', false); \
          EXCEPTION WHEN undefined_object THEN NULL; END $$;"
     )
 }

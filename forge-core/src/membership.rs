@@ -18,9 +18,10 @@
 //! LISTEN session that died silently (half-open TCP, a middlebox dropping idle flows) is
 //! noticed within one heartbeat interval plus its timeout, instead of never.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::broadcast;
@@ -88,6 +89,9 @@ pub(crate) struct Membership {
     /// The roles this node leads right now, for the heartbeat.
     pub(crate) leading: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
     pub(crate) metrics: Metrics,
+    /// The backend (pid, start) of this node's last node session: after a half-open
+    /// connection it may live on in the server, holding the node's lock.
+    pub(crate) last_session: Mutex<Option<(i32, DateTime<Utc>)>>,
 }
 
 /// An open node session.
@@ -147,11 +151,13 @@ impl Membership {
             .map_err(|err| other(err.into()))?;
         listener.eager_reconnect(false);
         listener.ignore_pool_close_event(true);
-        let settings = crate::db::node_session_settings(&self.election, lock_wait);
+        let settings =
+            crate::db::node_session_settings(&self.election, lock_wait, self.config.down_after);
         sqlx::raw_sql(AssertSqlSafe(settings))
             .execute(&mut listener)
             .await
             .map_err(|err| other(err.into()))?;
+        self.end_previous_session(&mut listener).await;
         let locked = sqlx::query("SELECT pg_advisory_lock($1)")
             .bind(self.lock_key().0)
             .execute(&mut listener)
@@ -171,9 +177,37 @@ impl Membership {
             .listen_all(self.channels.iter().map(String::as_str))
             .await
             .map_err(|err| other(err.into()))?;
+        let me: (i32, DateTime<Utc>) =
+            sqlx::query_as("SELECT pid, backend_start FROM pg_stat_get_activity(pg_backend_pid())")
+                .fetch_one(&mut listener)
+                .await
+                .map_err(|err| other(err.into()))?;
+        *self.last_session.lock().unwrap_or_else(|e| e.into_inner()) = Some(me);
         let mut session = Session { listener, pool };
         self.register(&mut session).await.map_err(other)?;
         Ok(session)
+    }
+
+    /// Ends this node's previous node session if the server still runs it (the connection
+    /// went half-open: the server may never notice), so that its lock is freed at once. Only
+    /// the exact session this node opened (pid and start time) is ended, never another node's.
+    async fn end_previous_session(&self, listener: &mut PgListener) {
+        let previous = *self.last_session.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((pid, started)) = previous else {
+            return;
+        };
+        let ended = sqlx::query_scalar::<_, bool>(
+            "SELECT pg_terminate_backend(pid, 1000) FROM pg_stat_activity
+              WHERE pid = $1 AND backend_start = $2",
+        )
+        .bind(pid)
+        .bind(started)
+        .fetch_optional(&mut *listener)
+        .await;
+        if let Ok(Some(true)) = ended {
+            info!(target: "forge::node", node = %self.node_id, pid,
+                  "ended this node's previous node session, which the server still ran (half-open connection)");
+        }
     }
 
     /// Who holds this node's lock, for the duplicate-id error.

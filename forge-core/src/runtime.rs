@@ -370,6 +370,7 @@ impl Assembly {
             events: events.clone(),
             leading,
             metrics: metrics.clone(),
+            last_session: std::sync::Mutex::new(None),
         })
     }
 }

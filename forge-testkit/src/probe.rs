@@ -20,8 +20,8 @@
 //!
 //! With `FORGE_PROBE_CRON` set to a cron expression, the probe also runs a cron named
 //! `probe_tick` (role `scheduler`, `catch_up = all`) whose handler inserts
-//! `(scheduled_at, attempt, node, epoch)` into `forge_probe_ticks` in a fenced transaction
-//! and prints `FORGE-PROBE TICK scheduled=<unix micros> attempt=<n> epoch=<e> node=... t=...`.
+//! `(scheduled_at, attempt, node, epoch)` into `forge_probe_ticks` and completes the tick in
+//! the same fenced transaction, and prints `FORGE-PROBE TICK scheduled=<unix micros> attempt=<n> epoch=<e> node=... t=...`.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -163,7 +163,8 @@ async fn probe_work(leadership: Leadership, every: Duration) {
     }
 }
 
-/// The probe cron's handler: record the run, fenced by the leadership's epoch.
+/// The probe cron's handler: record the run and complete the tick in one fenced transaction
+/// (exactly once, even when the reply to the commit is lost).
 async fn probe_tick(ctx: CronContext) -> Result<(), CronError> {
     let node = ctx.leadership().node_id().to_string();
     let mut tx = ctx.fenced_transaction().await?;
@@ -177,6 +178,7 @@ async fn probe_tick(ctx: CronContext) -> Result<(), CronError> {
     .bind(ctx.fired_at())
     .execute(&mut *tx)
     .await?;
+    ctx.complete(&mut tx).await?;
     tx.commit().await?;
     emit(
         "TICK",

@@ -16,7 +16,7 @@ use forge_testkit::{NodeProcess, TestDatabase, wait_until};
 use sqlx::PgPool;
 use tokio::process::Command;
 
-use super::{Behave, plain, setup, wait_state};
+use super::{Behave, EFFECTS_TABLE_SQL, Effect, effect, plain, setup, wait_state};
 use crate::support::*;
 
 /// The election timings of `config_toml`, and short job timings.
@@ -446,4 +446,79 @@ async fn a_node_killed_while_draining_a_backlog_of_short_jobs_loses_none() {
     }
     // What n1 held when it died (running or claimed ahead) is what was rescued.
     assert_eq!(rescued, held, "rescued jobs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_completed_in_its_transaction_never_runs_again_after_its_node_is_killed() {
+    let (db, pool) = setup().await;
+    sqlx::raw_sql(EFFECTS_TABLE_SQL)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let dir = ScratchDir::new("jobs-txn");
+    let config = write_config(&db, &dir, "1s").await;
+    let mut n1 = JobNode::start(&config, "n1").await;
+    scheduler_leader(&pool, "n1").await;
+    // Both jobs commit their effect and then hang on attempt 1; one completed itself in that
+    // commit, the other did not.
+    let jobs = client(&pool);
+    let hang = |transactional, tag: &str| Effect {
+        transactional,
+        hang_ms: 600_000,
+        tag: tag.into(),
+    };
+    let done = jobs.enqueue(effect, hang(true, "txn")).await.unwrap().id();
+    let untied = jobs
+        .enqueue(effect, hang(false, "plain"))
+        .await
+        .unwrap()
+        .id();
+    wait_until(
+        "both effects on n1",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM job_effects WHERE node = 'n1'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            (n == 2).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let _n2 = JobNode::start(&config, "n2").await;
+    n1.process.kill().unwrap();
+    n1.process.wait_exit(SOON).await.unwrap();
+
+    // n2 leads, marks n1 down, rescues its running jobs: only the plain one was running.
+    let rerun = wait_state(&pool, untied, JobState::Completed).await;
+    assert_eq!(rerun.attempt, 2, "{rerun:?}");
+    let effects = |id: JobId| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM job_effects WHERE job_id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        effects(untied).await,
+        2,
+        "at least once outside the job's transaction"
+    );
+    let job = client(&pool).get(done).await.unwrap().unwrap();
+    assert_eq!(
+        (job.state, job.attempt),
+        (JobState::Completed, 1),
+        "{job:?}"
+    );
+    assert!(job.errors.is_empty(), "{:?}", job.errors);
+    assert_eq!(
+        effects(done).await,
+        1,
+        "exactly once in the job's transaction"
+    );
 }

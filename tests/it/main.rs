@@ -8,10 +8,16 @@
 //! * `bad_input`: broken config, bad URLs, unreachable database, transaction pooler, foreign
 //!   lock holders.
 //! * `observability`: the Prometheus endpoint and the leadership history.
+//! * `faults`: database restarts and primary failover, long drains, half-open sessions,
+//!   duplicate node ids, undecodable rows, starved pools, cancels at shutdown.
+//! * `exactly_once`: transactional completion, catch-up, failed claims and outcomes, lost
+//!   replies, refused fences, a clock that runs ahead.
 
 mod bad_input;
 mod cron;
 mod election;
+mod exactly_once;
+mod faults;
 mod jobs;
 mod observability;
 mod processes;

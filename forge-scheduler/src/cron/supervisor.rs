@@ -187,7 +187,11 @@ struct Runs {
 
 /// Whether a run may start now, after the overlap rules.
 enum Slot {
-    Run,
+    /// Run it; `backlog`: it started late (it waited for the backlog), so a run still going
+    /// when the next tick is due is not an overlap.
+    Run {
+        backlog: bool,
+    },
     Skip,
 }
 
@@ -219,23 +223,28 @@ impl Runs {
     /// Applies the overlap rules before a tick runs.
     async fn slot(&mut self, backlog: bool) -> Slot {
         if self.cron.overlap == Overlap::Allow {
-            return Slot::Run;
+            return Slot::Run { backlog };
         }
         if backlog {
             self.wait_all().await;
-            return Slot::Run;
+            return Slot::Run { backlog };
         }
-        // A backlog run still going is not an overlap: wait for it.
-        self.wait_backlog().await;
+        // A backlog run still going is not an overlap: wait for it; this tick then starts
+        // late, and counts as backlog too.
+        while self.backlog.try_join_next().is_some() {}
+        if !self.backlog.is_empty() {
+            self.wait_all().await;
+            return Slot::Run { backlog: true };
+        }
         while self.on_time.try_join_next().is_some() {}
         if self.on_time.is_empty() {
-            return Slot::Run;
+            return Slot::Run { backlog: false };
         }
         match self.cron.overlap {
             Overlap::Skip => Slot::Skip,
             _ => {
                 while self.on_time.join_next().await.is_some() {}
-                Slot::Run
+                Slot::Run { backlog: false }
             }
         }
     }
@@ -247,7 +256,7 @@ impl Runs {
         }
         let slot = self.slot(backlog).await;
         let state = match slot {
-            Slot::Run => TickState::Running,
+            Slot::Run { .. } => TickState::Running,
             Slot::Skip => TickState::Skipped,
         };
         match self.claim(tick, state).await {
@@ -263,7 +272,7 @@ impl Runs {
                     .increment(1);
                 info!(target: "forge::cron", cron = %self.cron.name, %tick, "tick skipped: the previous run is still going (overlap = skip)");
             }
-            Slot::Run => self.spawn_run(tick, 1, backlog),
+            Slot::Run { backlog } => self.spawn_run(tick, 1, backlog),
         }
         true
     }

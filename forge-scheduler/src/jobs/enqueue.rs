@@ -193,7 +193,8 @@ pub struct JobInfo {
     pub queue: String,
     /// The kind ([`Job::KIND`]).
     pub kind: String,
-    /// The arguments, as stored.
+    /// The arguments, as stored; when they cannot be decoded (JSON nested deeper than 128
+    /// levels), their JSON text as a string.
     pub args: serde_json::Value,
     /// The state.
     pub state: JobState,
@@ -227,7 +228,7 @@ pub struct JobInfo {
 
 impl JobInfo {
     fn from_row(row: &PgRow) -> Result<JobInfo> {
-        let state: String = row.try_get("state")?;
+        let state: JobState = row.try_get("state")?;
         let errors: serde_json::Value = row.try_get("errors")?;
         let errors = serde_json::from_value(errors).map_err(|err| Error::Serialization {
             kind: row.try_get::<String, _>("kind").unwrap_or_default(),
@@ -238,8 +239,11 @@ impl JobInfo {
             namespace: row.try_get("namespace")?,
             queue: row.try_get("queue")?,
             kind: row.try_get("kind")?,
-            args: row.try_get("args")?,
-            state: JobState::parse(&state).unwrap_or(JobState::Dead),
+            args: row.try_get("args").or_else(|_| {
+                row.try_get::<String, _>("args_text")
+                    .map(serde_json::Value::String)
+            })?,
+            state,
             priority: row.try_get("priority")?,
             run_at: row.try_get("run_at")?,
             attempt: row.try_get::<i32, _>("attempt")?.max(0) as u32,
@@ -291,7 +295,7 @@ async fn get<'c, E>(executor: E, id: JobId) -> Result<Option<JobInfo>>
 where
     E: Executor<'c, Database = Postgres>,
 {
-    let row = sqlx::query("SELECT * FROM forge.jobs WHERE id = $1")
+    let row = sqlx::query("SELECT *, args::text AS args_text FROM forge.jobs WHERE id = $1")
         .bind(id)
         .fetch_optional(executor)
         .await?;
