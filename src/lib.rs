@@ -96,6 +96,18 @@ pub mod jobs {
     pub use forge_scheduler::jobs::*;
 }
 
+/// Read models of the whole cluster, for dashboards, admin tools and your own code: who is in
+/// the cluster and who leads what ([`Cluster`](inspect::Cluster)), and what crons and jobs are
+/// doing ([`Workload`](inspect::Workload)). Every query reads PostgreSQL, so any process with
+/// a pool answers for the whole cluster.
+pub mod inspect {
+    pub use forge_core::inspect::*;
+    pub use forge_scheduler::inspect::*;
+}
+
+#[doc(hidden)]
+pub use forge_core::sql::check_values as sql_check_values;
+
 #[doc(hidden)]
 pub mod __private {
     pub use forge_scheduler::__private::*;

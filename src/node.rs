@@ -3,9 +3,11 @@
 
 use std::future::Future;
 
+use forge_core::inspect::Cluster;
 use forge_core::{
     Assembly, Component, Leadership, Metrics, NodeContext, NodeId, Result, Role, RoleState, Runtime,
 };
+use forge_scheduler::inspect::Workload;
 use forge_scheduler::jobs::{Job, JobQueue, JobRegistry, Jobs};
 use forge_scheduler::{Cron, CronJob, Crons};
 use sqlx::PgPool;
@@ -189,7 +191,11 @@ impl NodeBuilder {
             context.namespace(),
             context.metrics().clone(),
         );
-        Ok(Node { runtime, jobs })
+        Ok(Node {
+            runtime,
+            jobs,
+            drift_after: self.config.cluster.membership.drift_after,
+        })
     }
 }
 
@@ -198,6 +204,7 @@ impl NodeBuilder {
 pub struct Node {
     runtime: Runtime,
     jobs: Jobs,
+    drift_after: std::time::Duration,
 }
 
 impl Node {
@@ -219,6 +226,21 @@ impl Node {
     /// Enqueue, inspect and cancel jobs through this node's pool and namespace.
     pub fn jobs(&self) -> &Jobs {
         &self.jobs
+    }
+
+    /// The cluster's read models (leaders, history, events, nodes, series) through this
+    /// node's pool.
+    pub fn cluster(&self) -> Cluster {
+        Cluster::new(
+            self.pool().clone(),
+            self.context().namespace().clone(),
+            self.drift_after,
+        )
+    }
+
+    /// The work's read models (crons, ticks, jobs, queues) through this node's pool.
+    pub fn workload(&self) -> Workload {
+        Workload::new(self.pool().clone(), self.context().namespace().clone())
     }
 
     /// The node's context, as services get it.

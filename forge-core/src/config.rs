@@ -77,6 +77,7 @@ impl CoreConfig {
     pub fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
         self.database.validate(at)?;
         self.node.validate(at)?;
+        self.metrics.validate(at)?;
         self.cluster.validate(at)
     }
 }
@@ -242,6 +243,14 @@ pub struct ClusterConfig {
     /// in the same database. With the default `forge`, the built-in roles use the keys
     /// `0x464F524745_0001..3`.
     pub lock_namespace: String,
+    /// How long the cluster's history (`forge.events`: elections, handoffs, joins,
+    /// departures, drifts) is kept; the `log_compactor` leader prunes older events.
+    #[serde(with = "duration")]
+    pub history_retention: Duration,
+    /// How often the `log_compactor` leader prunes every table by its retention (in batches
+    /// of 10,000 rows per statement, fenced).
+    #[serde(with = "duration")]
+    pub compaction_interval: Duration,
     /// `[cluster.leader_election]`
     pub leader_election: LeaderElectionConfig,
     /// `[cluster.membership]`
@@ -252,6 +261,8 @@ impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
             lock_namespace: LockNamespace::default().name().to_owned(),
+            history_retention: Duration::from_secs(30 * 24 * 3600),
+            compaction_interval: Duration::from_secs(60),
             leader_election: LeaderElectionConfig::default(),
             membership: MembershipConfig::default(),
         }
@@ -272,6 +283,16 @@ impl ClusterConfig {
     fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
         check_name(Name::Namespace, &self.lock_namespace)
             .map_err(|err| at.error("cluster.lock_namespace", err.to_string()))?;
+        at.check_duration(
+            "cluster.history_retention",
+            self.history_retention,
+            Duration::from_secs(60),
+        )?;
+        at.check_duration(
+            "cluster.compaction_interval",
+            self.compaction_interval,
+            Duration::from_millis(100),
+        )?;
         self.leader_election.validate(at)?;
         self.membership.validate(at)
     }
@@ -300,6 +321,10 @@ pub struct MembershipConfig {
     /// No heartbeat for this long: the node is `down` and its running jobs are rescued.
     #[serde(with = "duration")]
     pub down_after: Duration,
+    /// A node that stopped or went down this long ago is forgotten: the `log_compactor`
+    /// leader removes it from `forge.nodes` (a `node_forgotten` event remains).
+    #[serde(with = "duration")]
+    pub forget_after: Duration,
 }
 
 impl Default for MembershipConfig {
@@ -308,6 +333,7 @@ impl Default for MembershipConfig {
             heartbeat_interval: Duration::from_secs(5),
             drift_after: Duration::from_secs(15),
             down_after: Duration::from_secs(60),
+            forget_after: Duration::from_secs(3600),
         }
     }
 }
@@ -341,7 +367,18 @@ impl MembershipConfig {
                 ),
             ));
         }
-        at.check_duration(&key("down_after"), self.down_after, Duration::ZERO)
+        at.check_duration(&key("down_after"), self.down_after, Duration::ZERO)?;
+        if self.forget_after <= self.down_after {
+            return Err(at.error(
+                &key("forget_after"),
+                format!(
+                    "forget_after ({}) must be longer than down_after ({}): a node is forgotten only after it is down",
+                    fmt_duration(self.forget_after),
+                    fmt_duration(self.down_after)
+                ),
+            ));
+        }
+        at.check_duration(&key("forget_after"), self.forget_after, Duration::ZERO)
     }
 }
 
@@ -430,8 +467,9 @@ impl LeaderElectionConfig {
     }
 }
 
-/// `[metrics]`: the Prometheus endpoint.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// `[metrics]`: the Prometheus endpoint, and the cluster series the `metrics_aggregator`
+/// leader keeps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct MetricsConfig {
@@ -439,6 +477,49 @@ pub struct MetricsConfig {
     /// Overridden by `FORGE_METRICS_LISTEN` (`off` disables). Unset: no HTTP listener; the
     /// text stays available through `Node::render_metrics`.
     pub listen: Option<SocketAddr>,
+    /// The width of one point of the cluster series (`forge.stats`: jobs and cron runs,
+    /// failures, durations, lag, queue depth): the `metrics_aggregator` leader rolls the nodes'
+    /// counters up once per interval.
+    #[serde(with = "duration")]
+    pub rollup_interval: Duration,
+    /// How long the cluster series are kept; the `log_compactor` leader prunes older points.
+    #[serde(with = "duration")]
+    pub rollup_retention: Duration,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: None,
+            rollup_interval: Duration::from_secs(60),
+            rollup_retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+impl MetricsConfig {
+    fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
+        at.check_duration(
+            "metrics.rollup_interval",
+            self.rollup_interval,
+            Duration::from_secs(1),
+        )?;
+        if self.rollup_retention < self.rollup_interval {
+            return Err(at.error(
+                "metrics.rollup_retention",
+                format!(
+                    "rollup_retention ({}) must be at least rollup_interval ({})",
+                    fmt_duration(self.rollup_retention),
+                    fmt_duration(self.rollup_interval)
+                ),
+            ));
+        }
+        at.check_duration(
+            "metrics.rollup_retention",
+            self.rollup_retention,
+            Duration::ZERO,
+        )
+    }
 }
 
 /// Environment variables FORGE reads, as a function so tests need not mutate the process

@@ -23,9 +23,11 @@
 
 pub mod config;
 mod db;
+mod duties;
 mod election;
 mod error;
 mod fence;
+pub mod inspect;
 mod leadership;
 mod membership;
 pub mod metrics;
@@ -44,7 +46,7 @@ pub use error::{Error, Result, redact_url};
 pub use fence::FenceToken;
 pub use leadership::Leadership;
 pub use membership::{ListenerEvent, NODES_CHANNEL};
-pub use metrics::Metrics;
+pub use metrics::{Metrics, Tally};
 pub use role::{Epoch, LockKey, LockNamespace, NodeId, Role};
 pub use runtime::{Assembly, Component, NodeContext, Runtime, shutdown_signal};
 

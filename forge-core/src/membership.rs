@@ -387,11 +387,12 @@ impl Membership {
 
     async fn heartbeat(&self, session: &mut Session) -> std::result::Result<bool, sqlx::Error> {
         let leading = (self.leading)();
-        sqlx::query_scalar("SELECT forge.node_heartbeat($1, $2, $3, $4)")
+        sqlx::query_scalar("SELECT forge.node_heartbeat($1, $2, $3, $4, $5)")
             .bind(&self.namespace)
             .bind(&self.node_id)
             .bind(self.incarnation)
             .bind(&leading)
+            .bind(self.metrics.tally().snapshot())
             .fetch_one(&mut session.listener)
             .await
     }

@@ -6,8 +6,9 @@
 //! definition only; code records through handles built from the definition (once per label
 //! set where it is hot).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, Unit};
@@ -121,9 +122,21 @@ pub mod defs {
         "forge_db_reconnects_total",
         "Reconnections of this node's dedicated sessions, by session",
     );
+    /// `forge_cluster_nodes{state}`
+    pub const CLUSTER_NODES: MetricDef = MetricDef::gauge(
+        "forge_cluster_nodes",
+        "Nodes of the cluster by state (active, drifted, down, stopped), as of the metrics_aggregator leader's last look (reported by that leader only)",
+    );
+    /// `forge_compactor_pruned_total{table}`
+    pub const PRUNED: MetricDef = MetricDef::counter(
+        "forge_compactor_pruned_total",
+        "Rows the log_compactor leader deleted by retention, by table (on the node that led it)",
+    );
 
     /// Every metric of the core.
     pub const ALL: &[&MetricDef] = &[
+        &CLUSTER_NODES,
+        &PRUNED,
         &IS_LEADER,
         &ELECTIONS,
         &FAILOVERS,
@@ -145,10 +158,45 @@ const SECONDS_BUCKETS: &[f64] = &[
 static METADATA: Metadata<'static> = Metadata::new("forge", Level::INFO, Some(module_path!()));
 
 /// A node's metrics registry. Cheap to clone.
+///
+/// Besides the Prometheus registry it holds the node's [`Tally`]: the counters the node
+/// publishes to the cluster in its heartbeat.
 #[derive(Clone)]
 pub struct Metrics {
     recorder: Arc<PrometheusRecorder>,
     handle: PrometheusHandle,
+    tally: Tally,
+}
+
+/// Counters a node publishes to the cluster: cumulative since the node started, sent with
+/// every heartbeat (`forge.nodes.tally`), turned into per-minute cluster series
+/// (`forge.stats`) by the `metrics_aggregator` leader. Keys are a series and a label (a queue,
+/// a cron).
+#[derive(Clone, Default)]
+pub struct Tally(Arc<Mutex<BTreeMap<String, f64>>>);
+
+impl Tally {
+    /// Adds `value` to `series` for `label` (`|` is not allowed in either and is dropped).
+    pub fn add(&self, series: &str, label: &str, value: f64) {
+        let key = format!("{}|{}", series.replace('|', ""), label.replace('|', ""));
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key)
+            .or_default() += value;
+    }
+
+    /// The counters as `{"<series>|<label>": value}`.
+    pub fn snapshot(&self) -> serde_json::Value {
+        let counters = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        serde_json::Value::Object(
+            counters
+                .iter()
+                .map(|(key, value)| (key.clone(), (*value).into()))
+                .collect(),
+        )
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -188,6 +236,7 @@ impl Metrics {
         let metrics = Metrics {
             recorder: Arc::new(recorder),
             handle,
+            tally: Tally::default(),
         };
         metrics.describe(defs::ALL);
         metrics
@@ -225,6 +274,11 @@ impl Metrics {
         debug_assert_eq!(def.kind, MetricKind::Histogram, "{}", def.name);
         self.recorder
             .register_histogram(&key(def.name, labels), &METADATA)
+    }
+
+    /// The counters this node publishes to the cluster.
+    pub fn tally(&self) -> &Tally {
+        &self.tally
     }
 
     /// The registry in the Prometheus text format.

@@ -247,7 +247,10 @@ impl fmt::Display for LockKey {
 ///
 /// Each acquisition of a role's lock increments the role's epoch in the logged table
 /// `forge.leaders`, so epochs strictly increase, also across PostgreSQL crashes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct Epoch(pub i64);
 
 impl fmt::Display for Epoch {

@@ -23,6 +23,7 @@ use tracing::{info, warn};
 
 use crate::config::CoreConfig;
 use crate::db::{self, MigrationSource};
+use crate::duties::{self, Pruner};
 use crate::election::{Campaign, LeaderTask, RoleHandle, RoleState, lock_application_name};
 use crate::error::{Error, Result};
 use crate::leadership::Leadership;
@@ -56,6 +57,7 @@ pub struct Assembly {
     migrations: Vec<MigrationSource>,
     metric_defs: Vec<&'static MetricDef>,
     queues: BTreeMap<String, u32>,
+    pruners: Vec<Pruner>,
     app_migrator: Option<Migrator>,
     version: String,
 }
@@ -81,13 +83,33 @@ impl Assembly {
             migrations: db::MIGRATIONS.to_vec(),
             metric_defs: Vec::new(),
             queues: BTreeMap::new(),
+            pruners: Vec::new(),
             app_migrator: None,
             version: format!("forge {}", env!("CARGO_PKG_VERSION")),
         };
-        let watch = assembly.config.cluster.membership.clone();
+        let cluster = assembly.config.cluster.clone();
+        let watch = cluster.membership.clone();
         assembly.leader_task(Role::SCHEDULER, "membership", move |leadership| {
             membership::watch(leadership, watch.clone())
         });
+        let aggregation = duties::Aggregation {
+            drift_after: cluster.membership.drift_after,
+            gauge_every: cluster.membership.heartbeat_interval * 3,
+            interval: assembly.config.metrics.rollup_interval,
+            // The interval's last heartbeats land meanwhile.
+            settle: cluster
+                .membership
+                .heartbeat_interval
+                .min(Duration::from_secs(2)),
+        };
+        assembly.leader_task(Role::METRICS_AGGREGATOR, "rollups", move |leadership| {
+            duties::aggregate(leadership, aggregation)
+        });
+        let rollup_retention = assembly.config.metrics.rollup_retention;
+        assembly
+            .prune("events", "prune_events", cluster.history_retention)
+            .prune("nodes", "prune_nodes", cluster.membership.forget_after)
+            .prune("stats", "prune_stats", rollup_retention);
         Ok(assembly)
     }
 
@@ -164,6 +186,24 @@ impl Assembly {
         self
     }
 
+    /// Registers the pruning of a table the component owns: the `log_compactor` leader calls
+    /// `forge.<function>(namespace, role, epoch, tenure, retention_ms, limit)` every
+    /// `[cluster] compaction_interval` until it deletes fewer than `limit` rows. The function
+    /// must fence itself (`forge.fence`) and return how many rows it deleted.
+    pub fn prune(
+        &mut self,
+        table: &'static str,
+        function: &'static str,
+        retention: Duration,
+    ) -> &mut Self {
+        self.pruners.push(Pruner {
+            table,
+            function,
+            retention,
+        });
+        self
+    }
+
     /// The queues this node works and their concurrency, shown in membership.
     pub fn advertise_queues(&mut self, queues: BTreeMap<String, u32>) -> &mut Self {
         self.queues.extend(queues);
@@ -234,6 +274,11 @@ impl Assembly {
     /// migrations, joins the cluster (refusing a duplicate node id), and starts campaigning
     /// and the services.
     pub async fn start(mut self) -> Result<Runtime> {
+        let pruners = Arc::new(std::mem::take(&mut self.pruners));
+        let every = self.config.cluster.compaction_interval;
+        self.leader_task(Role::LOG_COMPACTOR, "compaction", move |leadership| {
+            duties::compact(leadership, pruners.clone(), every)
+        });
         let campaigned = self.campaigned_roles()?;
         self.prepare_database().await?;
         let metrics = match self.config.metrics.listen {

@@ -108,35 +108,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
     let mut errors = Errors::default();
     handler.check_shape("job", &mut errors);
     let params = handler.params();
-    let (ctx_param, args_param) = match params.as_slice() {
-        [only] if is_job_context(&only.ty) => {
-            errors.spanned(
-                &only.ty,
-                "a #[job] fn takes the job's arguments after the context: \
-                 `(ctx: forge::JobContext, args: T)`; a job without arguments can take `args: ()`",
-            );
-            (None, None)
-        }
-        [args] => (None, Some(*args)),
-        [ctx, args] => (Some(*ctx), Some(*args)),
-        [] => {
-            errors.at(
-                handler.sig.paren_token.span.join(),
-                "a #[job] fn takes the job's arguments: `(args: T)` or \
-                 `(ctx: forge::JobContext, args: T)`, where `T` implements serde's `Serialize` and \
-                 `Deserialize` (`args: ()` for a job without arguments)",
-            );
-            (None, None)
-        }
-        [_, _, extra, ..] => {
-            errors.spanned(
-                extra,
-                "a #[job] fn takes at most two parameters: `(ctx: forge::JobContext, args: T)`; \
-                 put everything the job needs into the arguments type `T`",
-            );
-            (None, None)
-        }
-    };
+    let (ctx_param, args_param) = split_params(&handler, &params, &mut errors);
     if let Some(ctx) = ctx_param {
         check_context_type(&ctx.ty, "job", "forge::JobContext", &mut errors);
     }
@@ -146,117 +118,18 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
         _ => syn::parse_quote!(()),
     };
     let definition = parse_definition(args, handler.ident(), &mut errors);
-
-    let item = handler.item("job");
-    let ident = handler.ident();
-    let cfgs = handler.cfgs();
     // At the user's type: "private type in public interface" for a `pub` job whose arguments
     // type is private, and unmet serde bounds, are reported there.
     let args_item = quote_spanned!(args_ty.span()=> type Args = #args_ty;);
     if !errors.is_empty() {
-        // Keep the fn a `Job` so that registering it causes no further errors.
-        let kind = ident.unraw().to_string();
-        let errors = errors.to_compile_errors();
-        return Ok(quote! {
-            #item
-            #(#cfgs)*
-            impl ::forge::__private::Job for #ident {
-                #args_item
-                const KIND: &'static str = #kind;
-                fn run(
-                    &self,
-                    _: ::forge::__private::JobContext,
-                    _: Self::Args,
-                ) -> impl ::core::future::Future<
-                    Output = ::core::result::Result<(), ::forge::__private::JobError>,
-                > + ::core::marker::Send {
-                    ::core::future::pending()
-                }
-            }
-            #errors
-        });
+        return Ok(stub(&handler, &args_item, errors));
     }
-
-    let Definition {
-        kind,
-        queue,
-        role,
-        max_attempts,
-        backoff,
-        timeout,
-        priority,
-        unique,
-    } = definition;
-    let mut options = quote!(::forge::__private::JobOptions::new());
-    if let Some(queue) = queue {
-        options.extend(quote!(.queue(#queue)));
-    }
-    if let Some(role) = role {
-        options.extend(quote!(.role(#role)));
-    }
-    if let Some(max_attempts) = max_attempts {
-        options.extend(quote!(.max_attempts(#max_attempts)));
-    }
-    if let Some(backoff) = backoff {
-        let backoff = match backoff {
-            Backoff::Fixed(delay) => {
-                let delay = options::duration_tokens(delay);
-                quote!(::forge::__private::Backoff::fixed(#delay))
-            }
-            Backoff::Exponential { base, max } => {
-                let mut tokens = match base {
-                    Some(base) => {
-                        let base = options::duration_tokens(base);
-                        quote!(::forge::__private::Backoff::exponential(#base))
-                    }
-                    None => {
-                        quote!(<::forge::__private::Backoff as ::core::default::Default>::default())
-                    }
-                };
-                if let Some(max) = max {
-                    let max = options::duration_tokens(max);
-                    tokens.extend(quote!(.capped(#max)));
-                }
-                tokens
-            }
-        };
-        options.extend(quote!(.backoff(#backoff)));
-    }
-    if let Some(timeout) = timeout {
-        let timeout = options::duration_tokens(timeout);
-        options.extend(quote!(.timeout(#timeout)));
-    }
-    if let Some(priority) = priority {
-        options.extend(quote!(.priority(#priority)));
-    }
-    if let Some(unique) = unique {
-        options.extend(quote!(.unique(#unique)));
-    }
-
-    // Spans: a context of the wrong type is reported at the user's parameter type, a return
-    // type that is not `()` or `Result<(), E: Into<JobError>>` at the user's return type.
-    let output_span = match &handler.sig.output {
-        ReturnType::Type(_, ty) => ty.span(),
-        ReturnType::Default => ident.span(),
-    };
-    let mut callee = ident.clone();
-    callee.set_span(output_span);
-    let (ctx, call) = match ctx_param {
-        Some(param) => {
-            let arg = quote_spanned!(param.ty.span()=> ctx);
-            (
-                quote!(ctx),
-                quote_spanned!(output_span=> #callee::run(#arg, args).await),
-            )
-        }
-        None => (
-            quote!(_),
-            quote_spanned!(output_span=> #callee::run(args).await),
-        ),
-    };
-    let into_result =
-        quote_spanned!(output_span=> ::forge::__private::IntoJobResult::into_job_result);
-
+    let kind = definition.kind.clone();
+    let options = options_tokens(definition);
+    let (ctx, call, into_result) = call_tokens(&handler, ctx_param);
+    let item = handler.item("job");
+    let ident = handler.ident();
+    let cfgs = handler.cfgs();
     Ok(quote! {
         #item
 
@@ -287,6 +160,167 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
             }
         }
     })
+}
+
+/// The context and arguments parameters, by the fn's shape: `(args)` or `(ctx, args)`.
+fn split_params<'a>(
+    handler: &HandlerFn,
+    params: &[&'a syn::PatType],
+    errors: &mut Errors,
+) -> (Option<&'a syn::PatType>, Option<&'a syn::PatType>) {
+    match params {
+        [only] if is_job_context(&only.ty) => {
+            errors.spanned(
+                &only.ty,
+                "a #[job] fn takes the job's arguments after the context: \
+                 `(ctx: forge::JobContext, args: T)`; a job without arguments can take `args: ()`",
+            );
+            (None, None)
+        }
+        [args] => (None, Some(*args)),
+        [ctx, args] => (Some(*ctx), Some(*args)),
+        [] => {
+            errors.at(
+                handler.sig.paren_token.span.join(),
+                "a #[job] fn takes the job's arguments: `(args: T)` or \
+                 `(ctx: forge::JobContext, args: T)`, where `T` implements serde's `Serialize` and \
+                 `Deserialize` (`args: ()` for a job without arguments)",
+            );
+            (None, None)
+        }
+        [_, _, extra, ..] => {
+            errors.spanned(
+                extra,
+                "a #[job] fn takes at most two parameters: `(ctx: forge::JobContext, args: T)`; \
+                 put everything the job needs into the arguments type `T`",
+            );
+            (None, None)
+        }
+    }
+}
+
+/// The user's fn and the errors, plus a stub `Job` impl so that registering it causes no
+/// further errors.
+fn stub(handler: &HandlerFn, args_item: &TokenStream, errors: Errors) -> TokenStream {
+    let item = handler.item("job");
+    let ident = handler.ident();
+    let cfgs = handler.cfgs();
+    let kind = ident.unraw().to_string();
+    let errors = errors.to_compile_errors();
+    quote! {
+        #item
+        #(#cfgs)*
+        impl ::forge::__private::Job for #ident {
+            #args_item
+            const KIND: &'static str = #kind;
+            fn run(
+                &self,
+                _: ::forge::__private::JobContext,
+                _: Self::Args,
+            ) -> impl ::core::future::Future<
+                Output = ::core::result::Result<(), ::forge::__private::JobError>,
+            > + ::core::marker::Send {
+                ::core::future::pending()
+            }
+        }
+        #errors
+    }
+}
+
+/// `JobOptions::new()` with the declared options.
+fn options_tokens(definition: Definition) -> TokenStream {
+    let Definition {
+        kind: _,
+        queue,
+        role,
+        max_attempts,
+        backoff,
+        timeout,
+        priority,
+        unique,
+    } = definition;
+    let mut options = quote!(::forge::__private::JobOptions::new());
+    if let Some(queue) = queue {
+        options.extend(quote!(.queue(#queue)));
+    }
+    if let Some(role) = role {
+        options.extend(quote!(.role(#role)));
+    }
+    if let Some(max_attempts) = max_attempts {
+        options.extend(quote!(.max_attempts(#max_attempts)));
+    }
+    if let Some(backoff) = backoff {
+        let backoff = backoff_tokens(backoff);
+        options.extend(quote!(.backoff(#backoff)));
+    }
+    if let Some(timeout) = timeout {
+        let timeout = options::duration_tokens(timeout);
+        options.extend(quote!(.timeout(#timeout)));
+    }
+    if let Some(priority) = priority {
+        options.extend(quote!(.priority(#priority)));
+    }
+    if let Some(unique) = unique {
+        options.extend(quote!(.unique(#unique)));
+    }
+    options
+}
+
+fn backoff_tokens(backoff: Backoff) -> TokenStream {
+    match backoff {
+        Backoff::Fixed(delay) => {
+            let delay = options::duration_tokens(delay);
+            quote!(::forge::__private::Backoff::fixed(#delay))
+        }
+        Backoff::Exponential { base, max } => {
+            let mut tokens = match base {
+                Some(base) => {
+                    let base = options::duration_tokens(base);
+                    quote!(::forge::__private::Backoff::exponential(#base))
+                }
+                None => {
+                    quote!(<::forge::__private::Backoff as ::core::default::Default>::default())
+                }
+            };
+            if let Some(max) = max {
+                let max = options::duration_tokens(max);
+                tokens.extend(quote!(.capped(#max)));
+            }
+            tokens
+        }
+    }
+}
+
+/// The context parameter and the call of the user's fn. Spans: a context of the wrong type is
+/// reported at the user's parameter type, a return type that is not `()` or
+/// `Result<(), E: Into<JobError>>` at the user's return type.
+fn call_tokens(
+    handler: &HandlerFn,
+    ctx_param: Option<&syn::PatType>,
+) -> (TokenStream, TokenStream, TokenStream) {
+    let ident = handler.ident();
+    let output_span = match &handler.sig.output {
+        ReturnType::Type(_, ty) => ty.span(),
+        ReturnType::Default => ident.span(),
+    };
+    let mut callee = ident.clone();
+    callee.set_span(output_span);
+    let (ctx, call) = match ctx_param {
+        Some(param) => {
+            let arg = quote_spanned!(param.ty.span()=> ctx);
+            (
+                quote!(ctx),
+                quote_spanned!(output_span=> #callee::run(#arg, args).await),
+            )
+        }
+        None => (
+            quote!(_),
+            quote_spanned!(output_span=> #callee::run(args).await),
+        ),
+    };
+    let into_result =
+        quote_spanned!(output_span=> ::forge::__private::IntoJobResult::into_job_result);
+    (ctx, call, into_result)
 }
 
 /// Parses and validates the attribute's arguments; problems go to `errors`.

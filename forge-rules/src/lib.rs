@@ -20,4 +20,4 @@ mod duration;
 mod name;
 
 pub use duration::{MAX_DURATION, check_duration, format_duration, parse_duration};
-pub use name::{Name, NameError, check_name};
+pub use name::{Name, NameError, RESERVED_ROLES, check_name};

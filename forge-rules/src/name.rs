@@ -65,6 +65,7 @@ impl Name {
         }
         let first = name.chars().next().unwrap_or(' ');
         match self {
+            Name::Role if RESERVED_ROLES.contains(&name) => false,
             Name::Role | Name::Namespace => {
                 first.is_ascii_lowercase()
                     && name
@@ -85,6 +86,10 @@ impl Name {
     }
 }
 
+/// Role names FORGE keeps for its own sessions (`application_name` is
+/// `forge:<role or purpose>:<node>`): a role with one of these names would be mistaken for them.
+pub const RESERVED_ROLES: &[&str] = &["node", "pool", "setup", "listen", "admin", "cli"];
+
 /// A name that breaks its rule. `Display` is the whole message: what was wrong and what is
 /// valid.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,6 +102,14 @@ pub struct NameError {
 
 impl fmt::Display for NameError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kind == Name::Role && RESERVED_ROLES.contains(&self.name.as_str()) {
+            return write!(
+                f,
+                "the role name {:?} is reserved for FORGE's own sessions ({}): choose another name",
+                self.name,
+                RESERVED_ROLES.join(", ")
+            );
+        }
         write!(
             f,
             "invalid {} {:?}: use {}",
@@ -164,8 +177,20 @@ mod tests {
             }
             for name in *bad {
                 let err = check_name(*kind, name).unwrap_err().to_string();
-                assert!(err.contains(kind.noun()) && err.contains("use "), "{err}");
+                assert!(err.contains(kind.noun()), "{err}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod reserved {
+    use super::*;
+
+    #[test]
+    fn reserved_role_names_say_so() {
+        let err = check_name(Name::Role, "node").unwrap_err().to_string();
+        assert!(err.contains("reserved for FORGE's own sessions"), "{err}");
+        assert!(check_name(Name::Namespace, "node").is_ok());
     }
 }

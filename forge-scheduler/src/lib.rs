@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod cron;
+pub mod inspect;
 pub mod jobs;
 mod metrics;
 
@@ -30,4 +31,5 @@ pub const MIGRATIONS: &[forge_core::MigrationSource] = &[
         "scheduler",
         include_str!("../../migrations/0005_scheduler.sql"),
     ),
+    (7, "work", include_str!("../../migrations/0007_work.sql")),
 ];

@@ -74,7 +74,17 @@ pub(crate) const JOB_PICKUP: MetricDef = MetricDef::histogram(
 /// `forge_job_queue_depth{queue, job, state}`
 pub(crate) const JOB_QUEUE_DEPTH: MetricDef = MetricDef::gauge(
     "forge_job_queue_depth",
-    "Unfinished jobs by queue, job and state, as of the scheduler leader's last maintenance pass (reported by the leader only)",
+    "Unfinished jobs of the cluster by queue, job and state, as of the metrics_aggregator leader's last look (every [jobs] maintenance_interval; reported by that leader only)",
+);
+/// `forge_job_oldest_age_seconds{queue}`
+pub(crate) const JOB_OLDEST_AGE: MetricDef = MetricDef::gauge(
+    "forge_job_oldest_age_seconds",
+    "How long the oldest available job of the queue has been due (0: none waiting); reported by the metrics_aggregator leader only",
+);
+/// `forge_job_dead_jobs{queue}`
+pub(crate) const JOB_DEAD_JOBS: MetricDef = MetricDef::gauge(
+    "forge_job_dead_jobs",
+    "Dead-lettered jobs of the queue still kept (until [jobs] dead_retention); reported by the metrics_aggregator leader only",
 );
 
 /// Every metric of the crons.
@@ -98,6 +108,8 @@ pub(crate) const JOB_METRICS: &[&MetricDef] = &[
     &JOB_DURATION,
     &JOB_PICKUP,
     &JOB_QUEUE_DEPTH,
+    &JOB_OLDEST_AGE,
+    &JOB_DEAD_JOBS,
 ];
 
 #[cfg(test)]

@@ -86,9 +86,19 @@ fn effect_cron(name: &str, complete: bool, hang: Option<Arc<Notify>>) -> CronJob
     .catch_up(CatchUp::All)
 }
 
-async fn node_with(url: &str, id: &str, crons: Vec<CronJob>) -> Node {
+/// The tests' election timings, with a lease long enough that a loaded test machine does not
+/// lose a leadership (these tests check what happens within one tenure).
+fn steady_config(url: &str, id: &str) -> forge::Config {
     let mut config = config(url, id);
     config.node.roles = vec!["scheduler".into()];
+    let election = &mut config.cluster.leader_election;
+    election.lease_duration = Duration::from_secs(6);
+    election.refresh_interval = Duration::from_secs(1);
+    config
+}
+
+async fn node_with(url: &str, id: &str, crons: Vec<CronJob>) -> Node {
+    let config = steady_config(url, id);
     let mut builder = Node::builder(config).auto_register(false);
     for cron in crons {
         builder = builder.cron(cron);
@@ -617,9 +627,7 @@ async fn a_claim_whose_reply_was_lost_is_run_by_the_tenure_that_made_it() {
     let pool = db.pool().await.unwrap();
     sqlx::query(EFFECTS_TABLE).execute(&pool).await.unwrap();
     let proxy = PgProxy::start(server.host(), server.port()).unwrap();
-    let mut cfg = config(&proxy.url_for(server, db.name()), "a");
-    cfg.node.roles = vec!["scheduler".into()];
-    let node = Node::builder(cfg)
+    let node = Node::builder(steady_config(&proxy.url_for(server, db.name()), "a"))
         .auto_register(false)
         .cron(effect_cron("claimed", true, None))
         .start()
@@ -730,7 +738,7 @@ async fn a_leader_whose_clock_runs_ahead_claims_no_future_tick() {
     // What a claim made by a clock 5 s ahead looks like to the database.
     let future = Utc::now() + TimeDelta::seconds(5);
     let (outcome, early_ms): (String, Option<f64>) = sqlx::query_as(
-        "SELECT * FROM forge.tick_claim($1, $2, $3, $4, $5, 'ahead', $6, 'running')",
+        "SELECT * FROM forge.tick_claim($1, $2, $3, $4, $5, 'ahead', $6, 'running', NULL)",
     )
     .bind(&token.namespace)
     .bind(&token.role)

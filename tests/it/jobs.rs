@@ -939,12 +939,14 @@ async fn shutdown_drains_running_jobs_then_releases_the_rest() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn maintenance_reports_queue_depth_and_prunes_finished_jobs() {
+async fn the_aggregator_reports_queue_figures_and_the_compactor_prunes_finished_jobs() {
     let (db, pool) = setup().await;
     let mut config = job_config(db.url(), "a");
+    config.node.roles = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
     config.jobs.completed_retention = Duration::from_millis(500);
+    config.cluster.compaction_interval = Duration::from_millis(500);
     let node = start(config).await;
-    wait_single_leader(&[&node], &Role::SCHEDULER).await;
+    wait_single_leader(&[&node], &Role::METRICS_AGGREGATOR).await;
     let done = inserted(
         node.jobs()
             .enqueue(plain, Behave::tag("done"))

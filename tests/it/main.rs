@@ -8,6 +8,8 @@
 //! * `bad_input`: broken config, bad URLs, unreachable database, transaction pooler, foreign
 //!   lock holders.
 //! * `observability`: the Prometheus endpoint and the leadership history.
+//! * `model`: membership states, read models, the built-in roles' duties, cron pause,
+//!   namespaces, application migrations, the SQL CHECK lists.
 //! * `faults`: database restarts and primary failover, long drains, half-open sessions,
 //!   duplicate node ids, undecodable rows, starved pools, cancels at shutdown.
 //! * `exactly_once`: transactional completion, catch-up, failed claims and outcomes, lost
@@ -19,6 +21,7 @@ mod election;
 mod exactly_once;
 mod faults;
 mod jobs;
+mod model;
 mod observability;
 mod processes;
 mod support;

@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use forge_core::{Assembly, Component, NodeContext, Result, Role};
+use forge_core::{Assembly, Component, ListenerEvent, NodeContext, Result, Role};
 use forge_rules::{Name, check_duration, check_name};
+use tokio::sync::watch;
 use tracing::debug;
 
-use super::supervisor::{Settings, supervise};
+use super::supervisor::{PauseBoard, Settings, supervise};
 use super::{CronJob, ledger};
 use crate::config::{CronConfig, invalid};
 use crate::metrics::CRON_METRICS;
@@ -81,12 +82,15 @@ impl Component for Crons {
 
     fn install(self: Box<Self>, node: &mut Assembly) -> Result<()> {
         node.migrations(crate::MIGRATIONS)
-            .describe_metrics(CRON_METRICS);
+            .describe_metrics(CRON_METRICS)
+            .prune("cron_ticks", "prune_ticks", self.config.ledger_retention);
         if self.crons.is_empty() {
             return Ok(());
         }
+        let paused: PauseBoard = Arc::new(watch::Sender::new(Default::default()));
         let settings = Arc::new(Settings {
             misfire_threshold: self.config.misfire_threshold,
+            paused: paused.clone(),
         });
         let mut by_role: BTreeMap<Role, Vec<CronJob>> = BTreeMap::new();
         for cron in &self.crons {
@@ -103,8 +107,46 @@ impl Component for Crons {
             });
         }
         let crons = Arc::new(self.crons);
-        node.service("cron-registry", move |ctx| announce(crons, ctx));
+        node.listen(CHANNEL_PAUSED)
+            .service("cron-registry", move |ctx| registry(crons, paused, ctx));
         Ok(())
+    }
+}
+
+/// A cron was paused or resumed: payload `<namespace> <cron>`.
+const CHANNEL_PAUSED: &str = "forge_crons";
+
+/// The node's cron registry service: records this node's crons in `forge.crons`, then keeps
+/// the pause board current (a notification on `forge_crons`, or the node session restored).
+async fn registry(crons: Arc<Vec<CronJob>>, paused: PauseBoard, ctx: NodeContext) {
+    let mut events = ctx.subscribe();
+    announce(crons, ctx.clone()).await;
+    refresh(&paused, &ctx).await;
+    loop {
+        let event = tokio::select! {
+            event = events.recv() => event,
+            _ = ctx.shutdown().cancelled() => return,
+        };
+        let stale = match event {
+            Ok(ListenerEvent::Notification { channel, payload }) => {
+                &*channel == CHANNEL_PAUSED
+                    && payload.split(' ').next() == Some(ctx.namespace().name())
+            }
+            Ok(ListenerEvent::Restored) | Err(_) => true,
+            Ok(_) => false,
+        };
+        if stale {
+            refresh(&paused, &ctx).await;
+        }
+    }
+}
+
+async fn refresh(paused: &PauseBoard, ctx: &NodeContext) {
+    match ledger::paused(ctx.pool(), ctx.namespace()).await {
+        Ok(names) => {
+            paused.send_replace(names);
+        }
+        Err(err) => debug!(target: "forge::cron", error = %err, "cannot read paused crons"),
     }
 }
 

@@ -10,6 +10,26 @@ use sqlx::{Postgres, Row, Transaction};
 
 use super::{CronJob, TickState};
 
+forge_core::sql_enum! {
+    /// What `forge.tick_claim` found.
+    enum ClaimOutcome {
+        Claimed = "claimed",
+        Ours = "ours",
+        Taken = "taken",
+        Early = "early",
+        Fenced = "fenced",
+    }
+}
+
+forge_core::sql_enum! {
+    /// What `forge.tick_finish` found (besides a final state, when the tick already had one).
+    enum FinishOutcome {
+        Recorded = "recorded",
+        Taken = "taken",
+        Missing = "missing",
+    }
+}
+
 /// What a claim found.
 #[derive(Debug, PartialEq)]
 pub(super) enum Claim {
@@ -24,15 +44,17 @@ pub(super) enum Claim {
     Fenced,
 }
 
-/// Claims `tick` for this tenure with `state` (`running`, or `skipped` to record a skip).
+/// Claims `tick` for this tenure with `state` (`running`, or `skipped` to record a skip, with
+/// a note saying why).
 pub(super) async fn claim(
     cron: &CronJob,
     leadership: &Leadership,
     tick: DateTime<Utc>,
     state: TickState,
+    note: Option<&str>,
 ) -> Result<Claim, sqlx::Error> {
     let token = leadership.fence_token();
-    let row = sqlx::query("SELECT * FROM forge.tick_claim($1, $2, $3, $4, $5, $6, $7, $8)")
+    let row = sqlx::query("SELECT * FROM forge.tick_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)")
         .bind(&token.namespace)
         .bind(&token.role)
         .bind(token.epoch)
@@ -41,17 +63,17 @@ pub(super) async fn claim(
         .bind(&cron.name)
         .bind(tick)
         .bind(state)
+        .bind(note)
         .fetch_one(leadership.pool())
         .await?;
-    let outcome: String = row.try_get("outcome")?;
-    Ok(match outcome.as_str() {
-        "claimed" | "ours" => Claim::Claimed,
-        "early" => {
+    Ok(match row.try_get("outcome")? {
+        ClaimOutcome::Claimed | ClaimOutcome::Ours => Claim::Claimed,
+        ClaimOutcome::Early => {
             let ms: Option<f64> = row.try_get("early_ms")?;
             Claim::Early(Duration::from_secs_f64(ms.unwrap_or(1.0).max(1.0) / 1000.0))
         }
-        "fenced" => Claim::Fenced,
-        _ => Claim::Taken,
+        ClaimOutcome::Fenced => Claim::Fenced,
+        ClaimOutcome::Taken => Claim::Taken,
     })
 }
 
@@ -61,7 +83,7 @@ pub(super) enum Finish {
     /// Recorded.
     Recorded,
     /// The tick was already final (completed in the handler's transaction): its state.
-    AlreadyFinal(String),
+    AlreadyFinal(TickState),
     /// Another tenure took the tick over (this leader was presumed dead).
     Taken,
 }
@@ -83,11 +105,14 @@ pub(super) async fn finish(
         .bind(error)
         .fetch_one(leadership.pool())
         .await?;
-    Ok(match outcome.as_str() {
-        "recorded" => Finish::Recorded,
-        "taken" | "missing" => Finish::Taken,
-        other => Finish::AlreadyFinal(other.to_owned()),
-    })
+    Ok(
+        match (FinishOutcome::parse(&outcome), TickState::parse(&outcome)) {
+            (Some(FinishOutcome::Recorded), _) => Finish::Recorded,
+            (Some(FinishOutcome::Taken | FinishOutcome::Missing), _) => Finish::Taken,
+            (None, Some(state)) => Finish::AlreadyFinal(state),
+            (None, None) => Finish::Taken,
+        },
+    )
 }
 
 /// Marks the tick succeeded inside the handler's transaction, fenced.
@@ -150,6 +175,20 @@ pub(super) struct Resume {
     pub(super) frontier: Option<DateTime<Utc>>,
     /// Ticks whose run was cut short by an earlier tenure: (scheduled_at, attempt, epoch).
     pub(super) interrupted: Vec<(DateTime<Utc>, i32, i64)>,
+}
+
+/// The names of the crons paused in the cluster.
+pub(super) async fn paused(
+    pool: &sqlx::PgPool,
+    namespace: &forge_core::LockNamespace,
+) -> Result<std::collections::BTreeSet<String>, sqlx::Error> {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM forge.crons WHERE namespace = $1 AND paused_at IS NOT NULL",
+    )
+    .bind(namespace)
+    .fetch_all(pool)
+    .await?;
+    Ok(names.into_iter().collect())
 }
 
 /// Registers the role's crons, reads each one's frontier and interrupted ticks, and counts

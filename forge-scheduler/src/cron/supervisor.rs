@@ -21,6 +21,7 @@
 //! short pause (the lease was being renewed), not taken as the end of the tenure. A tick the
 //! database says is not due yet (this node's clock runs ahead) is claimed when it is.
 
+use std::collections::BTreeSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +29,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use forge_core::Leadership;
 use futures_util::FutureExt;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -39,9 +41,14 @@ use crate::metrics::{CRON_DURATION, CRON_LAG, CRON_MISSED, CRON_RUNS, CRON_UNKNO
 /// Attempts of one tick under [`Interrupted::Rerun`], the first included.
 const MAX_TICK_ATTEMPTS: i32 = 3;
 
-/// Settings every cron loop of a node shares, read from the config at install time.
+/// The crons paused in the cluster (`forge.crons.paused_at`), kept current by the node's
+/// cron-registry service (notifications on `forge_crons`) and by each tenure's load.
+pub(super) type PauseBoard = Arc<watch::Sender<BTreeSet<String>>>;
+
+/// What every cron loop of a node shares.
 pub(super) struct Settings {
     pub(super) misfire_threshold: Duration,
+    pub(super) paused: PauseBoard,
 }
 
 /// The leader task of one role's crons.
@@ -52,8 +59,13 @@ pub(super) async fn supervise(
 ) {
     let mut delay = Duration::from_millis(100);
     let mut resume = loop {
-        match ledger::load(&crons, &leadership).await {
-            Ok((resume, unknown)) => {
+        let loaded = async {
+            let paused = ledger::paused(leadership.pool(), leadership.namespace()).await?;
+            Ok::<_, sqlx::Error>((ledger::load(&crons, &leadership).await?, paused))
+        };
+        match loaded.await {
+            Ok(((resume, unknown), paused)) => {
+                settings.paused.send_replace(paused);
                 report_unknown(&leadership, &unknown);
                 break resume;
             }
@@ -96,7 +108,7 @@ fn report_unknown(leadership: &Leadership, unknown: &[(String, String)]) {
 
 /// One cron's loop for one tenure.
 async fn run_cron(cron: CronJob, leadership: Leadership, resume: Resume, settings: Arc<Settings>) {
-    let mut runs = Runs::new(cron.clone(), leadership.clone());
+    let mut runs = Runs::new(cron.clone(), leadership.clone(), settings.paused.clone());
     for (at, attempt, epoch) in &resume.interrupted {
         runs.recover(*at, *attempt, *epoch).await;
     }
@@ -179,6 +191,7 @@ fn backlog(
 struct Runs {
     cron: CronJob,
     leadership: Leadership,
+    paused: PauseBoard,
     /// Runs of ticks fired on time: the overlap policy is about these.
     on_time: JoinSet<()>,
     /// Runs of backlog ticks (caught up, rerun, or reached while behind).
@@ -189,17 +202,17 @@ struct Runs {
 enum Slot {
     /// Run it; `backlog`: it started late (it waited for the backlog), so a run still going
     /// when the next tick is due is not an overlap.
-    Run {
-        backlog: bool,
-    },
-    Skip,
+    Run { backlog: bool },
+    /// Record it as skipped, with why.
+    Skip(&'static str),
 }
 
 impl Runs {
-    fn new(cron: CronJob, leadership: Leadership) -> Runs {
+    fn new(cron: CronJob, leadership: Leadership, paused: PauseBoard) -> Runs {
         Runs {
             cron,
             leadership,
+            paused,
             on_time: JoinSet::new(),
             backlog: JoinSet::new(),
         }
@@ -220,8 +233,11 @@ impl Runs {
         self.wait_all().await;
     }
 
-    /// Applies the overlap rules before a tick runs.
+    /// Applies the pause and the overlap rules before a tick runs.
     async fn slot(&mut self, backlog: bool) -> Slot {
+        if self.paused.borrow().contains(&self.cron.name) {
+            return Slot::Skip("paused");
+        }
         if self.cron.overlap == Overlap::Allow {
             return Slot::Run { backlog };
         }
@@ -241,7 +257,7 @@ impl Runs {
             return Slot::Run { backlog: false };
         }
         match self.cron.overlap {
-            Overlap::Skip => Slot::Skip,
+            Overlap::Skip => Slot::Skip("the previous run was still going (overlap = skip)"),
             _ => {
                 while self.on_time.join_next().await.is_some() {}
                 Slot::Run { backlog: false }
@@ -255,22 +271,22 @@ impl Runs {
             return false;
         }
         let slot = self.slot(backlog).await;
-        let state = match slot {
-            Slot::Run { .. } => TickState::Running,
-            Slot::Skip => TickState::Skipped,
+        let (state, note) = match slot {
+            Slot::Run { .. } => (TickState::Running, None),
+            Slot::Skip(why) => (TickState::Skipped, Some(why)),
         };
-        match self.claim(tick, state).await {
+        match self.claim(tick, state, note).await {
             Some(true) => {}
             Some(false) => return true,
             None => return false,
         }
         match slot {
-            Slot::Skip => {
+            Slot::Skip(why) => {
                 self.leadership
                     .metrics()
                     .counter(&CRON_RUNS, &outcome_labels(&self.cron, TickState::Skipped))
                     .increment(1);
-                info!(target: "forge::cron", cron = %self.cron.name, %tick, "tick skipped: the previous run is still going (overlap = skip)");
+                info!(target: "forge::cron", cron = %self.cron.name, %tick, why, "tick skipped");
             }
             Slot::Run { backlog } => self.spawn_run(tick, 1, backlog),
         }
@@ -279,7 +295,12 @@ impl Runs {
 
     /// Claims a tick, retrying failures. `Some(true)`: this tenure holds it; `Some(false)`:
     /// another tenure does; `None`: this leadership is over.
-    async fn claim(&self, tick: DateTime<Utc>, state: TickState) -> Option<bool> {
+    async fn claim(
+        &self,
+        tick: DateTime<Utc>,
+        state: TickState,
+        note: Option<&str>,
+    ) -> Option<bool> {
         let mut pause = Duration::from_millis(50);
         let bound = self.leadership.lease_duration();
         loop {
@@ -288,7 +309,7 @@ impl Runs {
             }
             let claimed = tokio::time::timeout(
                 bound,
-                ledger::claim(&self.cron, &self.leadership, tick, state),
+                ledger::claim(&self.cron, &self.leadership, tick, state, note),
             )
             .await;
             match claimed {
@@ -399,12 +420,18 @@ async fn run_tick(cron: CronJob, leadership: Leadership, tick: DateTime<Utc>, at
     debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, lag_ms = lag.as_millis() as u64, "run");
     let started = tokio::time::Instant::now();
     let (state, error) = run_handler(&cron, ctx, &cancel).await;
-    metrics
-        .histogram(&CRON_DURATION, &labels)
-        .record(started.elapsed().as_secs_f64());
+    let took = started.elapsed().as_secs_f64();
+    metrics.histogram(&CRON_DURATION, &labels).record(took);
     metrics
         .counter(&CRON_RUNS, &outcome_labels(&cron, state))
         .increment(1);
+    let tally = metrics.tally();
+    tally.add("cron_runs", &cron.name, 1.0);
+    if state != TickState::Succeeded {
+        tally.add("cron_failures", &cron.name, 1.0);
+    }
+    tally.add("cron_lag_seconds_sum", &cron.name, lag.as_secs_f64());
+    tally.add("cron_duration_seconds_sum", &cron.name, took);
     match &error {
         Some(error) => {
             warn!(target: "forge::cron", cron = %cron.name, %tick, attempt, outcome = %state, %error, "run did not succeed")
@@ -462,7 +489,7 @@ async fn record(
         match finished {
             Ok(Ok(Finish::Recorded)) => return,
             Ok(Ok(Finish::AlreadyFinal(final_state))) => {
-                if final_state != state.as_str() {
+                if final_state != state {
                     warn!(target: "forge::cron", cron = %cron.name, %tick, outcome = %state, recorded = %final_state,
                           "the handler completed the tick in its transaction; its later outcome is not recorded");
                 }

@@ -444,9 +444,11 @@ fn failure(
 }
 
 /// Counts an outcome once the database has recorded it (`recorded` = the state written),
-/// or reports that it was refused.
+/// or reports that it was refused: in the node's Prometheus metrics, and in its tally (the
+/// cluster's per-minute series).
 pub(super) fn count(
     metrics: &HashMap<&'static str, KindMetrics>,
+    tally: &forge_core::Tally,
     record: &Record,
     recorded: Option<&str>,
     queue: &str,
@@ -459,18 +461,31 @@ pub(super) fn count(
               "outcome not recorded: the job is no longer running this attempt on this node (it was rescued)");
         return;
     };
+    if record.failed {
+        tally.add("jobs_failed", queue, 1.0);
+    }
+    let series = match state {
+        "completed" => Some("jobs_completed"),
+        "retryable" => Some("jobs_retried"),
+        "available" if record.failed => Some("jobs_retried"),
+        "dead" => Some("jobs_dead"),
+        "cancelled" => Some("jobs_cancelled"),
+        _ => None,
+    };
+    if let Some(series) = series {
+        tally.add(series, queue, 1.0);
+    }
     let Some(m) = metrics.get(record.kind) else {
         return;
     };
     if record.failed {
         m.failed.increment(1);
     }
-    match state {
-        "completed" => m.completed.increment(1),
-        "retryable" => m.retried.increment(1),
-        "available" if record.failed => m.retried.increment(1),
-        "dead" => m.dead.increment(1),
-        "cancelled" => m.cancelled.increment(1),
+    match series {
+        Some("jobs_completed") => m.completed.increment(1),
+        Some("jobs_retried") => m.retried.increment(1),
+        Some("jobs_dead") => m.dead.increment(1),
+        Some("jobs_cancelled") => m.cancelled.increment(1),
         _ => {}
     }
 }

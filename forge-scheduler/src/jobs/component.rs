@@ -17,7 +17,7 @@ use tracing::{info, warn};
 use super::shared::{
     CHANNEL_AVAILABLE, CHANNEL_CANCEL, CHANNEL_DUE, Shared, WorkerSpec, record_rescue,
 };
-use super::{JobRegistry, JobType, maintenance, validate_queue, worker};
+use super::{JobRegistry, JobType, figures, maintenance, validate_queue, worker};
 use crate::config::{JobsConfig, invalid};
 use crate::metrics::JOB_METRICS;
 
@@ -103,8 +103,21 @@ impl Component for JobQueue {
     }
 
     fn install(self: Box<Self>, node: &mut Assembly) -> Result<()> {
+        let every = self.config.maintenance_interval;
+        let width = node.config().metrics.rollup_interval;
+        // The tables' upkeep runs whether or not this node has job types: any node may lead
+        // the log_compactor and metrics_aggregator roles.
         node.migrations(crate::MIGRATIONS)
-            .describe_metrics(JOB_METRICS);
+            .describe_metrics(JOB_METRICS)
+            .prune(
+                "jobs_finished",
+                "prune_finished_jobs",
+                self.config.completed_retention,
+            )
+            .prune("jobs_dead", "prune_dead_jobs", self.config.dead_retention)
+            .leader_task(Role::METRICS_AGGREGATOR, "job-figures", move |leadership| {
+                figures::run(leadership, every, width)
+            });
         if self.registry.is_empty() {
             return Ok(());
         }

@@ -227,7 +227,7 @@ pub struct JobInfo {
 }
 
 impl JobInfo {
-    fn from_row(row: &PgRow) -> Result<JobInfo> {
+    pub(crate) fn from_row(row: &PgRow) -> Result<JobInfo> {
         let state: JobState = row.try_get("state")?;
         let errors: serde_json::Value = row.try_get("errors")?;
         let errors = serde_json::from_value(errors).map_err(|err| Error::Serialization {

@@ -1,7 +1,8 @@
 //! The scheduler leader's duties: promote scheduled jobs and retries when they are due, and,
 //! every `[jobs] maintenance_interval` - and at once when membership marks a node down -
-//! rescue the running jobs of down and stopped nodes (and of ended role leaderships), prune
-//! finished jobs, and report queue depths. The pass is fenced by the tenure.
+//! rescue the running jobs of down and stopped nodes (and of ended role leaderships). The pass
+//! is fenced by the tenure. (Finished jobs are pruned by the `log_compactor` leader, queue
+//! figures reported by the `metrics_aggregator` leader: see `figures.rs`.)
 //!
 //! There is no polling: the leader sleeps until the earlier of its next pass and the earliest
 //! due job, which each statement returns, and a `forge_jobs_due` notification (sent by enqueues
@@ -9,7 +10,6 @@
 //! idempotent and guarded by the rows' states, so a deposed leader that is a little late
 //! changes nothing a newer one would not.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -21,9 +21,8 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{debug, info, warn};
 
 use super::shared::{CHANNEL_DUE, Shared, record_rescue};
-use crate::metrics::JOB_QUEUE_DEPTH;
 
-/// At most this many jobs are promoted, rescued or pruned per statement.
+/// At most this many jobs are promoted per statement.
 const BATCH: i32 = 10_000;
 
 /// The second pass of a tenure follows the first this soon (or after the interval if shorter).
@@ -45,7 +44,6 @@ pub(crate) async fn run(shared: Arc<Shared>, leadership: Leadership) {
         pool: ctx.pool().clone(),
         metrics: ctx.metrics().clone(),
         offset_ms: 0.0,
-        depth_labels: BTreeSet::new(),
         last_promote: None,
     };
     let interval = shared.config.maintenance_interval;
@@ -101,8 +99,6 @@ struct Maintenance {
     /// The database clock minus this node's wall clock, in milliseconds, as last seen: to turn
     /// due times announced in database time into local instants.
     offset_ms: f64,
-    /// The label sets of `forge_job_queue_depth` last reported, to zero the ones that emptied.
-    depth_labels: BTreeSet<(String, String, String)>,
     last_promote: Option<Instant>,
 }
 
@@ -185,18 +181,14 @@ impl Maintenance {
 
     /// The full pass; returns when the next job is due.
     async fn pass(&mut self) -> Option<Instant> {
-        let config = &self.shared.config;
-        let ms = |d: Duration| d.as_millis().min(i64::MAX as u128) as i64;
         let token = self.leadership.fence_token();
         self.last_promote = Some(Instant::now());
-        let rows = sqlx::query("SELECT * FROM forge.jobs_maintain($1, $2, $3, $4, $5, $6, $7, $8)")
+        let rows = sqlx::query("SELECT * FROM forge.jobs_maintain($1, $2, $3, $4, $5, $6)")
             .bind(&token.namespace)
             .bind(&token.role)
             .bind(token.epoch)
             .bind(token.tenure)
             .bind(self.shared.default_max_attempts())
-            .bind(ms(config.completed_retention))
-            .bind(ms(config.dead_retention))
             .bind(BATCH)
             .fetch_all(&self.pool);
         let rows = match timeout(self.shared.statement_bound, rows).await {
@@ -215,53 +207,31 @@ impl Maintenance {
             }
         };
         let mut next_due = None;
-        let mut depth = BTreeSet::new();
         for row in rows {
             let event: String = row.try_get("event").unwrap_or_default();
             let queue: Option<String> = row.try_get("queue").unwrap_or_default();
             let kind: Option<String> = row.try_get("kind").unwrap_or_default();
             let state: Option<String> = row.try_get("state").unwrap_or_default();
             let n: Option<f64> = row.try_get("n").unwrap_or_default();
-            let (queue, kind, state) = (
-                queue.unwrap_or_default(),
-                kind.unwrap_or_default(),
-                state.unwrap_or_default(),
-            );
             match event.as_str() {
                 "rescued" => {
+                    let (queue, kind, state) = (
+                        queue.unwrap_or_default(),
+                        kind.unwrap_or_default(),
+                        state.unwrap_or_default(),
+                    );
                     let n = n.unwrap_or_default() as u64;
                     warn!(target: "forge::job", queue = %queue, job = %kind, jobs = n, state = %state,
                           "rescued running jobs of a node that is down or stopped");
                     record_rescue(&self.metrics, &queue, &kind, &state, n);
                 }
-                "pruned" => {
-                    debug!(target: "forge::job", state = %state, jobs = n.unwrap_or_default(), "pruned finished jobs");
-                }
                 "next_due" => {
                     self.observe_clock(row.try_get("at").ok());
                     next_due = self.due_in(n);
                 }
-                "depth" => {
-                    self.metrics
-                        .gauge(
-                            &JOB_QUEUE_DEPTH,
-                            &[("queue", &queue), ("job", &kind), ("state", &state)],
-                        )
-                        .set(n.unwrap_or_default());
-                    depth.insert((queue, kind, state));
-                }
                 _ => {}
             }
         }
-        for (queue, kind, state) in self.depth_labels.difference(&depth) {
-            self.metrics
-                .gauge(
-                    &JOB_QUEUE_DEPTH,
-                    &[("queue", queue), ("job", kind), ("state", state)],
-                )
-                .set(0.0);
-        }
-        self.depth_labels = depth;
         next_due
     }
 }

@@ -106,6 +106,7 @@
 mod attempt;
 mod component;
 mod enqueue;
+mod figures;
 mod maintenance;
 mod shared;
 mod worker;

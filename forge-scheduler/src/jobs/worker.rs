@@ -241,12 +241,21 @@ impl Worker {
     fn fill(&mut self) {
         self.attempts
             .fill(self.spec.concurrency, self.wants.stopping, &self.origin);
+        if self.attempts.durations.is_empty() {
+            return;
+        }
+        let (mut sum, mut attempts) = (0.0, 0.0);
         for (kind, took) in self.attempts.durations.drain(..) {
             self.pace.1.add(took);
             if let Some(m) = self.metrics.get(kind) {
                 m.duration.record(took);
             }
+            sum += took;
+            attempts += 1.0;
         }
+        let tally = self.ctx.metrics().tally();
+        tally.add("job_duration_seconds_sum", &self.spec.queue, sum);
+        tally.add("job_attempts", &self.spec.queue, attempts);
     }
 
     async fn run(mut self, stop: impl Future<Output = ()>, drain_bound: Duration) {
@@ -492,6 +501,7 @@ impl Worker {
         for record in &trip.records {
             count(
                 &self.metrics,
+                self.ctx.metrics().tally(),
                 record,
                 recorded.get(&record.id).map(String::as_str),
                 &self.spec.queue,

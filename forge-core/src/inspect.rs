@@ -1,0 +1,526 @@
+//! Read models of the cluster: who leads what, the leadership history with each failover's
+//! gap, the events, the nodes and their states, the per-minute series. Typed and paginated;
+//! shared by the admin API, the CLI and the dashboard. Every query reads PostgreSQL, so any
+//! node (or a process that is no node at all) answers for the whole cluster.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+
+use crate::error::Result;
+use crate::role::{Epoch, LockNamespace, Role};
+
+crate::sql_enum! {
+    /// What happened (`forge.events.kind`).
+    pub enum EventKind {
+        /// A node won a role (`detail.failover`: its predecessor did not hand over;
+        /// `detail.gap_ms`: how long the role was without a leader).
+        LeaderElected = "leader_elected",
+        /// A leader handed a role over gracefully.
+        LeaderReleased = "leader_released",
+        /// A follower ended the session of a leader whose lease had expired.
+        LeaderFenced = "leader_fenced",
+        /// A node started.
+        NodeJoined = "node_joined",
+        /// A node stopped gracefully.
+        NodeLeft = "node_left",
+        /// A node stopped heartbeating for `drift_after`.
+        NodeDrifted = "node_drifted",
+        /// A drifted node heartbeats again.
+        NodeRecovered = "node_recovered",
+        /// A node is gone (`detail.reason`): its running jobs are rescued.
+        NodeDown = "node_down",
+        /// A node marked down came back.
+        NodeRejoined = "node_rejoined",
+        /// A departed node was removed from the registry (`forget_after`).
+        NodeForgotten = "node_forgotten",
+    }
+}
+
+crate::sql_enum! {
+    /// Where a node is, as the cluster sees it.
+    pub enum NodeState {
+        /// Heartbeating.
+        Active = "active",
+        /// No heartbeat for `drift_after`: frozen, starved or cut off.
+        Drifted = "drifted",
+        /// Gone: its session ended while PostgreSQL stayed up, or no heartbeat for
+        /// `down_after`. Its running jobs are rescued.
+        Down = "down",
+        /// Stopped gracefully.
+        Stopped = "stopped",
+    }
+}
+
+impl Serialize for EventKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl Serialize for NodeState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// A page of results, newest first, and the cursor of the next (older) page.
+#[derive(Clone, Debug, Serialize)]
+pub struct Page<T> {
+    /// The items.
+    pub items: Vec<T>,
+    /// Pass as [`PageRequest::before`] for the next page; `None` on the last page.
+    pub next: Option<i64>,
+}
+
+/// Which page to read: at most `limit` items (1..=500) older than the cursor `before`.
+#[derive(Clone, Copy, Debug)]
+pub struct PageRequest {
+    /// Items per page.
+    pub limit: u32,
+    /// The cursor from the previous page's [`Page::next`]; `None` for the newest page.
+    pub before: Option<i64>,
+}
+
+impl Default for PageRequest {
+    fn default() -> Self {
+        PageRequest {
+            limit: 50,
+            before: None,
+        }
+    }
+}
+
+impl PageRequest {
+    /// The newest `limit` items.
+    pub fn first(limit: u32) -> PageRequest {
+        PageRequest {
+            limit,
+            before: None,
+        }
+    }
+
+    fn limit(&self) -> i64 {
+        i64::from(self.limit.clamp(1, 500))
+    }
+
+    /// Builds the page from one more row than asked for: its presence means there is more.
+    pub fn page<T>(&self, mut items: Vec<T>, cursor: impl Fn(&T) -> i64) -> Page<T> {
+        let more = items.len() as i64 > self.limit();
+        items.truncate(self.limit() as usize);
+        let next = more.then(|| items.last().map(&cursor)).flatten();
+        Page { items, next }
+    }
+
+    /// The SQL `LIMIT` to use: one more than the page holds.
+    pub fn fetch(&self) -> i64 {
+        self.limit() + 1
+    }
+}
+
+/// The current leadership of a role.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct LeaderView {
+    /// The role.
+    pub role: String,
+    /// The leader's node (the last one, if released).
+    pub node_id: String,
+    /// The tenure's epoch.
+    pub epoch: Epoch,
+    /// When it was granted.
+    pub acquired_at: DateTime<Utc>,
+    /// Its last renewal.
+    pub renewed_at: DateTime<Utc>,
+    /// When the lease runs out without renewal.
+    pub lease_until: DateTime<Utc>,
+    /// Set when the leader handed the role over and nobody took it yet.
+    pub released_at: Option<DateTime<Utc>>,
+    /// Milliseconds of lease left (negative: expired; the role has no live leader).
+    pub lease_remaining_ms: f64,
+}
+
+impl LeaderView {
+    /// Whether the role has a leader with a valid lease.
+    pub fn is_led(&self) -> bool {
+        self.released_at.is_none() && self.lease_remaining_ms > 0.0
+    }
+}
+
+/// How a tenure ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TenureEnd {
+    /// It is the current leadership.
+    Current,
+    /// Handed over gracefully.
+    Released,
+    /// Lost without a handoff (crash, freeze, partition): the next tenure is a failover.
+    Lost,
+}
+
+/// One tenure of one role, from the leadership history.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct TenureView {
+    /// Its event id (the cursor).
+    pub id: i64,
+    /// The role.
+    pub role: String,
+    /// The epoch.
+    pub epoch: Epoch,
+    /// The leader.
+    pub node_id: String,
+    /// When it began.
+    pub acquired_at: DateTime<Utc>,
+    /// Whether it began by failover (the previous leader did not hand over).
+    pub failover: bool,
+    /// How long the role was without a leader before it: from the previous leader's release
+    /// (handoff) or last renewal (failover) to this election, in milliseconds.
+    pub gap_ms: Option<f64>,
+    /// When it ended (release, or the next election after a loss).
+    pub ended_at: Option<DateTime<Utc>>,
+    /// How it ended.
+    pub end: TenureEnd,
+}
+
+/// One event of the cluster's history.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct EventView {
+    /// Its id (the cursor).
+    pub id: i64,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// What.
+    pub kind: EventKind,
+    /// The node concerned.
+    pub node_id: Option<String>,
+    /// The role concerned.
+    pub role: Option<String>,
+    /// The epoch concerned.
+    pub epoch: Option<Epoch>,
+    /// Everything else (failover, gap, reason, ...).
+    pub detail: serde_json::Value,
+}
+
+/// Which events to read.
+#[derive(Clone, Debug, Default)]
+pub struct EventFilter {
+    /// Only these kinds (empty: all).
+    pub kinds: Vec<EventKind>,
+    /// Only about this node.
+    pub node_id: Option<String>,
+    /// Only about this role.
+    pub role: Option<Role>,
+    /// Only after this id (for following: pass the newest id seen).
+    pub after: Option<i64>,
+}
+
+/// A node of the cluster.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct NodeView {
+    /// Its id.
+    pub node_id: String,
+    /// Active, drifted, down or stopped.
+    pub state: NodeState,
+    /// Its host.
+    pub hostname: Option<String>,
+    /// Its process id.
+    pub pid: Option<i32>,
+    /// The application's version.
+    pub version: Option<String>,
+    /// When this run of it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat.
+    pub heartbeat_at: DateTime<Utc>,
+    /// Milliseconds since its last heartbeat.
+    pub heartbeat_age_ms: f64,
+    /// The roles it campaigns for.
+    pub roles: Vec<String>,
+    /// The roles it leads (as of its last heartbeat).
+    pub leads: Vec<String>,
+    /// The queues it works, with their concurrency.
+    pub queues: serde_json::Value,
+    /// Its admin API, if it serves one.
+    pub admin_url: Option<String>,
+    /// When it stopped gracefully.
+    pub stopped_at: Option<DateTime<Utc>>,
+    /// When it was marked down, and why.
+    pub down_at: Option<DateTime<Utc>>,
+    /// Why it was marked down.
+    pub down_reason: Option<String>,
+}
+
+/// One point of a cluster series.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SeriesPoint {
+    /// The start of the point's interval (`[metrics] rollup_interval`).
+    pub at: DateTime<Utc>,
+    /// The series (`jobs_completed`, `queue_depth`, ...).
+    pub series: String,
+    /// Its label (a queue, a cron; empty for none).
+    pub label: String,
+    /// The value for that minute.
+    pub value: f64,
+}
+
+/// The cluster's read models (leaders, history, events, nodes, series) for one namespace.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    pool: PgPool,
+    namespace: LockNamespace,
+    drift_after: Duration,
+}
+
+impl Cluster {
+    /// Read models on `pool` for the cluster `namespace`; nodes silent for `drift_after`
+    /// show as drifted (`[cluster.membership] drift_after`).
+    pub fn new(pool: PgPool, namespace: LockNamespace, drift_after: Duration) -> Cluster {
+        Cluster {
+            pool,
+            namespace,
+            drift_after,
+        }
+    }
+
+    /// The pool it reads through.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The namespace it reads.
+    pub fn namespace(&self) -> &LockNamespace {
+        &self.namespace
+    }
+
+    /// Every role's current (or last) leadership.
+    pub async fn leaders(&self) -> Result<Vec<LeaderView>> {
+        let rows = sqlx::query(
+            "SELECT role, node_id, epoch, acquired_at, renewed_at, lease_until, released_at,
+                    extract(epoch FROM lease_until - clock_timestamp())::float8 * 1000 AS remaining
+               FROM forge.leaders WHERE namespace = $1 ORDER BY role",
+        )
+        .bind(&self.namespace)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LeaderView {
+                    role: row.try_get("role")?,
+                    node_id: row.try_get("node_id")?,
+                    epoch: row.try_get("epoch")?,
+                    acquired_at: row.try_get("acquired_at")?,
+                    renewed_at: row.try_get("renewed_at")?,
+                    lease_until: row.try_get("lease_until")?,
+                    released_at: row.try_get("released_at")?,
+                    lease_remaining_ms: row.try_get("remaining")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The leadership history, newest first: each tenure with how it began (failover or
+    /// not, and the gap before it) and how it ended.
+    pub async fn history(
+        &self,
+        role: Option<&Role>,
+        page: PageRequest,
+    ) -> Result<Page<TenureView>> {
+        let rows = sqlx::query(
+            "SELECT e.id, e.role, e.epoch, e.node_id, e.at,
+                    coalesce((e.detail->>'failover')::boolean, false) AS failover,
+                    (e.detail->>'gap_ms')::float8 AS gap_ms,
+                    r.at AS released_at, n.at AS next_at
+               FROM forge.events e
+               LEFT JOIN LATERAL (
+                    SELECT x.at FROM forge.events x
+                     WHERE x.namespace = e.namespace AND x.role = e.role AND x.epoch = e.epoch
+                       AND x.kind = 'leader_released' AND x.id > e.id
+                     ORDER BY x.id LIMIT 1) r ON true
+               LEFT JOIN LATERAL (
+                    SELECT x.at FROM forge.events x
+                     WHERE x.namespace = e.namespace AND x.role = e.role
+                       AND x.kind = 'leader_elected' AND x.id > e.id
+                     ORDER BY x.id LIMIT 1) n ON true
+              WHERE e.namespace = $1 AND e.kind = 'leader_elected'
+                AND ($2::text IS NULL OR e.role = $2)
+                AND ($3::bigint IS NULL OR e.id < $3)
+              ORDER BY e.id DESC LIMIT $4",
+        )
+        .bind(&self.namespace)
+        .bind(role)
+        .bind(page.before)
+        .bind(page.fetch())
+        .fetch_all(&self.pool)
+        .await?;
+        let items = rows
+            .iter()
+            .map(tenure_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(page.page(items, |t| t.id))
+    }
+
+    /// Events, newest first (or, with [`EventFilter::after`], the ones after that id, oldest
+    /// first, for following).
+    pub async fn events(&self, filter: &EventFilter, page: PageRequest) -> Result<Page<EventView>> {
+        let kinds: Vec<&str> = filter.kinds.iter().map(|k| k.as_str()).collect();
+        let rows = sqlx::query(
+            "SELECT id, at, kind, node_id, role, epoch, detail FROM forge.events
+              WHERE namespace = $1
+                AND (cardinality($2::text[]) = 0 OR kind = ANY ($2))
+                AND ($3::text IS NULL OR node_id = $3)
+                AND ($4::text IS NULL OR role = $4)
+                AND ($5::bigint IS NULL OR id < $5)
+                AND ($6::bigint IS NULL OR id > $6)
+              ORDER BY CASE WHEN $6::bigint IS NULL THEN -id ELSE id END
+              LIMIT $7",
+        )
+        .bind(&self.namespace)
+        .bind(&kinds)
+        .bind(filter.node_id.as_deref())
+        .bind(filter.role.as_ref())
+        .bind(page.before)
+        .bind(filter.after)
+        .bind(page.fetch())
+        .fetch_all(&self.pool)
+        .await?;
+        let items = rows
+            .iter()
+            .map(|row| {
+                Ok(EventView {
+                    id: row.try_get("id")?,
+                    at: row.try_get("at")?,
+                    kind: row.try_get("kind")?,
+                    node_id: row.try_get("node_id")?,
+                    role: row.try_get("role")?,
+                    epoch: row.try_get("epoch")?,
+                    detail: row.try_get("detail")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(page.page(items, |e| e.id))
+    }
+
+    /// Every node the cluster knows (until forgotten), with its state.
+    pub async fn nodes(&self) -> Result<Vec<NodeView>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("{NODES_SQL} ORDER BY node_id")))
+            .bind(&self.namespace)
+            .bind(self.drift_ms())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(node_from_row).collect()
+    }
+
+    /// One node.
+    pub async fn node(&self, node_id: &str) -> Result<Option<NodeView>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("{NODES_SQL} AND node_id = $3")))
+            .bind(&self.namespace)
+            .bind(self.drift_ms())
+            .bind(node_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(node_from_row).transpose()
+    }
+
+    /// How many nodes are in each state.
+    pub async fn node_counts(&self) -> Result<BTreeMap<NodeState, i64>> {
+        let nodes = self.nodes().await?;
+        let mut counts = BTreeMap::new();
+        for node in nodes {
+            *counts.entry(node.state).or_default() += 1;
+        }
+        Ok(counts)
+    }
+
+    /// The cluster series named (all when empty) since `since`, oldest first: `jobs_completed`,
+    /// `jobs_failed`, `jobs_retried`, `jobs_dead`, `jobs_cancelled`, `job_attempts` and
+    /// `job_duration_seconds_sum` by queue; `cron_runs`, `cron_failures`,
+    /// `cron_lag_seconds_sum` and `cron_duration_seconds_sum` by cron; `queue_depth`,
+    /// `oldest_job_age_seconds` and `dead_jobs` by queue (sampled).
+    pub async fn series(&self, names: &[&str], since: DateTime<Utc>) -> Result<Vec<SeriesPoint>> {
+        let rows = sqlx::query(
+            "SELECT at, series, label, value FROM forge.stats
+              WHERE namespace = $1 AND at >= $2
+                AND (cardinality($3::text[]) = 0 OR series = ANY ($3))
+              ORDER BY at, series, label",
+        )
+        .bind(&self.namespace)
+        .bind(since)
+        .bind(names)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(SeriesPoint {
+                    at: row.try_get("at")?,
+                    series: row.try_get("series")?,
+                    label: row.try_get("label")?,
+                    value: row.try_get("value")?,
+                })
+            })
+            .collect()
+    }
+
+    fn drift_ms(&self) -> i64 {
+        self.drift_after.as_millis().min(i64::MAX as u128) as i64
+    }
+}
+
+/// The nodes with their state: stopped, down (marked by the scheduler leader), drifted
+/// (marked, or silent for drift_after), else active. `$1` namespace, `$2` drift ms.
+const NODES_SQL: &str = "SELECT node_id, hostname, pid, version, started_at, heartbeat_at,
+        extract(epoch FROM clock_timestamp() - heartbeat_at)::float8 * 1000 AS age_ms,
+        roles, leads, queues, admin_url, stopped_at, down_at, down_reason,
+        CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
+             WHEN down_at IS NOT NULL THEN 'down'
+             WHEN drifted_at IS NOT NULL
+               OR heartbeat_at < clock_timestamp() - $2 * interval '1 millisecond' THEN 'drifted'
+             ELSE 'active' END AS state
+   FROM forge.nodes WHERE namespace = $1";
+
+fn node_from_row(row: &PgRow) -> Result<NodeView> {
+    Ok(NodeView {
+        node_id: row.try_get("node_id")?,
+        state: row.try_get("state")?,
+        hostname: row.try_get("hostname")?,
+        pid: row.try_get("pid")?,
+        version: row.try_get("version")?,
+        started_at: row.try_get("started_at")?,
+        heartbeat_at: row.try_get("heartbeat_at")?,
+        heartbeat_age_ms: row.try_get("age_ms")?,
+        roles: row.try_get("roles")?,
+        leads: row.try_get("leads")?,
+        queues: row.try_get("queues")?,
+        admin_url: row.try_get("admin_url")?,
+        stopped_at: row.try_get("stopped_at")?,
+        down_at: row.try_get("down_at")?,
+        down_reason: row.try_get("down_reason")?,
+    })
+}
+
+fn tenure_from_row(row: &PgRow) -> Result<TenureView> {
+    let released: Option<DateTime<Utc>> = row.try_get("released_at")?;
+    let next: Option<DateTime<Utc>> = row.try_get("next_at")?;
+    let (ended_at, end) = match (released, next) {
+        (Some(at), _) => (Some(at), TenureEnd::Released),
+        (None, Some(at)) => (Some(at), TenureEnd::Lost),
+        (None, None) => (None, TenureEnd::Current),
+    };
+    Ok(TenureView {
+        id: row.try_get("id")?,
+        role: row.try_get("role")?,
+        epoch: row.try_get("epoch")?,
+        node_id: row.try_get("node_id")?,
+        acquired_at: row.try_get("at")?,
+        failover: row.try_get("failover")?,
+        gap_ms: row.try_get("gap_ms")?,
+        ended_at,
+        end,
+    })
+}

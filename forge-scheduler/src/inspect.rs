@@ -1,0 +1,327 @@
+//! Read models of the work: crons (with their next and last runs, outcomes, lag, skipped and
+//! missing ticks, pause), a cron's ticks, jobs (by state, queue, kind, arguments), a job with
+//! each attempt's error, queues. Typed and paginated like the cluster's
+//! ([`forge_core::inspect`]); shared by the admin API, the CLI and the dashboard.
+
+use chrono::{DateTime, TimeDelta, Utc};
+use forge_core::inspect::{Page, PageRequest};
+use forge_core::{LockNamespace, Result};
+use forge_cron::Schedule;
+use serde::Serialize;
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+
+use crate::cron::TickState;
+use crate::jobs::{JobId, JobInfo, JobState};
+
+/// A cron the cluster knows (registered by some node).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct CronView {
+    /// Its name.
+    pub name: String,
+    /// The role whose leader runs it.
+    pub role: String,
+    /// Its expression.
+    pub expression: String,
+    /// Its time zone.
+    pub timezone: String,
+    /// When it was paused (`None`: running).
+    pub paused_at: Option<DateTime<Utc>>,
+    /// Who paused it.
+    pub paused_by: Option<String>,
+    /// Its next tick (`None`: the expression does not parse here, or never fires again).
+    pub next_run: Option<DateTime<Utc>>,
+    /// Its newest tick in the ledger.
+    pub last: Option<TickView>,
+    /// Ticks of the last 24 hours recorded as skipped (paused, or overlap).
+    pub skipped_24h: i64,
+    /// Ticks of the last 24 hours (since it was first registered) with no ledger row: due while
+    /// the role had no leader and not caught up.
+    pub missing_24h: i64,
+    /// The node that last registered it.
+    pub last_seen_by: String,
+}
+
+/// One tick of a cron, from the ledger.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct TickView {
+    /// The instant it was scheduled for.
+    pub scheduled_at: DateTime<Utc>,
+    /// Its state.
+    pub state: TickState,
+    /// Its attempt (more than 1 after a rerun).
+    pub attempt: i32,
+    /// The node that ran it.
+    pub node_id: String,
+    /// The epoch it ran under.
+    pub epoch: i64,
+    /// When it was claimed.
+    pub claimed_at: DateTime<Utc>,
+    /// When its outcome was recorded.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The error, or why it was skipped.
+    pub error: Option<String>,
+    /// How late it was claimed, in milliseconds.
+    pub lag_ms: f64,
+}
+
+/// A queue's figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct QueueView {
+    /// The queue.
+    pub queue: String,
+    /// Jobs waiting to be claimed.
+    pub available: i64,
+    /// Jobs waiting for their run-at time.
+    pub scheduled: i64,
+    /// Jobs running.
+    pub running: i64,
+    /// Jobs waiting for a retry.
+    pub retryable: i64,
+    /// Dead-lettered jobs still kept.
+    pub dead: i64,
+    /// How long the oldest available job has been due, in seconds (0: none).
+    pub oldest_available_age_s: f64,
+}
+
+/// Which jobs to list.
+#[derive(Clone, Debug, Default)]
+pub struct JobFilter {
+    /// Only these states (empty: all).
+    pub states: Vec<JobState>,
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// Only jobs whose arguments contain this JSON (`args @> filter`).
+    pub args: Option<serde_json::Value>,
+}
+
+/// The work's read models (crons, ticks, jobs, queues) for one namespace.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pool: PgPool,
+    namespace: LockNamespace,
+}
+
+impl Workload {
+    /// Read models on `pool` for the cluster `namespace`.
+    pub fn new(pool: PgPool, namespace: LockNamespace) -> Workload {
+        Workload { pool, namespace }
+    }
+
+    /// Every cron the cluster knows, by name.
+    pub async fn crons(&self) -> Result<Vec<CronView>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("{CRONS_SQL} ORDER BY c.name")))
+            .bind(&self.namespace)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(cron_from_row).collect()
+    }
+
+    /// One cron.
+    pub async fn cron(&self, name: &str) -> Result<Option<CronView>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("{CRONS_SQL} AND c.name = $2")))
+            .bind(&self.namespace)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(cron_from_row).transpose()
+    }
+
+    /// A cron's ticks, newest first; the cursor is the tick's instant in microseconds.
+    pub async fn ticks(&self, cron: &str, page: PageRequest) -> Result<Page<TickView>> {
+        let before = page.before.and_then(DateTime::<Utc>::from_timestamp_micros);
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "{TICKS_SQL} WHERE namespace = $1 AND cron = $2
+               AND ($3::timestamptz IS NULL OR scheduled_at < $3)
+             ORDER BY scheduled_at DESC LIMIT $4"
+        )))
+        .bind(&self.namespace)
+        .bind(cron)
+        .bind(before)
+        .bind(page.fetch())
+        .fetch_all(&self.pool)
+        .await?;
+        let items = rows.iter().map(tick_from_row).collect::<Result<Vec<_>>>()?;
+        Ok(page.page(items, |t| t.scheduled_at.timestamp_micros()))
+    }
+
+    /// Pauses a cron: whichever node leads its role records its ticks as skipped until it is
+    /// resumed. False when the cluster knows no such cron.
+    pub async fn pause_cron(&self, name: &str, by: &str) -> Result<bool> {
+        self.set_paused(name, true, by).await
+    }
+
+    /// Resumes a paused cron from its next tick (the ticks skipped while paused stay skipped).
+    pub async fn resume_cron(&self, name: &str, by: &str) -> Result<bool> {
+        self.set_paused(name, false, by).await
+    }
+
+    async fn set_paused(&self, name: &str, paused: bool, by: &str) -> Result<bool> {
+        Ok(
+            sqlx::query_scalar("SELECT forge.cron_set_paused($1, $2, $3, $4)")
+                .bind(&self.namespace)
+                .bind(name)
+                .bind(paused)
+                .bind(by)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Jobs matching `filter`, newest first (the cursor is the job id).
+    pub async fn jobs(&self, filter: &JobFilter, page: PageRequest) -> Result<Page<JobInfo>> {
+        let states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
+        let rows = sqlx::query(
+            "SELECT *, args::text AS args_text FROM forge.jobs
+              WHERE namespace = $1
+                AND (cardinality($2::text[]) = 0 OR state = ANY ($2))
+                AND ($3::text IS NULL OR queue = $3)
+                AND ($4::text IS NULL OR kind = $4)
+                AND ($5::jsonb IS NULL OR args @> $5)
+                AND ($6::bigint IS NULL OR id < $6)
+              ORDER BY id DESC LIMIT $7",
+        )
+        .bind(&self.namespace)
+        .bind(&states)
+        .bind(filter.queue.as_deref())
+        .bind(filter.kind.as_deref())
+        .bind(filter.args.as_ref())
+        .bind(page.before)
+        .bind(page.fetch())
+        .fetch_all(&self.pool)
+        .await?;
+        let items = rows
+            .iter()
+            .map(JobInfo::from_row)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(page.page(items, |j| j.id.0))
+    }
+
+    /// One job, with each failed, interrupted or rescued attempt's error.
+    pub async fn job(&self, id: JobId) -> Result<Option<JobInfo>> {
+        let row = sqlx::query(
+            "SELECT *, args::text AS args_text FROM forge.jobs WHERE namespace = $1 AND id = $2",
+        )
+        .bind(&self.namespace)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(JobInfo::from_row).transpose()
+    }
+
+    /// Every queue with unfinished or dead jobs, by name.
+    pub async fn queues(&self) -> Result<Vec<QueueView>> {
+        let rows = sqlx::query("SELECT * FROM forge.jobs_figures($1) ORDER BY queue")
+            .bind(&self.namespace)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut queues: Vec<QueueView> = Vec::new();
+        for row in rows {
+            let queue: String = row.try_get("queue")?;
+            let state: JobState = row.try_get("state")?;
+            let n: i64 = row.try_get("n")?;
+            let age: Option<f64> = row.try_get("oldest_age_s")?;
+            if queues.last().is_none_or(|q| q.queue != queue) {
+                queues.push(QueueView {
+                    queue,
+                    ..QueueView::default()
+                });
+            }
+            let Some(view) = queues.last_mut() else {
+                continue;
+            };
+            match state {
+                JobState::Available => {
+                    view.available += n;
+                    view.oldest_available_age_s =
+                        view.oldest_available_age_s.max(age.unwrap_or(0.0).max(0.0));
+                }
+                JobState::Scheduled => view.scheduled += n,
+                JobState::Running => view.running += n,
+                JobState::Retryable => view.retryable += n,
+                JobState::Dead => view.dead += n,
+                JobState::Completed | JobState::Cancelled => {}
+            }
+        }
+        Ok(queues)
+    }
+}
+
+/// The crons with their newest tick and their last day's skipped ticks; `$1` namespace.
+const CRONS_SQL: &str = "SELECT c.name, c.role, c.expression, c.timezone, c.paused_at,
+        c.paused_by, c.first_seen_at, c.last_seen_by, t.*,
+        (SELECT count(*) FROM forge.cron_ticks s
+          WHERE s.namespace = c.namespace AND s.cron = c.name AND s.state = 'skipped'
+            AND s.scheduled_at > clock_timestamp() - interval '24 hours') AS skipped_24h,
+        (SELECT count(*) FROM forge.cron_ticks s
+          WHERE s.namespace = c.namespace AND s.cron = c.name
+            AND s.scheduled_at > clock_timestamp() - interval '24 hours') AS rows_24h
+   FROM forge.crons c
+   LEFT JOIN LATERAL (
+        SELECT scheduled_at, state, attempt, node_id, epoch, claimed_at, finished_at, error,
+               extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000 AS lag_ms
+          FROM forge.cron_ticks x
+         WHERE x.namespace = c.namespace AND x.cron = c.name
+         ORDER BY x.scheduled_at DESC LIMIT 1) t ON true
+  WHERE c.namespace = $1";
+
+const TICKS_SQL: &str = "SELECT scheduled_at, state, attempt, node_id, epoch, claimed_at,
+        finished_at, error, extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000 AS lag_ms
+   FROM forge.cron_ticks";
+
+fn tick_from_row(row: &PgRow) -> Result<TickView> {
+    Ok(TickView {
+        scheduled_at: row.try_get("scheduled_at")?,
+        state: row.try_get("state")?,
+        attempt: row.try_get("attempt")?,
+        node_id: row.try_get("node_id")?,
+        epoch: row.try_get("epoch")?,
+        claimed_at: row.try_get("claimed_at")?,
+        finished_at: row.try_get("finished_at")?,
+        error: row.try_get("error")?,
+        lag_ms: row.try_get("lag_ms")?,
+    })
+}
+
+fn cron_from_row(row: &PgRow) -> Result<CronView> {
+    let expression: String = row.try_get("expression")?;
+    let timezone: String = row.try_get("timezone")?;
+    let first_seen: DateTime<Utc> = row.try_get("first_seen_at")?;
+    let now = Utc::now();
+    let schedule = Schedule::parse_in(&expression, &timezone).ok();
+    let last = match row.try_get::<Option<DateTime<Utc>>, _>("scheduled_at")? {
+        Some(_) => Some(tick_from_row(row)?),
+        None => None,
+    };
+    let rows_24h: i64 = row.try_get("rows_24h")?;
+    // Ticks due in the last day (since first registered) without a ledger row.
+    let missing_24h = schedule.as_ref().map_or(0, |s| {
+        let from = first_seen.max(now - TimeDelta::hours(24));
+        let due = s.ticks_between(from, now).take(1_000_000).count() as i64;
+        (due - rows_24h).max(0)
+    });
+    Ok(CronView {
+        name: row.try_get("name")?,
+        role: row.try_get("role")?,
+        next_run: schedule.as_ref().and_then(|s| s.next_after(now)),
+        expression,
+        timezone,
+        paused_at: row.try_get("paused_at")?,
+        paused_by: row.try_get("paused_by")?,
+        last,
+        skipped_24h: row.try_get("skipped_24h")?,
+        missing_24h,
+        last_seen_by: row.try_get("last_seen_by")?,
+    })
+}
+
+impl Serialize for TickState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}

@@ -1,0 +1,179 @@
+//! The `metrics_aggregator` leader's queue figures: every `[jobs] maintenance_interval` (15 s by
+//! default), the unfinished jobs by queue,
+//! kind and state (`forge_job_queue_depth`), the age of each queue's oldest due job
+//! (`forge_job_oldest_age_seconds`) and the dead jobs (`forge_job_dead_jobs`), reported by that
+//! leader only, so that one scrape sees the whole cluster's queues; once per
+//! `[metrics] rollup_interval`, the same as cluster series (`queue_depth`,
+//! `oldest_job_age_seconds`, `dead_jobs`) for the charts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use chrono::{DurationRound, TimeDelta, Utc};
+use forge_core::{Error, Leadership};
+use sqlx::Row;
+use tokio::time::{sleep, timeout};
+use tracing::debug;
+
+use crate::metrics::{JOB_DEAD_JOBS, JOB_OLDEST_AGE, JOB_QUEUE_DEPTH};
+
+/// One look at the queues.
+#[derive(Default)]
+struct Look {
+    /// (queue, kind, state) -> jobs.
+    depth: BTreeMap<(String, String, String), f64>,
+    /// queue -> age in seconds of the oldest due (available) job.
+    oldest: BTreeMap<String, f64>,
+    /// queue -> dead jobs.
+    dead: BTreeMap<String, f64>,
+}
+
+/// The leader task.
+pub(crate) async fn run(leadership: Leadership, every: Duration, width: Duration) {
+    let width = TimeDelta::from_std(width).unwrap_or(TimeDelta::minutes(1));
+    let mut reported = Look::default();
+    let mut sampled = None;
+    loop {
+        match look(&leadership).await {
+            Ok(look) => {
+                report(&leadership, &look, &reported);
+                let bucket = Utc::now().duration_trunc(width).ok();
+                if bucket != sampled {
+                    if !sample(&leadership, &look, bucket).await {
+                        return zero(&leadership, &reported);
+                    }
+                    sampled = bucket;
+                }
+                reported = look;
+            }
+            Err(err) => {
+                debug!(target: "forge::aggregator", error = %err, "cannot read the queue figures")
+            }
+        }
+        tokio::select! {
+            _ = sleep(every) => {}
+            _ = leadership.stopping() => return zero(&leadership, &reported),
+        }
+    }
+}
+
+async fn look(leadership: &Leadership) -> Result<Look, sqlx::Error> {
+    let rows = sqlx::query("SELECT * FROM forge.jobs_figures($1)")
+        .bind(leadership.namespace())
+        .fetch_all(leadership.pool());
+    let rows = timeout(leadership.lease_duration(), rows)
+        .await
+        .map_err(|_| sqlx::Error::PoolTimedOut)??;
+    let mut look = Look::default();
+    for row in rows {
+        let queue: String = row.try_get("queue")?;
+        let kind: String = row.try_get("kind")?;
+        let state: String = row.try_get("state")?;
+        let n = row.try_get::<i64, _>("n")? as f64;
+        let age: Option<f64> = row.try_get("oldest_age_s")?;
+        if state == "dead" {
+            *look.dead.entry(queue).or_default() += n;
+            continue;
+        }
+        if state == "available" {
+            let oldest = look.oldest.entry(queue.clone()).or_default();
+            *oldest = oldest.max(age.unwrap_or_default().max(0.0));
+        }
+        look.depth.insert((queue, kind, state), n);
+    }
+    Ok(look)
+}
+
+fn report(leadership: &Leadership, look: &Look, before: &Look) {
+    let m = leadership.metrics();
+    for ((queue, kind, state), n) in &look.depth {
+        m.gauge(
+            &JOB_QUEUE_DEPTH,
+            &[("queue", queue), ("job", kind), ("state", state)],
+        )
+        .set(*n);
+    }
+    for (queue, kind, state) in before.depth.keys() {
+        if !look
+            .depth
+            .contains_key(&(queue.clone(), kind.clone(), state.clone()))
+        {
+            m.gauge(
+                &JOB_QUEUE_DEPTH,
+                &[("queue", queue), ("job", kind), ("state", state)],
+            )
+            .set(0.0);
+        }
+    }
+    let queues: BTreeSet<&String> = look
+        .oldest
+        .keys()
+        .chain(look.dead.keys())
+        .chain(before.oldest.keys())
+        .chain(before.dead.keys())
+        .collect();
+    for queue in queues {
+        m.gauge(&JOB_OLDEST_AGE, &[("queue", queue)])
+            .set(look.oldest.get(queue).copied().unwrap_or(0.0));
+        m.gauge(&JOB_DEAD_JOBS, &[("queue", queue)])
+            .set(look.dead.get(queue).copied().unwrap_or(0.0));
+    }
+}
+
+/// Zeroes what this leader reported, when its tenure ends.
+fn zero(leadership: &Leadership, reported: &Look) {
+    report(leadership, &Look::default(), reported);
+}
+
+/// Writes the look as this interval's samples. False when fenced.
+async fn sample(
+    leadership: &Leadership,
+    look: &Look,
+    bucket: Option<chrono::DateTime<Utc>>,
+) -> bool {
+    let Some(bucket) = bucket else {
+        return true;
+    };
+    let mut depth: BTreeMap<&str, f64> = BTreeMap::new();
+    for ((queue, _, _), n) in &look.depth {
+        *depth.entry(queue).or_default() += n;
+    }
+    let mut series = Vec::new();
+    let mut labels = Vec::new();
+    let mut values = Vec::new();
+    for (queue, n) in depth {
+        series.push("queue_depth");
+        labels.push(queue.to_owned());
+        values.push(n);
+    }
+    for (queue, age) in &look.oldest {
+        series.push("oldest_job_age_seconds");
+        labels.push(queue.clone());
+        values.push(*age);
+    }
+    for (queue, n) in &look.dead {
+        series.push("dead_jobs");
+        labels.push(queue.clone());
+        values.push(*n);
+    }
+    let token = leadership.fence_token();
+    let written = sqlx::query("SELECT forge.stats_sample($1, $2, $3, $4, $5, $6, $7, $8)")
+        .bind(&token.namespace)
+        .bind(&token.role)
+        .bind(token.epoch)
+        .bind(token.tenure)
+        .bind(bucket)
+        .bind(&series)
+        .bind(&labels)
+        .bind(&values)
+        .execute(leadership.pool())
+        .await;
+    match written {
+        Ok(_) => true,
+        Err(err) if Error::is_fence_refusal(&err) => false,
+        Err(err) => {
+            debug!(target: "forge::aggregator", error = %err, "cannot write the queue samples");
+            true
+        }
+    }
+}

@@ -1,0 +1,644 @@
+//! The cluster model: membership states (drifted, down, forgotten) seen from outside, the
+//! read models, the built-in roles' duties (pruning by the log compactor, rollups by whichever
+//! node leads the metrics aggregator), cron pause, a custom namespace's transactional
+//! enqueue, application migrations under concurrent starts, and the SQL CHECK lists.
+
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use forge::cron::{CatchUp, CronJob, TickState};
+use forge::inspect::{EventFilter, EventKind, JobFilter, NodeState, PageRequest, TenureEnd};
+use forge::jobs::{JobState, NewJob};
+use forge::{Config, CronContext, LockNamespace, Node, Role, Schedule};
+use forge_testkit::wait_until;
+use sqlx::PgPool;
+
+use crate::jobs::{Behave, RUNS_TABLE_SQL, job_config, plain, setup, wait_state};
+use crate::support::*;
+
+/// A config that campaigns for every built-in role, with quick duties.
+fn all_roles(url: &str, node: &str) -> Config {
+    let mut config = job_config(url, node);
+    config.node.roles = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
+    config.node.campaign_without_work = true;
+    config.cluster.compaction_interval = Duration::from_millis(500);
+    config.metrics.rollup_interval = Duration::from_secs(1);
+    config
+}
+
+async fn node_state(pool: &PgPool, node: &str) -> Option<String> {
+    sqlx::query_scalar(
+        "SELECT CASE WHEN stopped_at IS NOT NULL THEN 'stopped' WHEN down_at IS NOT NULL THEN 'down'
+                     WHEN drifted_at IS NOT NULL THEN 'drifted' ELSE 'active' END
+           FROM forge.nodes WHERE node_id = $1",
+    )
+    .bind(node)
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+async fn wait_node_state(pool: &PgPool, node: &str, state: Option<&str>, within: Duration) {
+    wait_until(
+        &format!("node {node} to be {state:?}"),
+        within,
+        Duration::from_millis(50),
+        || async { (node_state(pool, node).await.as_deref() == state).then_some(()) },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_node_drifts_a_killed_one_goes_down_and_is_forgotten() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let dir = ScratchDir::new("membership");
+    std::fs::write(
+        dir.0.join("forge.toml"),
+        format!(
+            "{}\n[cluster]\ncompaction_interval = \"500ms\"\n",
+            config_toml(db.url())
+        )
+        .replace(
+            "down_after = \"3s\"",
+            "down_after = \"3s\"\nforget_after = \"4s\"",
+        ),
+    )
+    .unwrap();
+    let mut watcher = Probe::start(&db, &dir.0, "watcher", &["scheduler", "log_compactor"]).await;
+    let mut frozen = Probe::start(&db, &dir.0, "frozen", &[]).await;
+    let mut killed = Probe::start(&db, &dir.0, "killed", &[]).await;
+    for node in ["watcher", "frozen", "killed"] {
+        wait_node_state(&pool, node, Some("active"), SOON).await;
+    }
+    // SIGSTOP: no heartbeat for drift_after (1.5 s): drifted; after SIGCONT, active again.
+    frozen.process.pause().unwrap();
+    wait_node_state(&pool, "frozen", Some("drifted"), SOON).await;
+    frozen.process.resume().unwrap();
+    wait_node_state(&pool, "frozen", Some("active"), SOON).await;
+    // SIGKILL: its node session ends while PostgreSQL stays up: down within about a
+    // heartbeat interval, then forgotten after forget_after.
+    killed.process.kill().unwrap();
+    wait_node_state(&pool, "killed", Some("down"), SOON).await;
+    let (reason,): (String,) = sqlx::query_as(
+        "SELECT detail->>'reason' FROM forge.events WHERE kind = 'node_down' AND node_id = 'killed'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(reason, "session_ended");
+    wait_node_state(&pool, "killed", None, SOON).await;
+    let kinds: Vec<String> = sqlx::query_scalar(
+        "SELECT kind FROM forge.events WHERE node_id IN ('frozen', 'killed') ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    for expected in [
+        "node_joined",
+        "node_drifted",
+        "node_recovered",
+        "node_down",
+        "node_forgotten",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k == expected),
+            "{expected} in {kinds:?}"
+        );
+    }
+    frozen.process.terminate().unwrap();
+    frozen.process.wait_exit(SOON).await.unwrap();
+    wait_node_state(&pool, "frozen", Some("stopped"), SOON).await;
+    watcher.process.terminate().unwrap();
+    watcher.process.wait_exit(SOON).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_compactor_prunes_the_ledger_by_retention_and_keeps_each_crons_newest_tick() {
+    let (db, pool) = setup().await;
+    // Finished ticks of two crons over the last 30 days, of a third 10 to 20 days ago, and an
+    // old event.
+    sqlx::raw_sql(
+        "INSERT INTO forge.cron_ticks (namespace, cron, scheduled_at, role, epoch, tenure, node_id, state, claimed_at, finished_at)
+         SELECT 'forge', c, now() - n * interval '1 day', 'scheduler', 1, 1, 'gone', 'succeeded',
+                now() - n * interval '1 day', now() - n * interval '1 day'
+           FROM unnest(ARRAY['a', 'b']) AS c, generate_series(1, 30) AS n
+         UNION ALL
+         SELECT 'forge', 'c', now() - n * interval '1 day', 'scheduler', 1, 1, 'gone', 'succeeded',
+                now() - n * interval '1 day', now() - n * interval '1 day'
+           FROM generate_series(10, 20) AS n;
+         INSERT INTO forge.events (namespace, kind, node_id, at)
+         VALUES ('forge', 'node_joined', 'ancient', now() - interval '400 days');",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut config = all_roles(db.url(), "a");
+    config.cron.ledger_retention = Duration::from_secs(3 * 24 * 3600);
+    config.cluster.history_retention = Duration::from_secs(365 * 24 * 3600);
+    let node = Node::builder(config)
+        .auto_register(false)
+        .start()
+        .await
+        .unwrap();
+    wait_until(
+        "the ledger to be pruned",
+        SOON,
+        Duration::from_millis(50),
+        || async {
+            let left: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT cron, count(*) FROM forge.cron_ticks GROUP BY cron ORDER BY cron",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            // Ticks finished 1 and 2 days ago stay (retention 3 days); of c, only its newest,
+            // where the next leader resumes.
+            let expected = [("a", 2), ("b", 2), ("c", 1)].map(|(c, n)| (c.to_owned(), n));
+            (left == expected).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let ancient: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM forge.events WHERE node_id = 'ancient'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(ancient, 0, "events older than history_retention are pruned");
+    let pruned = node.render_metrics();
+    assert!(
+        pruned.contains("forge_compactor_pruned_total{table=\"cron_ticks\"} 66"),
+        "{pruned}"
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollups_come_from_whichever_node_leads_the_metrics_aggregator() {
+    let (db, pool) = setup().await;
+    let start = |id: &'static str| {
+        Node::builder(all_roles(db.url(), id))
+            .auto_register(false)
+            .job(plain)
+            .start()
+    };
+    let a = start("a").await.unwrap();
+    wait_single_leader(&[&a], &Role::METRICS_AGGREGATOR).await;
+    let b = start("b").await.unwrap();
+    let completed = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, Option<f64>>(
+            "SELECT sum(value) FROM forge.stats WHERE series = 'jobs_completed' AND label = 'default'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .unwrap_or(0.0)
+    };
+    let jobs = client(&pool);
+    jobs.enqueue_many((0..20).map(|i| NewJob::new(plain, Behave::tag(format!("a{i}")))))
+        .await
+        .unwrap();
+    wait_until("a's rollups", SOON, Duration::from_millis(100), || async {
+        (completed(pool.clone()).await >= 20.0).then_some(())
+    })
+    .await
+    .unwrap();
+    let by_a: i64 = sqlx::query_scalar("SELECT count(*) FROM forge.stats")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(by_a > 0);
+    // a goes; b leads the aggregator and rolls up what happens next.
+    a.shutdown().await;
+    wait_single_leader(&[&b], &Role::METRICS_AGGREGATOR).await;
+    jobs.enqueue_many((0..10).map(|i| NewJob::new(plain, Behave::tag(format!("b{i}")))))
+        .await
+        .unwrap();
+    wait_until("b's rollups", SOON, Duration::from_millis(100), || async {
+        (completed(pool.clone()).await >= 30.0).then_some(())
+    })
+    .await
+    .unwrap();
+    // Counted once each, across the change of aggregator.
+    assert_eq!(completed(pool.clone()).await, 30.0);
+    // The series are readable, and b reports the cluster's figures.
+    let points = b
+        .cluster()
+        .series(
+            &["jobs_completed", "queue_depth"],
+            Utc::now() - TimeDelta::hours(1),
+        )
+        .await
+        .unwrap();
+    assert!(
+        points.iter().any(|p| p.series == "jobs_completed"),
+        "{points:?}"
+    );
+    let text = b.render_metrics();
+    assert!(
+        text.contains("forge_cluster_nodes{state=\"active\"} 1"),
+        "{text}"
+    );
+    // a, and the node that applied the migrations in setup().
+    assert!(
+        text.contains("forge_cluster_nodes{state=\"stopped\"} 2"),
+        "{text}"
+    );
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_cron_is_skipped_by_whichever_node_leads_until_resumed() {
+    let (db, pool) = setup().await;
+    sqlx::query("CREATE TABLE beats (at timestamptz, node text)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let cron = || {
+        CronJob::new(
+            "beat",
+            Schedule::parse("* * * * * *").unwrap(),
+            |ctx: CronContext| async move {
+                sqlx::query("INSERT INTO beats VALUES ($1, $2)")
+                    .bind(ctx.scheduled_at())
+                    .bind(ctx.node_id())
+                    .execute(ctx.pool())
+                    .await?;
+                Ok::<_, forge::CronError>(())
+            },
+        )
+        .catch_up(CatchUp::All)
+    };
+    let node = |id: &'static str| {
+        let mut config = config(db.url(), id);
+        config.node.roles = vec!["scheduler".into()];
+        Node::builder(config)
+            .auto_register(false)
+            .cron(cron())
+            .start()
+    };
+    let a = node("a").await.unwrap();
+    let b = node("b").await.unwrap();
+    let beats = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM beats")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    wait_until("beats", SOON, Duration::from_millis(20), || async {
+        (beats(pool.clone()).await >= 1).then_some(())
+    })
+    .await
+    .unwrap();
+    assert!(a.workload().pause_cron("beat", "test").await.unwrap());
+    assert!(
+        !a.workload()
+            .pause_cron("no_such_cron", "test")
+            .await
+            .unwrap()
+    );
+    let paused_at = Utc::now();
+    // Paused: ticks are recorded as skipped, on a and, after a handoff, on b.
+    let leader = if a.leadership(&Role::SCHEDULER).is_some() {
+        a.clone()
+    } else {
+        b.clone()
+    };
+    let other = if leader.id() == a.id() { &b } else { &a };
+    wait_until("paused ticks", SOON, Duration::from_millis(20), || async {
+        let skipped: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM forge.cron_ticks WHERE cron = 'beat' AND state = 'skipped' AND error = 'paused'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        (skipped >= 2).then_some(())
+    })
+    .await
+    .unwrap();
+    leader.shutdown().await;
+    wait_single_leader(&[other], &Role::SCHEDULER).await;
+    let handed = Utc::now();
+    wait_until(
+        "paused ticks on the new leader",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let skipped: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM forge.cron_ticks WHERE cron = 'beat' AND state = 'skipped'
+                AND node_id = $1 AND scheduled_at > $2",
+            )
+            .bind(other.id())
+            .bind(handed)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (skipped >= 1).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let ran_while_paused: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM beats WHERE at > $1 + interval '1 s'")
+            .bind(paused_at)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(ran_while_paused, 0);
+    let view = other.workload().cron("beat").await.unwrap().unwrap();
+    assert!(
+        view.paused_at.is_some() && view.paused_by.as_deref() == Some("test"),
+        "{view:?}"
+    );
+    assert_eq!(
+        view.last.as_ref().map(|t| t.state),
+        Some(TickState::Skipped)
+    );
+    // Resumed: it runs again.
+    assert!(other.workload().resume_cron("beat", "test").await.unwrap());
+    let resumed = Utc::now();
+    wait_until(
+        "beats after the resume",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM beats WHERE at > $1")
+                .bind(resumed)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            (n >= 1).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    other.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_enqueued_in_a_transaction_run_in_a_custom_namespace() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    sqlx::raw_sql(RUNS_TABLE_SQL).execute(&pool).await.unwrap();
+    let mut config = job_config(db.url(), "tenant-node");
+    config.cluster.lock_namespace = "tenant_a".into();
+    let node = Node::builder(config)
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .unwrap();
+    // Through the node's client, inside the caller's transaction.
+    let mut tx = node.pool().begin().await.unwrap();
+    let in_tx = node
+        .jobs()
+        .enqueue_in(&mut *tx, plain, Behave::tag("in tx"))
+        .await
+        .unwrap()
+        .id();
+    tx.commit().await.unwrap();
+    // Through a client of a process that is no node, naming the namespace.
+    let web = forge::jobs::Jobs::new(pool.clone(), &LockNamespace::new("tenant_a").unwrap());
+    let mut tx = pool.begin().await.unwrap();
+    let from_web = web
+        .enqueue_in(&mut *tx, plain, Behave::tag("from a web process"))
+        .await
+        .unwrap()
+        .id();
+    tx.commit().await.unwrap();
+    for id in [in_tx, from_web] {
+        let job = wait_state(&pool, id, JobState::Completed).await;
+        assert_eq!(job.namespace, "tenant_a");
+    }
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_starting_together_apply_the_applications_migrations_once() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let dir = ScratchDir::new("app-migrations");
+    std::fs::write(
+        dir.0.join("1_orders.sql"),
+        "CREATE TABLE orders (id bigserial PRIMARY KEY, total numeric NOT NULL);",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.0.join("2_order_totals.sql"),
+        "CREATE TABLE order_totals (at timestamptz PRIMARY KEY, total numeric NOT NULL);",
+    )
+    .unwrap();
+    let starts = ["m1", "m2", "m3"].map(|id| {
+        let url = db.url().to_owned();
+        let path = dir.0.clone();
+        tokio::spawn(async move {
+            let migrator = sqlx::migrate::Migrator::new(path).await.unwrap();
+            // The cron uses the application's table from its first tick.
+            let totals = CronJob::new(
+                "totals",
+                Schedule::parse("* * * * * *").unwrap(),
+                |ctx: CronContext| async move {
+                    let mut tx = ctx.fenced_transaction().await?;
+                    sqlx::query(
+                        "INSERT INTO order_totals SELECT $1, coalesce(sum(total), 0) FROM orders",
+                    )
+                    .bind(ctx.scheduled_at())
+                    .execute(&mut *tx)
+                    .await?;
+                    ctx.complete(&mut tx).await?;
+                    tx.commit().await?;
+                    Ok::<_, forge::CronError>(())
+                },
+            );
+            let mut config = config(&url, id);
+            config.node.roles = vec!["scheduler".into()];
+            Node::builder(config)
+                .auto_register(false)
+                .migrations(migrator)
+                .cron(totals)
+                .start()
+                .await
+        })
+    });
+    let mut nodes = Vec::new();
+    for start in starts {
+        nodes.push(start.await.unwrap().expect("every node starts"));
+    }
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(applied, [1, 2]);
+    wait_until(
+        "the cron to use the application's table",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM order_totals")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            (n >= 1).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let failed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM forge.cron_ticks WHERE cron = 'totals' AND state = 'failed'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(failed, 0);
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_read_models_describe_leaders_history_events_nodes_jobs_and_queues() {
+    let (db, _pool) = setup().await;
+    let a = Node::builder(all_roles(db.url(), "a"))
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .unwrap();
+    wait_single_leader(&[&a], &Role::SCHEDULER).await;
+    let b = Node::builder(all_roles(db.url(), "b"))
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .unwrap();
+    a.shutdown().await;
+    wait_single_leader(&[&b], &Role::SCHEDULER).await;
+    let cluster = b.cluster();
+    let leaders = cluster.leaders().await.unwrap();
+    assert_eq!(leaders.len(), 3);
+    assert!(
+        leaders.iter().all(|l| l.node_id == "b" && l.is_led()),
+        "{leaders:?}"
+    );
+    let history = cluster
+        .history(Some(&Role::SCHEDULER), PageRequest::first(10))
+        .await
+        .unwrap();
+    assert_eq!(history.items.len(), 2, "{history:?}");
+    assert_eq!(history.items[0].end, TenureEnd::Current);
+    assert_eq!(history.items[1].end, TenureEnd::Released);
+    assert!(!history.items[0].failover);
+    assert!(
+        history.items[0].gap_ms.is_some_and(|gap| gap >= 0.0),
+        "{history:?}"
+    );
+    let page = cluster
+        .events(&EventFilter::default(), PageRequest::first(2))
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 2);
+    let rest = cluster
+        .events(
+            &EventFilter::default(),
+            PageRequest {
+                limit: 500,
+                before: page.next,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(rest.items.iter().all(|e| e.id < page.items[1].id));
+    let joined = cluster
+        .events(
+            &EventFilter {
+                kinds: vec![EventKind::NodeJoined],
+                ..EventFilter::default()
+            },
+            PageRequest::first(10),
+        )
+        .await
+        .unwrap();
+    assert!(joined.items.iter().all(|e| e.kind == EventKind::NodeJoined));
+    let nodes = cluster.nodes().await.unwrap();
+    let state = |id: &str| nodes.iter().find(|n| n.node_id == id).map(|n| n.state);
+    assert_eq!(state("a"), Some(NodeState::Stopped));
+    assert_eq!(state("b"), Some(NodeState::Active));
+    let b_view = nodes.iter().find(|n| n.node_id == "b").unwrap();
+    assert_eq!(b_view.queues["default"], 16);
+    assert!(b_view.pid.is_some() && b_view.hostname.is_some());
+
+    // Jobs: filter on arguments, pagination, queue figures.
+    let jobs = b.jobs();
+    jobs.enqueue_many(
+        (0..5).map(|i| NewJob::new(plain, Behave::tag(format!("t{i}"))).queue("parked")),
+    )
+    .await
+    .unwrap();
+    let work = b.workload();
+    let found = work
+        .jobs(
+            &JobFilter {
+                args: Some(serde_json::json!({"tag": "t3"})),
+                ..JobFilter::default()
+            },
+            PageRequest::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(found.items.len(), 1);
+    let first = work
+        .jobs(&JobFilter::default(), PageRequest::first(3))
+        .await
+        .unwrap();
+    let second = work
+        .jobs(
+            &JobFilter::default(),
+            PageRequest {
+                limit: 3,
+                before: first.next,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((first.items.len(), second.items.len()), (3, 2));
+    assert!(second.next.is_none());
+    let queues = work.queues().await.unwrap();
+    let parked = queues.iter().find(|q| q.queue == "parked").unwrap();
+    assert_eq!(parked.available, 5);
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn states_exchanged_with_sql_match_the_check_lists() {
+    let (_db, pool) = setup().await;
+    let check = |table: &'static str, column: &'static str| {
+        let pool = pool.clone();
+        async move { forge::sql_check_values(&pool, table, column).await.unwrap() }
+    };
+    let names = |all: &[&str]| all.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        check("forge.cron_ticks", "state").await,
+        names(
+            &TickState::ALL
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+        )
+    );
+    assert_eq!(
+        check("forge.jobs", "state").await,
+        names(&JobState::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+    );
+    assert_eq!(
+        check("forge.events", "kind").await,
+        names(
+            &EventKind::ALL
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+        )
+    );
+}
