@@ -1,6 +1,7 @@
 -- FORGE crons and jobs on the cluster model of 0004: ticks and role jobs carry their tenure
 -- (fenced by forge.fence), handlers can complete a tick or a job inside their own transaction,
--- and job rescue reads membership instead of guessing from database sessions.
+-- job rescue reads membership instead of guessing from database sessions, crons can be paused,
+-- and the built-in roles prune the ledger and finished jobs and sample the queues.
 
 ------------------------------------------------------------------------------------------------
 -- Cron ticks
@@ -12,7 +13,8 @@ ALTER TABLE forge.cron_ticks ALTER COLUMN tenure DROP DEFAULT;
 COMMENT ON TABLE forge.cron_ticks IS
     'The tick ledger: one row per claimed tick. A row still running under another tenure than the current leader''s = a run cut short by its leader''s death. A handler that completes its tick in its own transaction (CronContext::complete) commits its effects and the succeeded state together.';
 
--- Claims a tick for a tenure. Returns
+-- Claims a tick for a tenure, with a note recorded as the row's error (why a tick recorded as
+-- skipped was skipped: 'paused', or the previous run still going). Returns
 --   'claimed'  inserted now: run it;
 --   'ours'     this tenure had claimed it already (the reply to that claim was lost): run it;
 --   'taken'    claimed by another tenure, or already recorded with another state;
@@ -27,7 +29,8 @@ CREATE FUNCTION forge.tick_claim(
     p_node      text,
     p_cron      text,
     p_tick      timestamptz,
-    p_state     text
+    p_state     text,
+    p_note      text
 ) RETURNS TABLE (outcome text, early_ms double precision)
 LANGUAGE plpgsql
 AS $$
@@ -46,9 +49,9 @@ BEGIN
         RETURN;
     END IF;
     INSERT INTO forge.cron_ticks (namespace, cron, scheduled_at, role, epoch, tenure, node_id,
-                                  state, finished_at)
+                                  state, finished_at, error)
     VALUES (p_namespace, p_cron, p_tick, p_role, p_epoch, p_tenure, p_node, p_state,
-            CASE WHEN p_state = 'running' THEN NULL ELSE clock_timestamp() END)
+            CASE WHEN p_state = 'running' THEN NULL ELSE clock_timestamp() END, p_note)
     ON CONFLICT DO NOTHING;
     IF FOUND THEN
         RETURN QUERY SELECT 'claimed'::text, NULL::double precision;
@@ -478,23 +481,19 @@ $$;
 
 -- The scheduler leader's pass, fenced by its tenure: rescue the running jobs of nodes that
 -- are down or stopped (membership says so, with evidence; see 0004) and of role leaderships
--- that ended, promote due jobs, prune finished jobs by retention, and report queue depths.
--- Rows:
+-- that ended, and promote due jobs. (Finished jobs are pruned by the log compactor, queue
+-- figures sampled by the metrics aggregator.) Rows:
 --   ('rescued', queue, kind, new state, n)   jobs taken back
---   ('pruned',  NULL,  NULL, state, n)       finished jobs deleted by retention
---   ('depth',   queue, kind, state, n)       unfinished jobs
 --   ('next_due', NULL, NULL, NULL, ms, at)   how long until the next scheduled job is due, and
 --                                            the server's clock
 DROP FUNCTION forge.jobs_maintain(text, bigint, bigint, integer, bigint, bigint, integer);
 CREATE FUNCTION forge.jobs_maintain(
-    p_namespace              text,
-    p_role                   text,
-    p_epoch                  bigint,
-    p_tenure                 bigint,
-    p_default_max_attempts   integer,
-    p_completed_retention_ms bigint,
-    p_dead_retention_ms      bigint,
-    p_limit                  integer
+    p_namespace            text,
+    p_role                 text,
+    p_epoch                bigint,
+    p_tenure               bigint,
+    p_default_max_attempts integer,
+    p_limit                integer
 ) RETURNS TABLE (event text, queue text, kind text, state text, n double precision,
                  at timestamptz)
 LANGUAGE plpgsql
@@ -504,7 +503,6 @@ DECLARE
     v_ids      bigint[];
     v_attempts integer[];
     v_reasons  text[];
-    v_pruned   bigint;
     v_promote  record;
 BEGIN
     PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
@@ -538,38 +536,9 @@ BEGIN
          GROUP BY r.queue, r.kind, r.state;
     END IF;
 
-    WITH d AS (
-        DELETE FROM forge.jobs j
-         WHERE j.id IN (SELECT f.id FROM forge.jobs f
-                         WHERE f.namespace = p_namespace AND f.state IN ('completed', 'cancelled')
-                           AND f.finished_at < clock_timestamp() - p_completed_retention_ms * interval '1 millisecond'
-                         LIMIT p_limit)
-        RETURNING 1
-    ) SELECT count(*) INTO v_pruned FROM d;
-    IF v_pruned > 0 THEN
-        RETURN QUERY SELECT 'pruned', NULL::text, NULL::text, 'completed', v_pruned::double precision, NULL::timestamptz;
-    END IF;
-    WITH d AS (
-        DELETE FROM forge.jobs j
-         WHERE j.id IN (SELECT f.id FROM forge.jobs f
-                         WHERE f.namespace = p_namespace AND f.state = 'dead'
-                           AND f.finished_at < clock_timestamp() - p_dead_retention_ms * interval '1 millisecond'
-                         LIMIT p_limit)
-        RETURNING 1
-    ) SELECT count(*) INTO v_pruned FROM d;
-    IF v_pruned > 0 THEN
-        RETURN QUERY SELECT 'pruned', NULL::text, NULL::text, 'dead', v_pruned::double precision, NULL::timestamptz;
-    END IF;
-
     SELECT * INTO v_promote FROM forge.jobs_promote(p_namespace, p_limit);
     RETURN QUERY SELECT 'next_due', NULL::text, NULL::text, NULL::text, v_promote.next_due_in_ms,
                         v_promote.server_now;
-
-    RETURN QUERY
-    SELECT 'depth', j.queue, j.kind, j.state, count(*)::double precision, NULL::timestamptz
-      FROM forge.jobs j
-     WHERE j.namespace = p_namespace AND j.state IN ('available', 'scheduled', 'running', 'retryable')
-     GROUP BY j.queue, j.kind, j.state;
 END;
 $$;
 
@@ -599,4 +568,127 @@ BEGIN
             p_default_max_attempts);
     END IF;
 END;
+$$;
+
+------------------------------------------------------------------------------------------------
+-- Pausing crons, the log compactor's pruners for the tick ledger and finished jobs, and the
+-- queue figures the metrics_aggregator leader samples
+------------------------------------------------------------------------------------------------
+
+ALTER TABLE forge.crons
+    ADD COLUMN paused_at timestamptz,
+    ADD COLUMN paused_by text;
+
+COMMENT ON COLUMN forge.crons.paused_at IS
+    'Set while the cron is paused: whichever node leads its role records its ticks as skipped (error ''paused'') instead of running them.';
+
+-- Pauses or resumes a cron; tells the leaders at once (channel forge_crons, payload
+-- '<namespace> <cron>'). Returns false when no such cron is known.
+CREATE FUNCTION forge.cron_set_paused(
+    p_namespace text,
+    p_cron      text,
+    p_paused    boolean,
+    p_by        text
+) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE forge.crons c
+       SET paused_at = CASE WHEN p_paused THEN coalesce(c.paused_at, clock_timestamp()) END,
+           paused_by = CASE WHEN p_paused THEN coalesce(c.paused_by, p_by) END
+     WHERE c.namespace = p_namespace AND c.name = p_cron;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_notify('forge_crons', p_namespace || ' ' || p_cron);
+    RETURN true;
+END;
+$$;
+
+-- Prunes finished ticks older than the retention, keeping the newest tick of every cron (a new
+-- leader resumes after it).
+CREATE FUNCTION forge.prune_ticks(
+    p_namespace text, p_role text, p_epoch bigint, p_tenure bigint,
+    p_retention_ms bigint, p_limit integer
+) RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
+    WITH d AS (
+        DELETE FROM forge.cron_ticks t
+         WHERE (t.namespace, t.cron, t.scheduled_at) IN (
+               SELECT x.namespace, x.cron, x.scheduled_at FROM forge.cron_ticks x
+                WHERE x.namespace = p_namespace AND x.finished_at IS NOT NULL
+                  AND x.finished_at < clock_timestamp() - p_retention_ms * interval '1 millisecond'
+                  AND x.scheduled_at < (SELECT max(m.scheduled_at) FROM forge.cron_ticks m
+                                         WHERE m.namespace = x.namespace AND m.cron = x.cron)
+                LIMIT p_limit)
+        RETURNING 1
+    ) SELECT count(*) INTO v_count FROM d;
+    RETURN v_count;
+END;
+$$;
+
+-- Prunes completed and cancelled jobs older than the retention.
+CREATE FUNCTION forge.prune_finished_jobs(
+    p_namespace text, p_role text, p_epoch bigint, p_tenure bigint,
+    p_retention_ms bigint, p_limit integer
+) RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
+    WITH d AS (
+        DELETE FROM forge.jobs j
+         WHERE j.id IN (SELECT f.id FROM forge.jobs f
+                         WHERE f.namespace = p_namespace AND f.state IN ('completed', 'cancelled')
+                           AND f.finished_at < clock_timestamp() - p_retention_ms * interval '1 millisecond'
+                         LIMIT p_limit)
+        RETURNING 1
+    ) SELECT count(*) INTO v_count FROM d;
+    RETURN v_count;
+END;
+$$;
+
+-- Prunes dead-lettered jobs older than the retention.
+CREATE FUNCTION forge.prune_dead_jobs(
+    p_namespace text, p_role text, p_epoch bigint, p_tenure bigint,
+    p_retention_ms bigint, p_limit integer
+) RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
+    WITH d AS (
+        DELETE FROM forge.jobs j
+         WHERE j.id IN (SELECT f.id FROM forge.jobs f
+                         WHERE f.namespace = p_namespace AND f.state = 'dead'
+                           AND f.finished_at < clock_timestamp() - p_retention_ms * interval '1 millisecond'
+                         LIMIT p_limit)
+        RETURNING 1
+    ) SELECT count(*) INTO v_count FROM d;
+    RETURN v_count;
+END;
+$$;
+
+
+-- Unfinished jobs by queue, kind and state, with the age of the oldest due one, and dead jobs:
+-- the metrics aggregator's queue figures.
+CREATE FUNCTION forge.jobs_figures(p_namespace text)
+RETURNS TABLE (queue text, kind text, state text, n bigint, oldest_age_s double precision)
+LANGUAGE sql STABLE
+AS $$
+    SELECT j.queue, j.kind, j.state, count(*),
+           extract(epoch FROM clock_timestamp() - min(j.run_at))::double precision
+      FROM forge.jobs j
+     WHERE j.namespace = p_namespace
+       AND j.state IN ('available', 'scheduled', 'running', 'retryable', 'dead')
+     GROUP BY j.queue, j.kind, j.state
 $$;

@@ -30,7 +30,6 @@ pub const MIGRATIONS: &[MigrationSource] = &[
         "cluster",
         include_str!("../../migrations/0004_cluster.sql"),
     ),
-    (6, "model", include_str!("../../migrations/0006_model.sql")),
 ];
 
 /// The parsed connection options for `database`, with `application_name` set (PostgreSQL

@@ -31,5 +31,4 @@ pub const MIGRATIONS: &[forge_core::MigrationSource] = &[
         "scheduler",
         include_str!("../../migrations/0005_scheduler.sql"),
     ),
-    (7, "work", include_str!("../../migrations/0007_work.sql")),
 ];
