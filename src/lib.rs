@@ -35,6 +35,11 @@
 //! #[forge::cron("0 * * * *", catch_up = "all")]
 //! async fn compact(ctx: CronContext) -> Result<(), CronError> {
 //!     let mut tx = ctx.fenced_transaction().await?; // applied only if still leading
+//!     forge::sqlx::query("DELETE FROM sessions WHERE expires_at < $1")
+//!         .bind(ctx.scheduled_at())
+//!         .execute(&mut *tx)
+//!         .await?;
+//!     ctx.complete(&mut tx).await?; // the tick is done in the same commit: exactly once
 //!     tx.commit().await?;
 //!     Ok(())
 //! }
@@ -49,8 +54,14 @@
 //! }
 //! ```
 //!
-//! See the README for configuration (`forge.toml`) and operations (metrics, alerts), and
-//! ARCHITECTURE.md for how the election works.
+//! # What is guaranteed
+//!
+//! Effects a cron handler writes in its tick's fenced transaction together with
+//! [`CronContext::complete`] happen exactly once; so do a job's effects written in a
+//! transaction that calls [`JobContext::complete`]. Everything else a handler does is at least
+//! once: a run cut short by its node's death runs again. See [`cron`](mod@cron) and [`jobs`]
+//! for the details, the README for configuration (`forge.toml`) and operations (metrics,
+//! alerts), and ARCHITECTURE.md for how the election, membership and fencing work.
 
 mod config;
 mod node;
