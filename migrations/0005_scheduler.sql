@@ -97,6 +97,22 @@ BEGIN
 END;
 $$;
 
+-- Transaction-local marks: what tick_complete and jobs_complete recorded in the current
+-- transaction, kept in a setting local to it (a rollback, also to a savepoint, drops them).
+CREATE FUNCTION forge.tx_mark(p_mark text) RETURNS void
+LANGUAGE sql
+AS $$
+    SELECT set_config('forge.completed',
+                      coalesce(current_setting('forge.completed', true), '') || '|' || p_mark || '|',
+                      true);
+$$;
+
+CREATE FUNCTION forge.tx_marked(p_mark text) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT position('|' || p_mark || '|' IN coalesce(current_setting('forge.completed', true), '')) > 0;
+$$;
+
 -- Completes a tick inside the handler's own transaction: fenced, and marks the tick
 -- succeeded, so the handler's writes and the tick's outcome commit together (or not at all).
 -- Raises FG001 when the tenure is no longer current and FG002 when the tick is not running
@@ -111,13 +127,22 @@ CREATE FUNCTION forge.tick_complete(
 ) RETURNS void
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_mark text;
 BEGIN
     PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
+    v_mark := format('tick %s %s %s %s', p_namespace, p_cron, p_tick, p_tenure);
+    -- Succeeded already counts only when this transaction recorded it: a second transaction
+    -- of the same run (a retry after an error from COMMIT that had in fact committed) must
+    -- fail, or it would commit the handler's effects twice.
     UPDATE forge.cron_ticks t
        SET state = 'succeeded', finished_at = clock_timestamp(), error = NULL
      WHERE t.namespace = p_namespace AND t.cron = p_cron AND t.scheduled_at = p_tick
-       AND t.tenure = p_tenure AND t.state IN ('running', 'succeeded');
-    IF NOT FOUND THEN
+       AND t.tenure = p_tenure
+       AND (t.state = 'running' OR (t.state = 'succeeded' AND forge.tx_marked(v_mark)));
+    IF FOUND THEN
+        PERFORM forge.tx_mark(v_mark);
+    ELSE
         RAISE EXCEPTION USING
             ERRCODE = 'FG002',
             MESSAGE = format('tick %s of cron %s is not running under this leadership', p_tick, p_cron);
@@ -242,8 +267,9 @@ $$;
 -- complete the job a second time. A 'completed' outcome of a job its handler already completed
 -- in its own transaction is reported as recorded.
 --
--- A role worker's claims are fenced: a deposed leader claims nothing (its outcomes are still
--- recorded, guarded as above).
+-- A role worker (p_role set, p_queue NULL) claims its role's jobs of every queue; its claims
+-- are fenced: a deposed leader claims nothing (its outcomes are still recorded, guarded as
+-- above).
 DROP FUNCTION forge.jobs_step(text, text, text, text, bigint, text[], integer, bigint[],
                               integer[], text[], bigint[], jsonb[], integer);
 CREATE FUNCTION forge.jobs_step(
@@ -366,7 +392,8 @@ BEGIN
         RETURN QUERY
         WITH c AS (
             SELECT j.id, j.priority, j.run_at FROM forge.jobs j
-             WHERE j.namespace = p_namespace AND j.role = p_role AND j.queue = p_queue
+             WHERE j.namespace = p_namespace AND j.role = p_role
+               AND (p_queue IS NULL OR j.queue = p_queue)
                AND j.state = 'available' AND j.kind = ANY (p_kinds)
              ORDER BY j.priority, j.run_at, j.id
              LIMIT p_limit
@@ -390,8 +417,9 @@ $$;
 -- A worker's check of its own running jobs, after a failed round trip or a LISTEN outage:
 -- jobs running on this node for this worker that the worker does not know (a claim whose
 -- response was lost, an ended role tenure) are rescued; for the jobs it knows, it learns
--- which were cancelled ('cancel') or taken away from it ('gone'). Role workers also rescue
--- jobs of their role left running under another tenure, on any node.
+-- which were cancelled ('cancel') or taken away from it ('gone'). Role workers (p_queue NULL:
+-- all queues of the role) also rescue jobs of their role left running under another tenure,
+-- on any node.
 DROP FUNCTION forge.jobs_reconcile(text, text, text, text, bigint, bigint[], integer[], integer);
 CREATE FUNCTION forge.jobs_reconcile(
     p_namespace            text,
@@ -417,8 +445,8 @@ BEGIN
                           ELSE 'the leadership of role ' || j.role || ' at epoch ' || j.epoch || ' ended' END)
       INTO v_ids, v_attempts, v_reasons
       FROM forge.jobs j
-     WHERE j.namespace = p_namespace AND j.state = 'running' AND j.queue = p_queue
-       AND j.role IS NOT DISTINCT FROM p_role
+     WHERE j.namespace = p_namespace AND j.state = 'running'
+       AND (p_queue IS NULL OR j.queue = p_queue) AND j.role IS NOT DISTINCT FROM p_role
        AND ((j.node_id = p_node AND NOT (j.id = ANY (p_ids)))
             OR (p_role IS NOT NULL AND j.tenure IS DISTINCT FROM p_tenure));
     IF v_ids IS NOT NULL THEN
@@ -455,20 +483,25 @@ DECLARE
     v_state text;
     v_node  text;
     v_attempt integer;
+    v_mark  text;
 BEGIN
     IF p_role IS NOT NULL THEN
         PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
     END IF;
     PERFORM set_config('synchronous_commit', 'on', true);
+    v_mark := format('job %s %s', p_id, p_attempt);
     UPDATE forge.jobs j
        SET state = 'completed', finished_at = clock_timestamp()
      WHERE j.id = p_id AND j.attempt = p_attempt AND j.node_id = p_node AND j.state = 'running';
     IF FOUND THEN
+        PERFORM forge.tx_mark(v_mark);
         RETURN;
     END IF;
     SELECT j.state, j.node_id, j.attempt INTO v_state, v_node, v_attempt
       FROM forge.jobs j WHERE j.id = p_id;
-    IF v_state = 'completed' AND v_node = p_node AND v_attempt = p_attempt THEN
+    -- Completed already counts only when this transaction completed it (see tick_complete).
+    IF v_state = 'completed' AND v_node = p_node AND v_attempt = p_attempt
+       AND forge.tx_marked(v_mark) THEN
         RETURN;
     END IF;
     RAISE EXCEPTION USING

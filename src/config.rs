@@ -10,8 +10,8 @@ use std::path::Path;
 
 use forge_core::config::{ConfigSource, read_file};
 use forge_core::{
-    ClusterConfig, CoreConfig, DatabaseConfig, Env, LockNamespace, MetricsConfig, NodeConfig,
-    NodeId, ProcessEnv, Result, Role, no_env,
+    AdminConfig, ClusterConfig, CoreConfig, DatabaseConfig, Env, LockNamespace, MetricsConfig,
+    NodeConfig, NodeId, ProcessEnv, Result, Role, no_env,
 };
 use forge_scheduler::{CronConfig, JobsConfig};
 use serde::{Deserialize, Serialize};
@@ -54,11 +54,14 @@ pub struct Config {
     pub cron: CronConfig,
     /// `[jobs]`
     pub jobs: JobsConfig,
+    /// `[admin]`: the admin API the node serves, and its tokens
+    pub admin: AdminConfig,
 }
 
 impl Config {
     /// Reads `path`, applies the environment overrides (`DATABASE_URL`, `FORGE_NODE_ID`,
-    /// `HOSTNAME`, `FORGE_ROLES`, `FORGE_METRICS_LISTEN`) and validates.
+    /// `HOSTNAME`, `FORGE_ROLES`, `FORGE_METRICS_LISTEN`, `FORGE_ADMIN_LISTEN`,
+    /// `FORGE_ADMIN_TOKEN`) and validates.
     pub fn load(path: impl AsRef<Path>) -> Result<Config> {
         Config::load_with_env(path, &ProcessEnv)
     }
@@ -89,6 +92,7 @@ impl Config {
         let mut core = config.core();
         core.apply_env(env)?;
         config.set_core(core);
+        config.admin.apply_env(env)?;
         config.validate_at(&source)?;
         Ok(config)
     }
@@ -102,7 +106,8 @@ impl Config {
     fn validate_at(&self, at: &ConfigSource<'_>) -> Result<()> {
         self.core().validate(at)?;
         self.cron.validate(at)?;
-        self.jobs.validate(at)
+        self.jobs.validate(at)?;
+        self.admin.validate(at)
     }
 
     /// The core's sections.

@@ -201,6 +201,11 @@ pub(crate) struct Effect {
     /// After the commit, on attempt 1, wait this long before returning (the node can be
     /// killed meanwhile).
     pub(crate) hang_ms: u64,
+    /// After the commit, write and complete again in a second transaction, as a handler would
+    /// that retries after an error from COMMIT that had in fact committed; committed only if
+    /// the completion is accepted.
+    #[serde(default)]
+    pub(crate) again: bool,
     /// A label.
     pub(crate) tag: String,
 }
@@ -215,19 +220,29 @@ impl Job for effect {
     const KIND: &'static str = "effect";
 
     async fn run(&self, ctx: JobContext, args: Effect) -> Result<(), JobError> {
-        let mut tx = ctx.pool().begin().await?;
-        sqlx::query("INSERT INTO job_effects (job_id, attempt, node) VALUES ($1, $2, $3)")
-            .bind(ctx.id())
-            .bind(ctx.attempt() as i32)
-            .bind(ctx.node_id())
-            .execute(&mut *tx)
-            .await?;
+        let write = || async {
+            let mut tx = ctx.pool().begin().await?;
+            sqlx::query("INSERT INTO job_effects (job_id, attempt, node) VALUES ($1, $2, $3)")
+                .bind(ctx.id())
+                .bind(ctx.attempt() as i32)
+                .bind(ctx.node_id())
+                .execute(&mut *tx)
+                .await?;
+            Ok::<_, JobError>(tx)
+        };
+        let mut tx = write().await?;
         if args.transactional {
             ctx.complete(&mut tx)
                 .await
                 .map_err(|err| JobError::retry(err.to_string()))?;
         }
         tx.commit().await?;
+        if args.again {
+            let mut tx = write().await?;
+            if ctx.complete(&mut tx).await.is_ok() {
+                tx.commit().await?;
+            }
+        }
         if ctx.attempt() == 1 && args.hang_ms > 0 {
             tokio::time::sleep(Duration::from_millis(args.hang_ms)).await;
         }

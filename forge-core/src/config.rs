@@ -467,6 +467,68 @@ impl LeaderElectionConfig {
     }
 }
 
+/// `[admin]`: the admin HTTP API (and the dashboard) a node serves, and who may use it.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct AdminConfig {
+    /// Address the node serves the admin API on, such as `0.0.0.0:9465`. Overridden by
+    /// `FORGE_ADMIN_LISTEN` (`off` disables). Unset: not served (the API can still be
+    /// mounted in the application's own axum router).
+    pub listen: Option<SocketAddr>,
+    /// Bearer token that writes (pause, retry, step-down, ...) require. Overridden by
+    /// `FORGE_ADMIN_TOKEN`. Unset: writes are refused.
+    pub token: Option<String>,
+    /// When set, reads require this bearer token (or `token`). Unset: reads are open.
+    pub read_token: Option<String>,
+    /// Refuse every write, whatever the token.
+    pub read_only: bool,
+}
+
+impl fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secret = |s: &Option<String>| s.as_ref().map(|_| "<redacted>");
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &secret(&self.token))
+            .field("read_token", &secret(&self.read_token))
+            .field("read_only", &self.read_only)
+            .finish()
+    }
+}
+
+impl AdminConfig {
+    /// Applies `FORGE_ADMIN_LISTEN` and `FORGE_ADMIN_TOKEN`.
+    pub fn apply_env(&mut self, env: &dyn Env) -> Result<()> {
+        if let Some(listen) = env.var("FORGE_ADMIN_LISTEN") {
+            self.listen = parse_listen("FORGE_ADMIN_LISTEN", &listen)?;
+        }
+        if let Some(token) = env.var("FORGE_ADMIN_TOKEN").filter(|v| !v.is_empty()) {
+            self.token = Some(token);
+        }
+        Ok(())
+    }
+
+    /// Checks the tokens: long enough to resist guessing.
+    pub fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
+        for (key, token) in [
+            ("admin.token", &self.token),
+            ("admin.read_token", &self.read_token),
+        ] {
+            if let Some(token) = token
+                && token.trim().len() < 16
+            {
+                return Err(at.error(
+                    key,
+                    "a token must be at least 16 characters; generate one with `openssl rand -hex 32`"
+                        .to_owned(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `[metrics]`: the Prometheus endpoint, and the cluster series the `metrics_aggregator`
 /// leader keeps.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -37,6 +37,7 @@ pub mod sql;
 mod util;
 
 pub use config::{
+    AdminConfig,
     ClusterConfig, CoreConfig, DatabaseConfig, Env, LeaderElectionConfig, MembershipConfig,
     MetricsConfig, NodeConfig, ProcessEnv, no_env,
 };

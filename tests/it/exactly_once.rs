@@ -43,6 +43,19 @@ async fn setup() -> (TestDatabase, PgPool) {
 /// Writes the run's effect; with `complete`, completes the tick in the same transaction.
 async fn write_effect(ctx: &CronContext, complete: bool) -> Result<(), CronError> {
     let mut tx = ctx.fenced_transaction().await?;
+    write_effect_in(ctx, &mut tx).await?;
+    if complete {
+        ctx.complete(&mut tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Writes the run's effect row in `tx`.
+async fn write_effect_in(
+    ctx: &CronContext,
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+) -> Result<(), CronError> {
     sqlx::query(
         "INSERT INTO tick_effects (cron, scheduled_at, attempt, node, epoch) VALUES ($1, $2, $3, $4, $5)",
     )
@@ -51,12 +64,8 @@ async fn write_effect(ctx: &CronContext, complete: bool) -> Result<(), CronError
     .bind(ctx.attempt() as i32)
     .bind(ctx.node_id())
     .bind(ctx.epoch())
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
-    if complete {
-        ctx.complete(&mut tx).await?;
-    }
-    tx.commit().await?;
     Ok(())
 }
 
@@ -118,17 +127,31 @@ async fn repeated(pool: &PgPool, cron: &str) -> Vec<(DateTime<Utc>, i64)> {
     .unwrap()
 }
 
-/// Terminates `node`'s lock session of the scheduler role: it loses the leadership at once.
-async fn cut_lock_session(pool: &PgPool, node: &str) {
-    let cut: i64 = sqlx::query_scalar(
-        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-          WHERE application_name = $1",
+/// Terminates `from`'s lock session of the scheduler role until `to` leads: `from` loses the
+/// leadership at once. (Terminated again while `to` is not leading, in case `from` was
+/// reconnecting when first cut, under load.)
+async fn depose(pool: &PgPool, from: &str, to: &str) -> i64 {
+    wait_until(
+        &format!("{to} to lead the scheduler role after {from}'s lock session is cut"),
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1")
+                .bind(format!("forge:scheduler:{from}"))
+                .execute(pool)
+                .await
+                .unwrap();
+            let row: Option<(String, i64)> = sqlx::query_as(
+                "SELECT node_id, epoch FROM forge.leaders WHERE role = 'scheduler' AND released_at IS NULL",
+            )
+            .fetch_optional(pool)
+            .await
+            .unwrap();
+            row.filter(|(leader, _)| leader == to).map(|(_, epoch)| epoch)
+        },
     )
-    .bind(format!("forge:scheduler:{node}"))
-    .fetch_one(pool)
     .await
-    .unwrap();
-    assert_eq!(cut, 1, "the lock session of {node}");
+    .unwrap()
 }
 
 /// Waits until `node` leads the scheduler role.
@@ -184,8 +207,7 @@ async fn a_tick_completed_in_its_transaction_is_not_rerun_after_its_leader_dies(
     )
     .await;
     // a dies between its commits and its outcomes: its lock session ends, b takes over.
-    cut_lock_session(&pool, "a").await;
-    wait_leads(&pool, "b").await;
+    depose(&pool, "a", "b").await;
 
     // The plain cron's interrupted tick is run again by b: its effect happens twice (at
     // least once: why effects belong in the tick's transaction).
@@ -607,11 +629,17 @@ async fn ticks_whose_claims_fail_are_claimed_again_and_none_is_lost() {
     )
     .await
     .unwrap();
+    let ledger: Vec<(DateTime<Utc>, String, Option<String>)> = sqlx::query_as(
+        "SELECT scheduled_at, state, coalesce(error, '') || ' claimed ' || claimed_at::time || ' finished ' || coalesce(finished_at::time::text, '-') FROM forge.cron_ticks ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     for pair in ticks.windows(2) {
         assert_eq!(
             pair[1] - pair[0],
             TimeDelta::seconds(1),
-            "a tick missing or twice: {ticks:?}"
+            "a tick missing or twice: {ticks:?}; ledger: {ledger:?}"
         );
     }
     assert_eq!(wait_leads(&pool, "a").await, epoch, "the same tenure");
@@ -717,11 +745,17 @@ async fn a_claim_refused_by_the_fence_while_still_leading_is_checked_again() {
     )
     .await
     .unwrap();
+    let ledger: Vec<(DateTime<Utc>, String, Option<String>)> = sqlx::query_as(
+        "SELECT scheduled_at, state, coalesce(error, '') || ' claimed ' || claimed_at::time || ' finished ' || coalesce(finished_at::time::text, '-') FROM forge.cron_ticks ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     for pair in ticks.windows(2) {
         assert_eq!(
             pair[1] - pair[0],
             TimeDelta::seconds(1),
-            "a tick missing or twice: {ticks:?}"
+            "a tick missing or twice: {ticks:?}; ledger: {ledger:?}"
         );
     }
     assert_eq!(wait_leads(&pool, "a").await, epoch, "the same tenure");
@@ -782,4 +816,63 @@ async fn a_leader_whose_clock_runs_ahead_claims_no_future_tick() {
     assert_eq!((before.as_str(), after.as_str()), ("off", "on"));
     tx.rollback().await.unwrap();
     node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_transaction_of_a_completed_run_cannot_complete_it_again() {
+    let (db, pool) = setup().await;
+    // Each run commits its effect with its completion, then does it all again, as a handler
+    // would that retries after an error from COMMIT that had in fact committed. Completing
+    // twice within one transaction stays harmless.
+    let refusals = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = refusals.clone();
+    let cron = CronJob::new(
+        "retried",
+        Schedule::parse("* * * * * *").unwrap(),
+        move |ctx: CronContext| {
+            let seen = seen.clone();
+            async move {
+                // Completing twice within one transaction is harmless.
+                let mut tx = ctx.fenced_transaction().await?;
+                ctx.complete(&mut tx).await?;
+                write_effect_in(&ctx, &mut tx).await?;
+                ctx.complete(&mut tx).await?;
+                tx.commit().await?;
+                let again = write_effect(&ctx, true).await;
+                seen.lock()
+                    .unwrap()
+                    .push(again.map_err(|err| err.to_string()));
+                Ok::<_, CronError>(())
+            }
+        },
+    );
+    let a = node_with(db.url(), "a", vec![cron]).await;
+    let tries = wait_until(
+        "three runs of the retried cron",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let tries = refusals.lock().unwrap().clone();
+            (tries.len() >= 3).then_some(tries)
+        },
+    )
+    .await
+    .unwrap();
+    a.shutdown().await;
+    for outcome in &tries {
+        let err = outcome
+            .as_ref()
+            .expect_err("a second completion must be refused");
+        assert!(err.contains("is no longer running"), "{err}");
+    }
+    assert_eq!(repeated(&pool, "retried").await, [], "no effect twice");
+    let (effects, succeeded): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM tick_effects),
+                (SELECT count(*) FROM forge.cron_ticks WHERE cron = 'retried' AND state = 'succeeded')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(succeeded >= 3, "{succeeded} succeeded ticks");
+    assert_eq!(effects, succeeded, "one effect per completed tick");
 }

@@ -730,6 +730,28 @@ async fn bulk_enqueued_jobs_all_run_exactly_once_on_two_nodes() {
     assert_eq!(waiting, 86);
     a.shutdown().await;
     b.shutdown().await;
+
+    // A node that works mailers runs them, though their type declares another queue.
+    let mut config = job_config(db.url(), "c");
+    config.jobs.queues = [("mailers".to_owned(), 4)].into_iter().collect();
+    let c = start(config).await;
+    wait_until(
+        "c to run the jobs enqueued on mailers",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let by_c: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM forge.jobs WHERE queue = 'mailers' AND state = 'completed' AND node_id = 'c'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (by_c == 86).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    c.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -847,14 +869,19 @@ async fn role_jobs_run_only_on_the_roles_leader() {
     )
     .await
     .unwrap();
-    let next = inserted(
-        new.jobs()
-            .enqueue(report, Behave::tag("next"))
-            .await
-            .unwrap(),
-    );
-    let job = wait_state(&pool, next, JobState::Completed).await;
-    assert_eq!(job.node_id.as_deref(), Some(new.id().as_str()));
+    // Enqueued on another queue than its type declares, a role job still runs on the leader.
+    let results = new
+        .jobs()
+        .enqueue_many([
+            NewJob::new(report, Behave::tag("next")),
+            NewJob::new(report, Behave::tag("elsewhere")).queue("elsewhere"),
+        ])
+        .await
+        .unwrap();
+    for result in results {
+        let job = wait_state(&pool, result.id(), JobState::Completed).await;
+        assert_eq!(job.node_id.as_deref(), Some(new.id().as_str()));
+    }
     new.shutdown().await;
 }
 
@@ -1178,5 +1205,45 @@ fn backoff_grows_with_jitter_and_respects_its_cap() {
     assert_eq!(
         Backoff::fixed(Duration::from_millis(50)).delay(7),
         Duration::from_millis(50)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_transaction_of_a_completed_attempt_cannot_complete_it_again() {
+    let (db, pool) = setup().await;
+    sqlx::raw_sql(EFFECTS_TABLE_SQL)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let node = Node::builder(job_config(db.url(), "a"))
+        .auto_register(false)
+        .job(effect)
+        .start()
+        .await
+        .unwrap();
+    let id = inserted(
+        node.jobs()
+            .enqueue(
+                effect,
+                Effect {
+                    transactional: true,
+                    again: true,
+                    ..Effect::default()
+                },
+            )
+            .await
+            .unwrap(),
+    );
+    let job = wait_state(&pool, id, JobState::Completed).await;
+    node.shutdown().await;
+    assert_eq!(job.attempt, 1, "{job:?}");
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM job_effects WHERE job_id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        effects, 1,
+        "the retried transaction's completion must be refused"
     );
 }

@@ -466,6 +466,7 @@ async fn a_job_completed_in_its_transaction_never_runs_again_after_its_node_is_k
         transactional,
         hang_ms: 600_000,
         tag: tag.into(),
+        ..Effect::default()
     };
     let done = jobs.enqueue(effect, hang(true, "txn")).await.unwrap().id();
     let untied = jobs

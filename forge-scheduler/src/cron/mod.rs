@@ -479,8 +479,10 @@ impl CronContext {
     /// Fails with [`Error::Fenced`] when this leadership is no longer current and with
     /// [`Error::NotRunning`] when the tick is no longer this run's; then `tx` must not commit
     /// (with `?`, it is rolled back when dropped). Calling it twice in one transaction is
-    /// harmless. A handler that returns an error after a completed commit leaves the tick
-    /// `succeeded`.
+    /// harmless; calling it in a second transaction after the first committed fails with
+    /// [`Error::NotRunning`], so a handler that retries after an error from `COMMIT` (which
+    /// may have committed all the same) cannot commit its effects twice. A handler that
+    /// returns an error after a completed commit leaves the tick `succeeded`.
     pub async fn complete(&self, tx: &mut Transaction<'_, Postgres>) -> Result<()> {
         self.leadership.check_local()?;
         ledger::complete(&self.leadership, &self.name, self.scheduled_at, tx).await

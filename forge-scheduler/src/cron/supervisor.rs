@@ -275,11 +275,11 @@ impl Runs {
             Slot::Run { .. } => (TickState::Running, None),
             Slot::Skip(why) => (TickState::Skipped, Some(why)),
         };
-        match self.claim(tick, state, note).await {
-            Some(true) => {}
-            Some(false) => return true,
+        let retried = match self.claim(tick, state, note).await {
+            Some((true, retried)) => retried,
+            Some((false, _)) => return true,
             None => return false,
-        }
+        };
         match slot {
             Slot::Skip(why) => {
                 self.leadership
@@ -288,20 +288,25 @@ impl Runs {
                     .increment(1);
                 info!(target: "forge::cron", cron = %self.cron.name, %tick, why, "tick skipped");
             }
-            Slot::Run { backlog } => self.spawn_run(tick, 1, backlog),
+            // A run whose claim had to be retried starts late through no fault of its
+            // handler: if it is still going when the next tick is due, that is not an
+            // overlap either.
+            Slot::Run { backlog } => self.spawn_run(tick, 1, backlog || retried),
         }
         true
     }
 
-    /// Claims a tick, retrying failures. `Some(true)`: this tenure holds it; `Some(false)`:
-    /// another tenure does; `None`: this leadership is over.
+    /// Claims a tick, retrying failures. `Some((true, retried))`: this tenure holds it, after
+    /// failed tries or not; `Some((false, _))`: another tenure does; `None`: this leadership
+    /// is over.
     async fn claim(
         &self,
         tick: DateTime<Utc>,
         state: TickState,
         note: Option<&str>,
-    ) -> Option<bool> {
+    ) -> Option<(bool, bool)> {
         let mut pause = Duration::from_millis(50);
+        let mut retried = false;
         let bound = self.leadership.lease_duration();
         loop {
             if !self.leadership.is_valid() || self.leadership.is_draining() {
@@ -313,10 +318,10 @@ impl Runs {
             )
             .await;
             match claimed {
-                Ok(Ok(Claim::Claimed)) => return Some(true),
+                Ok(Ok(Claim::Claimed)) => return Some((true, retried)),
                 Ok(Ok(Claim::Taken)) => {
                     debug!(target: "forge::cron", cron = %self.cron.name, %tick, "tick already claimed");
-                    return Some(false);
+                    return Some((false, retried));
                 }
                 Ok(Ok(Claim::Early(wait))) => {
                     debug!(target: "forge::cron", cron = %self.cron.name, %tick, wait_ms = wait.as_millis() as u64,
@@ -337,6 +342,7 @@ impl Runs {
                     warn!(target: "forge::cron", cron = %self.cron.name, %tick, "a claim got no answer in time; retrying");
                 }
             }
+            retried = true;
             if !self.pause(pause).await {
                 return None;
             }

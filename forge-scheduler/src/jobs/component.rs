@@ -59,37 +59,60 @@ fn check_type(ty: &JobType) -> Result<Option<Role>> {
 
 impl JobQueue {
     /// The node's workers and the role workers, by checking every registered type.
+    ///
+    /// A node works every queue of its `[jobs.queues]`, claiming there any kind it knows
+    /// (a job may be enqueued on another queue than its type declares, with
+    /// [`NewJob::queue`](super::NewJob::queue)); a kind it does not know stays for nodes
+    /// that do. A role's jobs run on the role's leader, one worker per role over all queues;
+    /// its concurrency is the largest `[jobs.queues]` entry among the queues the role's types
+    /// declare (1 when none is listed).
     fn specs(&self) -> Result<(Vec<WorkerSpec>, Vec<WorkerSpec>)> {
-        let mut queue_kinds: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
-        let mut role_kinds: BTreeMap<(Role, String), Vec<&'static str>> = BTreeMap::new();
+        let mut node_kinds: Vec<&'static str> = Vec::new();
+        let mut declared: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
+        let mut role_kinds: BTreeMap<Role, (String, u32, Vec<&'static str>)> = BTreeMap::new();
         for ty in self.registry.types.values() {
-            let queue = ty.options.queue.clone();
+            let queue = &ty.options.queue;
             match check_type(ty)? {
-                Some(role) => role_kinds.entry((role, queue)).or_default().push(ty.kind),
-                None => queue_kinds.entry(queue).or_default().push(ty.kind),
+                Some(role) => {
+                    let concurrency = self.config.queues.get(queue).copied().unwrap_or(1);
+                    let entry = role_kinds
+                        .entry(role)
+                        .or_insert_with(|| (queue.clone(), concurrency, Vec::new()));
+                    entry.1 = entry.1.max(concurrency);
+                    entry.2.push(ty.kind);
+                }
+                None => {
+                    node_kinds.push(ty.kind);
+                    declared.entry(queue.clone()).or_default().push(ty.kind);
+                }
             }
         }
-        let mut node_specs = Vec::new();
-        for (queue, kinds) in queue_kinds {
-            match self.config.queues.get(&queue) {
-                Some(&concurrency) => node_specs.push(WorkerSpec {
-                    queue,
+        for (queue, kinds) in declared {
+            if !self.config.queues.contains_key(&queue) {
+                info!(target: "forge::job", queue = %queue, jobs = ?kinds,
+                      "this node does not work the queue (not in [jobs.queues]); its jobs run on nodes that do");
+            }
+        }
+        let node_specs = if node_kinds.is_empty() {
+            Vec::new()
+        } else {
+            self.config
+                .queues
+                .iter()
+                .map(|(queue, &concurrency)| WorkerSpec {
+                    queue: queue.clone(),
                     role: None,
                     concurrency: concurrency as usize,
-                    kinds,
-                }),
-                None => info!(target: "forge::job", queue = %queue, jobs = ?kinds,
-                              "this node does not work the queue (not in [jobs.queues]); its jobs run on nodes that do"),
-            }
-        }
-        // Role jobs run where the role's leader is, whether or not it lists the queue; the
-        // queue's concurrency applies when it does.
+                    kinds: node_kinds.clone(),
+                })
+                .collect()
+        };
         let role_specs = role_kinds
             .into_iter()
-            .map(|((role, queue), kinds)| WorkerSpec {
-                concurrency: self.config.queues.get(&queue).copied().unwrap_or(1) as usize,
+            .map(|(role, (queue, concurrency, kinds))| WorkerSpec {
                 queue,
                 role: Some(role),
+                concurrency: concurrency as usize,
                 kinds,
             })
             .collect();
@@ -155,7 +178,7 @@ impl Component for JobQueue {
         for spec in role_specs {
             let shared = shared.clone();
             let role = spec.role.clone().unwrap_or(Role::SCHEDULER);
-            node.leader_task(role, format!("jobs:{}", spec.queue), move |leadership| {
+            node.leader_task(role, "jobs", move |leadership| {
                 worker::run_role_worker(shared.clone(), spec.clone(), leadership)
             });
         }

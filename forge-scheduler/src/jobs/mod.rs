@@ -509,7 +509,10 @@ impl JobContext {
     /// Fails with [`Error::NotRunning`] when this attempt no longer owns the job (it was
     /// rescued, or cancelled and recorded) and with [`Error::Fenced`] when a role job's
     /// leadership ended; then `tx` must not commit (with `?`, it is rolled back when dropped).
-    /// The handler then returns normally; its outcome is not recorded twice.
+    /// The handler then returns normally; its outcome is not recorded twice. Calling it twice
+    /// in one transaction is harmless; calling it in a second transaction after the first
+    /// committed fails with [`Error::NotRunning`], so a retry after an error from `COMMIT`
+    /// cannot commit the effects twice.
     pub async fn complete(&self, tx: &mut Transaction<'_, Postgres>) -> Result<()> {
         let token = self.leadership.as_ref().map(Leadership::fence_token);
         let result = sqlx::query("SELECT forge.jobs_complete($1, $2, $3, $4, $5, $6, $7)")

@@ -38,10 +38,11 @@ forge_core::sql_enum! {
     }
 }
 
-/// One worker: the jobs of one queue (without role), or of one (role, queue) on the role's
-/// leader.
+/// One worker: the jobs of one queue (without role), or of one role on the role's leader.
 #[derive(Clone, Debug)]
 pub(crate) struct WorkerSpec {
+    /// The queue worked; for a role worker, which works all queues, the queue its first type
+    /// declares (a label for logs and figures).
     pub(crate) queue: String,
     pub(crate) role: Option<Role>,
     pub(crate) concurrency: usize,

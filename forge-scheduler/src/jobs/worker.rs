@@ -174,7 +174,14 @@ impl Worker {
         let metrics = spec
             .kinds
             .iter()
-            .map(|kind| (*kind, KindMetrics::new(ctx.metrics(), &spec.queue, kind)))
+            .map(|kind| {
+                // A role worker's jobs are labelled with the queue their type declares.
+                let queue = match (&spec.role, shared.types.get(kind)) {
+                    (Some(_), Some(ty)) => ty.options.queue.as_str(),
+                    _ => spec.queue.as_str(),
+                };
+                (*kind, KindMetrics::new(ctx.metrics(), queue, kind))
+            })
             .collect();
         let origin = Origin {
             queue: spec.queue.as_str().into(),
@@ -605,7 +612,8 @@ impl Worker {
 struct Step {
     namespace: String,
     node: String,
-    queue: String,
+    /// The queue, or `None` for a role worker (all queues of the role).
+    queue: Option<String>,
     role: Option<String>,
     epoch: Option<i64>,
     tenure: Option<i64>,
@@ -633,7 +641,10 @@ impl Step {
         Step {
             namespace: worker.shared.namespace.name().to_owned(),
             node: worker.ctx.node_id().as_str().to_owned(),
-            queue: worker.spec.queue.clone(),
+            queue: match worker.spec.role {
+                Some(_) => None,
+                None => Some(worker.spec.queue.clone()),
+            },
             role: worker.spec.role.as_ref().map(|r| r.name().to_owned()),
             epoch,
             tenure,
