@@ -4,8 +4,14 @@
 //! gaps are measured and the cron's tick ledger is printed around both: no duplicate, no gap.
 //!
 //! ```text
-//! cargo run --example cluster
+//! cargo run --example cluster             # the demo, then everything stops
+//! cargo run --example cluster -- --keep   # then the cluster and its dashboard stay up
 //! ```
+//!
+//! A fourth node, `web`, leads no role and works no queue: it serves the admin API and the
+//! dashboard on a free port of 127.0.0.1 (`[admin] listen`), and the demo prints its URL. With
+//! `--keep` the surviving nodes go on (the per-second cron ticks, a few jobs a second are
+//! enqueued, some fail) until ctrl-c, for a look at the dashboard.
 //!
 //! With `DATABASE_URL` unset it starts a throwaway PostgreSQL (initdb/pg_ctl in a temporary
 //! directory, on a free port, removed afterwards); with `DATABASE_URL` set it creates a fresh
@@ -31,7 +37,7 @@ async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let result = match args.get(1).map(String::as_str) {
         Some("--node") => run_node().await,
-        _ => run_demo().await,
+        _ => run_demo(args.iter().any(|a| a == "--keep")).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -52,13 +58,23 @@ async fn run_node() -> Result<(), BoxError> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
+    let mut config = Config::from_env()?;
+    // The dashboard's charts get a point every 5 s instead of every minute.
+    config.metrics.rollup_interval = Duration::from_secs(5);
+    if std::env::var_os("FORGE_DEMO_WEB").is_some() {
+        // The web node: serves the admin API and the dashboard, works no queue.
+        config.jobs.queues.clear();
+    }
     // The #[cron] and #[job] below are registered automatically.
-    let mut builder = Node::builder(Config::from_env()?);
+    let mut builder = Node::builder(config);
     for role in Role::BUILTIN {
         builder = builder.leader_task(role, "demo", lead);
     }
     let node = builder.start().await?;
     println!("ready");
+    if let Some(url) = node.admin_url() {
+        println!("admin {url}");
+    }
     node.run_until_signal().await;
     Ok(())
 }
@@ -110,7 +126,7 @@ struct Heard {
     at: Instant,
 }
 
-async fn run_demo() -> Result<(), BoxError> {
+async fn run_demo(keep: bool) -> Result<(), BoxError> {
     println!("FORGE demo: three nodes, one PostgreSQL, leader roles on advisory locks\n");
     let server = PgServer::shared().map_err(|err| {
         format!("{err}\n(the demo needs PostgreSQL's server binaries, or DATABASE_URL pointing at a server where it may CREATE DATABASE)")
@@ -144,7 +160,29 @@ async fn run_demo() -> Result<(), BoxError> {
             .await?;
         nodes.insert(id.to_owned(), process);
     }
-    println!("started {} node processes\n", nodes.len());
+    println!("started {} node processes", nodes.len());
+
+    // The web node: no role, no queue; the admin API and the dashboard on a free port.
+    let token = random_token()?;
+    let mut command = Command::new(&exe);
+    command
+        .arg("--node")
+        .env("DATABASE_URL", db.url())
+        .env("FORGE_NODE_ID", "web")
+        .env("FORGE_ROLES", "")
+        .env("FORGE_DEMO_WEB", "1")
+        .env("FORGE_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("FORGE_ADMIN_TOKEN", &token)
+        .env_remove("FORGE_METRICS_LISTEN");
+    let mut web = NodeProcess::spawn(command)?.named("web");
+    let admin = web
+        .wait_for_line("its admin URL", Duration::from_secs(30), |l| {
+            l.starts_with("admin ")
+        })
+        .await?;
+    let admin_url = admin.trim_start_matches("admin ").to_owned();
+    println!("dashboard: {admin_url}/  (served by node web; admin API under {admin_url}/api/)");
+    println!("admin token for the dashboard's actions: {token}\n");
 
     let pool = db.pool().await?;
     let leaders = wait_for_leaders(&pool, |_| true).await?;
@@ -292,6 +330,10 @@ async fn run_demo() -> Result<(), BoxError> {
         return Err(format!("the cron ledger has {gaps} gaps or duplicates").into());
     }
 
+    if keep {
+        keep_up(&pool, &admin_url, &token).await?;
+    }
+    nodes.insert("web".to_owned(), web);
     for process in nodes.values() {
         process.terminate()?;
     }
@@ -315,7 +357,49 @@ async fn run_demo() -> Result<(), BoxError> {
     );
     println!("  jobs: 89 completed on {nodes_used} nodes, 1 dead-lettered after its retries");
     println!("  every node stopped cleanly");
+    println!("  dashboard was at {admin_url}/ (run with --keep to keep it up)");
     Ok(())
+}
+
+/// `--keep`: the cluster and its dashboard stay up until ctrl-c, with a few jobs a second
+/// (one in 20 fails and is retried, then dead-lettered) so that the charts move.
+async fn keep_up(pool: &sqlx::PgPool, admin_url: &str, token: &str) -> Result<(), BoxError> {
+    println!("\nthe cluster and its dashboard stay up (--keep): open {admin_url}/");
+    println!("actions (pause, retry, step-down) ask for the token: {token}");
+    println!("ctrl-c stops every node and removes the database");
+    let jobs = forge::jobs::Jobs::new(pool.clone(), &forge::LockNamespace::default());
+    let mut image = 1000u32;
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            result = &mut stop => {
+                result?;
+                println!("\nctrl-c: stopping");
+                return Ok(());
+            }
+            _ = every.tick() => {
+                let batch: Vec<NewJob> = (0..4)
+                    .map(|_| {
+                        image += 1;
+                        // 13 is the corrupt image: every 20th job fails.
+                        let image = if image.is_multiple_of(20) { 13 } else { image };
+                        NewJob::new(thumbnail, Thumbnail { image })
+                    })
+                    .collect();
+                jobs.enqueue_many(batch).await?;
+            }
+        }
+    }
+}
+
+/// A token for the web node's writes: 16 random bytes, hex.
+fn random_token() -> Result<String, BoxError> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn ms(d: Duration) -> f64 {

@@ -32,9 +32,9 @@ CREATE TABLE forge.events (
     at        timestamptz NOT NULL DEFAULT clock_timestamp(),
     namespace text        NOT NULL,
     kind      text        NOT NULL CHECK (kind IN (
-                  'leader_elected', 'leader_released', 'leader_fenced',
+                  'leader_elected', 'leader_released', 'leader_fenced', 'leader_lost',
                   'node_joined', 'node_left', 'node_drifted', 'node_recovered', 'node_down',
-                  'node_rejoined', 'node_forgotten')),
+                  'node_rejoined', 'node_forgotten', 'admin_action')),
     node_id   text,
     role      text,
     epoch     bigint,
@@ -46,7 +46,7 @@ CREATE INDEX events_role ON forge.events (namespace, role, id) WHERE role IS NOT
 CREATE INDEX events_at ON forge.events (at);
 
 COMMENT ON TABLE forge.events IS
-    'Cluster history: leader_elected (detail.failover: the previous leader did not hand over; detail.gap_ms), leader_released (graceful handoff), leader_fenced (an expired holder was terminated), node_joined, node_left, node_drifted, node_recovered, node_down (detail.reason), node_rejoined, node_forgotten.';
+    'Cluster history: leader_elected (detail.failover: the previous leader did not hand over; detail.gap_ms), leader_released (graceful handoff), leader_fenced (an expired holder was terminated), node_joined, node_left, node_drifted, node_recovered, node_down (detail.reason), node_rejoined, node_forgotten, admin_action (an operator''s write: detail.action, subject, by), leader_lost (a leader that lost its leadership without handing over, as it saw it: detail.reason).';
 
 INSERT INTO forge.events (at, namespace, kind, node_id, role, epoch, detail)
 SELECT at, namespace, 'leader_' || event, node_id, role, epoch, detail
@@ -684,4 +684,54 @@ BEGIN
     ) SELECT count(*) INTO v_count FROM d;
     RETURN v_count;
 END;
+$$;
+
+-- The audit trail: an operator's write (through the admin API or the CLI), recorded in the
+-- events history in the transaction of the write itself.
+CREATE FUNCTION forge.audit(
+    p_namespace text, p_action text, p_subject text, p_by text, p_detail jsonb
+) RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO forge.events (namespace, kind, detail)
+    VALUES (p_namespace, 'admin_action',
+            jsonb_build_object('action', p_action, 'subject', p_subject, 'by', p_by)
+              || coalesce(p_detail, '{}'::jsonb));
+$$;
+
+-- Asks the current leader of a role to hand over gracefully (any node, or a process that is
+-- no node, may ask: the request travels as a notice on forge_leader, which every node hears).
+-- Returns the epoch asked to step down; NULL when the role has no live leader.
+CREATE FUNCTION forge.step_down(p_namespace text, p_role text, p_by text) RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_epoch bigint;
+    v_node  text;
+BEGIN
+    SELECT l.epoch, l.node_id INTO v_epoch, v_node FROM forge.leaders l
+     WHERE l.namespace = p_namespace AND l.role = p_role AND l.released_at IS NULL
+       AND l.lease_until > clock_timestamp();
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM forge.audit(p_namespace, 'step_down', p_role, p_by,
+                        jsonb_build_object('epoch', v_epoch, 'node_id', v_node));
+    PERFORM pg_notify('forge_leader', json_build_object(
+        'namespace', p_namespace, 'role', p_role, 'epoch', v_epoch,
+        'node', v_node, 'event', 'step_down')::text);
+    RETURN v_epoch;
+END;
+$$;
+
+-- A leader that lost its leadership without handing over says so (best effort, once it can):
+-- detail.reason is what it saw (deadline, deposed, renewal_failed).
+CREATE FUNCTION forge.leader_lost(
+    p_namespace text, p_role text, p_node text, p_epoch bigint, p_tenure bigint, p_reason text
+) RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO forge.events (namespace, kind, node_id, role, epoch, detail)
+    VALUES (p_namespace, 'leader_lost', p_node, p_role, p_epoch,
+            jsonb_build_object('reason', p_reason, 'tenure', p_tenure));
 $$;

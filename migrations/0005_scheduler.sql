@@ -362,7 +362,10 @@ BEGIN
     END IF;
 
     IF p_limit <= 0 OR (p_role IS NOT NULL
-                        AND NOT forge.fence_holds(p_namespace, p_role, p_epoch, p_tenure)) THEN
+                        AND NOT forge.fence_holds(p_namespace, p_role, p_epoch, p_tenure))
+       OR (p_queue IS NOT NULL AND EXISTS (SELECT 1 FROM forge.queues q
+                                            WHERE q.namespace = p_namespace AND q.queue = p_queue)) THEN
+        -- Nothing to claim, deposed, or the queue is paused.
         RETURN;
     END IF;
     -- Two branches, so that each matches its partial index (jobs_claim, jobs_claim_role) in
@@ -394,6 +397,8 @@ BEGIN
             SELECT j.id, j.priority, j.run_at FROM forge.jobs j
              WHERE j.namespace = p_namespace AND j.role = p_role
                AND (p_queue IS NULL OR j.queue = p_queue)
+               AND NOT EXISTS (SELECT 1 FROM forge.queues q
+                                WHERE q.namespace = p_namespace AND q.queue = j.queue)
                AND j.state = 'available' AND j.kind = ANY (p_kinds)
              ORDER BY j.priority, j.run_at, j.id
              LIMIT p_limit
@@ -724,4 +729,133 @@ AS $$
      WHERE j.namespace = p_namespace
        AND j.state IN ('available', 'scheduled', 'running', 'retryable', 'dead')
      GROUP BY j.queue, j.kind, j.state
+$$;
+
+-- Operators' actions (the admin API and the CLI). Each records itself in the audit trail
+-- (forge.audit) in its own transaction.
+
+-- "Trigger now": a pending request on the cron, which whichever node leads its role runs once
+-- as a manual tick (cron_ticks.manual) at the requested instant; the claim clears the request.
+ALTER TABLE forge.crons
+    ADD COLUMN trigger_requested_at timestamptz,
+    ADD COLUMN trigger_requested_by text;
+ALTER TABLE forge.cron_ticks ADD COLUMN manual boolean NOT NULL DEFAULT false;
+
+COMMENT ON COLUMN forge.cron_ticks.manual IS
+    'A run asked for by an operator ("trigger now"), not a tick of the schedule: it does not move the catch-up frontier.';
+
+-- Returns the instant of the pending manual tick (an earlier request still pending is kept),
+-- NULL when no such cron is known.
+CREATE FUNCTION forge.cron_trigger(p_namespace text, p_cron text, p_by text) RETURNS timestamptz
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_at timestamptz;
+BEGIN
+    UPDATE forge.crons c
+       SET trigger_requested_at = coalesce(c.trigger_requested_at,
+                                           date_trunc('milliseconds', clock_timestamp())),
+           trigger_requested_by = coalesce(c.trigger_requested_by, p_by)
+     WHERE c.namespace = p_namespace AND c.name = p_cron
+    RETURNING c.trigger_requested_at INTO v_at;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM forge.audit(p_namespace, 'trigger_cron', p_cron, p_by,
+                        jsonb_build_object('scheduled_at', v_at));
+    PERFORM pg_notify('forge_crons', p_namespace || ' ' || p_cron);
+    RETURN v_at;
+END;
+$$;
+
+-- Claims a manual tick (see tick_claim) and clears the request it answers, whatever the
+-- claim's outcome: a request is answered once.
+CREATE FUNCTION forge.tick_claim_manual(
+    p_namespace text,
+    p_role      text,
+    p_epoch     bigint,
+    p_tenure    bigint,
+    p_node      text,
+    p_cron      text,
+    p_tick      timestamptz
+) RETURNS TABLE (outcome text, early_ms double precision)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_outcome text;
+    v_early   double precision;
+BEGIN
+    SELECT c.outcome, c.early_ms INTO v_outcome, v_early
+      FROM forge.tick_claim(p_namespace, p_role, p_epoch, p_tenure, p_node, p_cron, p_tick,
+                            'running', NULL) c;
+    IF v_outcome IN ('claimed', 'ours', 'taken') THEN
+        UPDATE forge.cron_ticks t SET manual = true
+         WHERE t.namespace = p_namespace AND t.cron = p_cron AND t.scheduled_at = p_tick
+           AND v_outcome = 'claimed';
+        UPDATE forge.crons c SET trigger_requested_at = NULL, trigger_requested_by = NULL
+         WHERE c.namespace = p_namespace AND c.name = p_cron AND c.trigger_requested_at = p_tick;
+        PERFORM pg_notify('forge_crons', p_namespace || ' ' || p_cron);
+    END IF;
+    RETURN QUERY SELECT v_outcome, v_early;
+END;
+$$;
+
+-- Paused queues: no node claims their jobs until resumed.
+CREATE TABLE forge.queues (
+    namespace text        NOT NULL,
+    queue     text        NOT NULL,
+    paused_at timestamptz,
+    paused_by text,
+    PRIMARY KEY (namespace, queue)
+);
+
+CREATE FUNCTION forge.queue_set_paused(p_namespace text, p_queue text, p_paused boolean, p_by text)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_paused THEN
+        INSERT INTO forge.queues (namespace, queue, paused_at, paused_by)
+        VALUES (p_namespace, p_queue, clock_timestamp(), p_by)
+        ON CONFLICT (namespace, queue) DO UPDATE
+           SET paused_at = coalesce(forge.queues.paused_at, EXCLUDED.paused_at),
+               paused_by = coalesce(forge.queues.paused_by, EXCLUDED.paused_by);
+    ELSE
+        DELETE FROM forge.queues q WHERE q.namespace = p_namespace AND q.queue = p_queue;
+        -- Wake the workers of the queue, and the role workers with jobs waiting in it.
+        PERFORM pg_notify('forge_jobs', p_namespace || ' ' || p_queue);
+        PERFORM pg_notify('forge_jobs', p_namespace || ' @' || r.role)
+           FROM (SELECT DISTINCT j.role FROM forge.jobs j
+                  WHERE j.namespace = p_namespace AND j.queue = p_queue
+                    AND j.state = 'available' AND j.role IS NOT NULL) r;
+    END IF;
+    PERFORM forge.audit(p_namespace, CASE WHEN p_paused THEN 'pause_queue' ELSE 'resume_queue' END,
+                        p_queue, p_by, '{}');
+END;
+$$;
+
+-- Makes jobs available again now (dead, cancelled, completed, waiting for a retry or
+-- scheduled), with room for one more attempt; running jobs are left alone. Returns the ids.
+CREATE FUNCTION forge.jobs_retry_now(p_namespace text, p_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_ids  bigint[];
+    v_wake text[];
+BEGIN
+    WITH u AS (
+        UPDATE forge.jobs j
+           SET state = 'available', run_at = clock_timestamp(), finished_at = NULL,
+               cancel_requested = false, max_attempts = greatest(j.max_attempts, j.attempt + 1)
+         WHERE j.namespace = p_namespace AND j.id = ANY (p_ids)
+           AND j.state IN ('dead', 'cancelled', 'completed', 'retryable', 'scheduled')
+        RETURNING j.id, j.queue, j.role
+    )
+    SELECT array_agg(u.id),
+           array_agg(DISTINCT CASE WHEN u.role IS NULL THEN u.queue ELSE '@' || u.role END)
+      INTO v_ids, v_wake FROM u;
+    PERFORM pg_notify('forge_jobs', p_namespace || ' ' || w) FROM unnest(v_wake) AS w;
+    RETURN QUERY SELECT unnest(coalesce(v_ids, '{}'));
+END;
 $$;

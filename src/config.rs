@@ -16,6 +16,8 @@ use forge_core::{
 use forge_scheduler::{CronConfig, JobsConfig};
 use serde::{Deserialize, Serialize};
 
+use crate::alerts::{self, AlertRule};
+
 /// The whole configuration of a node (`forge.toml`).
 ///
 /// Build it from a file with [`Config::load`], from the environment alone with
@@ -56,6 +58,10 @@ pub struct Config {
     pub jobs: JobsConfig,
     /// `[admin]`: the admin API the node serves, and its tokens
     pub admin: AdminConfig,
+    /// `[[alerts]]`: Prometheus alert rules of your own, and changes to the built-in ones
+    /// (exported with [`forge::alerts::rules_yaml`](crate::alerts::rules_yaml))
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<AlertRule>,
 }
 
 impl Config {
@@ -88,19 +94,22 @@ impl Config {
     /// error messages.
     pub fn parse(text: &str, path: Option<&Path>, env: &dyn Env) -> Result<Config> {
         let source = ConfigSource::new(text, path);
-        let mut config: Config = toml::from_str(text).map_err(|err| source.toml_error(&err))?;
+        let mut config: Config = toml::from_str(text)
+            .map_err(|err| alerts::refine_toml_error(source.toml_error(&err), &err, text))?;
         let mut core = config.core();
         core.apply_env(env)?;
         config.set_core(core);
         config.admin.apply_env(env)?;
         config.validate_at(&source)?;
+        alerts::validate(&config.alerts, text, path)?;
         Ok(config)
     }
 
     /// Checks values and combinations (a config built in code should be validated too;
     /// `NodeBuilder::start` does it).
     pub fn validate(&self) -> Result<()> {
-        self.validate_at(&ConfigSource::default())
+        self.validate_at(&ConfigSource::default())?;
+        alerts::validate(&self.alerts, "", None)
     }
 
     fn validate_at(&self, at: &ConfigSource<'_>) -> Result<()> {

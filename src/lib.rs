@@ -63,7 +63,9 @@
 //! for the details, the README for configuration (`forge.toml`) and operations (metrics,
 //! alerts), and ARCHITECTURE.md for how the election, membership and fencing work.
 
+pub mod alerts;
 mod config;
+pub mod migrate;
 mod node;
 
 pub use config::Config;
@@ -87,8 +89,8 @@ pub use sqlx;
 pub mod config_sections {
     pub use forge_core::config::ConfigSource;
     pub use forge_core::{
-        ClusterConfig, DatabaseConfig, Env, LeaderElectionConfig, MembershipConfig, MetricsConfig,
-        NodeConfig, ProcessEnv, no_env,
+        AdminConfig, ClusterConfig, DatabaseConfig, Env, LeaderElectionConfig, MembershipConfig,
+        MetricsConfig, NodeConfig, ProcessEnv, no_env,
     };
     pub use forge_scheduler::{CronConfig, JobsConfig};
 }
@@ -105,6 +107,31 @@ pub mod cron {
 /// Durable jobs: declaring, enqueueing, running, inspecting.
 pub mod jobs {
     pub use forge_scheduler::jobs::*;
+}
+
+/// The admin HTTP API (axum): cluster status, leaders, history, nodes, events, crons, jobs,
+/// queues, step-down, with bearer-token access and an audit trail. A node serves it itself on
+/// `[admin] listen` (`FORGE_ADMIN_LISTEN`); or mount it in your own axum application:
+///
+/// ```no_run
+/// # async fn demo(node: forge::Node) -> std::io::Result<()> {
+/// use std::net::SocketAddr;
+/// use forge::admin::axum;
+///
+/// let app = axum::Router::new().merge(forge::admin::router_for(&node));
+/// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+/// axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
+/// # }
+/// ```
+///
+/// The endpoints and the access rules are in the README ("Admin API") and in [`router`](admin::router).
+pub mod admin {
+    pub use forge_admin::*;
+
+    /// The admin API of `node` as an axum router (the same as [`Node::admin_router`](crate::Node::admin_router)).
+    pub fn router_for(node: &crate::Node) -> axum::Router {
+        node.admin_router()
+    }
 }
 
 /// Read models of the whole cluster, for dashboards, admin tools and your own code: who is in

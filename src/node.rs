@@ -2,6 +2,8 @@
 //! application registers.
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use forge_core::inspect::Cluster;
 use forge_core::{
@@ -12,7 +14,8 @@ use forge_scheduler::jobs::{Job, JobQueue, JobRegistry, Jobs};
 use forge_scheduler::{Cron, CronJob, Crons};
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
 
 use crate::Config;
 
@@ -184,6 +187,25 @@ impl NodeBuilder {
         if let Some(version) = self.version {
             assembly.version(version);
         }
+        // Bound before joining, so that membership records the URL from the first heartbeat.
+        let admin_listener = match self.config.admin.listen {
+            Some(listen) => {
+                let bound = match forge_admin::bind(listen).await {
+                    Ok(listener) => listener.local_addr().map(|addr| (listener, addr)),
+                    Err(err) => Err(err),
+                };
+                let (listener, addr) = bound.map_err(|err| forge_core::Error::Config {
+                    path: None,
+                    line: None,
+                    key: "admin.listen".to_owned(),
+                    message: format!("cannot serve the admin API on {listen}: {err}"),
+                })?;
+                let url = forge_admin::advertised_url(addr);
+                assembly.admin_url(url.clone());
+                Some((listener, url))
+            }
+            None => None,
+        };
         let runtime = assembly.start().await?;
         let context = runtime.context();
         let jobs = Jobs::for_node(
@@ -191,11 +213,60 @@ impl NodeBuilder {
             context.namespace(),
             context.metrics().clone(),
         );
-        Ok(Node {
+        let mut node = Node {
             runtime,
             jobs,
             drift_after: self.config.cluster.membership.drift_after,
-        })
+            config: Arc::new(self.config),
+            admin: None,
+        };
+        if let Some((listener, url)) = admin_listener {
+            node.admin = Some(Arc::new(AdminServer::start(&node, listener, url)));
+        }
+        Ok(node)
+    }
+}
+
+/// The admin API a node serves on `[admin] listen`: stopped at the end of the node's
+/// shutdown, or when the last handle of the node is dropped.
+struct AdminServer {
+    url: String,
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl AdminServer {
+    fn start(node: &Node, listener: tokio::net::TcpListener, url: String) -> AdminServer {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let state = node.admin_state_at(Some(&url));
+        let id = node.id().clone();
+        tracing::info!(target: "forge::admin", node = %id, url = %url, "serving the admin API");
+        let task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            if let Err(err) = forge_admin::serve(listener, state, shutdown).await {
+                tracing::error!(target: "forge::admin", node = %id, error = %err, "the admin API stopped");
+            }
+        });
+        AdminServer {
+            url,
+            stop: Mutex::new(Some(stop)),
+            task: Mutex::new(Some(task)),
+        }
+    }
+
+    async fn stop(&self) {
+        let stop = self.stop.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(stop);
+        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut task) = task
+            && tokio::time::timeout(Duration::from_secs(5), &mut task)
+                .await
+                .is_err()
+        {
+            task.abort();
+        }
     }
 }
 
@@ -205,6 +276,8 @@ pub struct Node {
     runtime: Runtime,
     jobs: Jobs,
     drift_after: std::time::Duration,
+    config: Arc<Config>,
+    admin: Option<Arc<AdminServer>>,
 }
 
 impl Node {
@@ -241,6 +314,41 @@ impl Node {
     /// The work's read models (crons, ticks, jobs, queues) through this node's pool.
     pub fn workload(&self) -> Workload {
         Workload::new(self.pool().clone(), self.context().namespace().clone())
+    }
+
+    /// The URL of the admin API this node serves (`[admin] listen`), as recorded in membership.
+    pub fn admin_url(&self) -> Option<&str> {
+        self.admin.as_ref().map(|admin| admin.url.as_str())
+    }
+
+    /// The admin API's state for this node: its read models, `[admin]` access rules, its
+    /// configuration (redacted) and its roles. See [`Node::admin_router`].
+    pub fn admin_state(&self) -> forge_admin::AdminState {
+        self.admin_state_at(self.admin_url())
+    }
+
+    /// The admin API as an axum router, to mount in your own application:
+    /// `app.merge(node.admin_router())`. Serve the application with
+    /// `into_make_service_with_connect_info::<SocketAddr>()` so that the audit trail names each
+    /// client's address.
+    pub fn admin_router(&self) -> forge_admin::axum::Router {
+        forge_admin::router(self.admin_state())
+    }
+
+    fn admin_state_at(&self, url: Option<&str>) -> forge_admin::AdminState {
+        let mut local = forge_admin::LocalNode::new(self.id().clone())
+            .stopping(self.context().shutdown().clone());
+        for role in self.roles() {
+            if let Some(state) = self.watch_role(&role) {
+                local = local.role(role, state);
+            }
+        }
+        if let Some(url) = url {
+            local = local.admin_url(url);
+        }
+        forge_admin::AdminState::new(self.cluster(), self.workload(), self.config.admin.clone())
+            .with_config(&*self.config)
+            .with_local_node(local)
     }
 
     /// The node's context, as services get it.
@@ -282,9 +390,13 @@ impl Node {
     /// Graceful shutdown: leaders stop taking new leader-only work, drain it (still renewing
     /// their leases) for up to `drain_timeout`, and hand over (a waiting follower takes over
     /// within milliseconds); job workers drain for up to `[jobs] drain_timeout`; then the node
-    /// records its departure and closes. Idempotent.
+    /// records its departure and closes. The admin API it serves answers 503 on
+    /// `/api/health/ready` meanwhile, and stops last. Idempotent.
     pub async fn shutdown(&self) {
-        self.runtime.shutdown().await
+        self.runtime.shutdown().await;
+        if let Some(admin) = &self.admin {
+            admin.stop().await;
+        }
     }
 
     /// Runs until SIGTERM or ctrl-c, then shuts down gracefully.

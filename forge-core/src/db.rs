@@ -249,6 +249,19 @@ pub(crate) async fn check_not_pooled(options: &PgConnectOptions, patience: Durat
 /// at once: sqlx serializes migrators on an advisory lock, and the schema is created under
 /// that lock.
 pub(crate) async fn migrate(conn: &mut PgConnection, sources: &[MigrationSource]) -> Result<()> {
+    let migrator = migrator(sources);
+    // run_direct rather than run: `run` is generic over Acquire, which makes the future
+    // non-Send for higher-ranked lifetimes, and Node::start must be spawnable.
+    migrator.run_direct(None, conn, false).await?;
+    Ok(())
+}
+
+/// The table FORGE records its own migrations in.
+pub const MIGRATIONS_TABLE: &str = "forge._sqlx_migrations";
+
+/// `sources` (deduplicated, in version order) as a migrator set up the way a node runs it:
+/// schema `forge` created under sqlx's migration lock, bookkeeping in [`MIGRATIONS_TABLE`].
+pub fn migrator(sources: &[MigrationSource]) -> Migrator {
     let mut sources = sources.to_vec();
     sources.sort_by_key(|(version, _, _)| *version);
     sources.dedup_by_key(|(version, _, _)| *version);
@@ -266,11 +279,8 @@ pub(crate) async fn migrate(conn: &mut PgConnection, sources: &[MigrationSource]
         .collect();
     let mut migrator = Migrator::with_migrations(migrations);
     migrator.create_schema("forge");
-    migrator.dangerous_set_table_name("forge._sqlx_migrations");
-    // run_direct rather than run: `run` is generic over Acquire, which makes the future
-    // non-Send for higher-ranked lifetimes, and Node::start must be spawnable.
-    migrator.run_direct(None, conn, false).await?;
-    Ok(())
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
 }
 
 /// Checks that every FORGE migration is applied (for nodes started with `migrate = false`).

@@ -88,7 +88,11 @@ pub struct LeaderInfo {
     pub epoch: Epoch,
 }
 
-/// A leadership change announced on the `forge_leader` channel.
+/// The `event` of a `forge_leader` notice asking the leader of `epoch` to step down
+/// (sent by [`Cluster::step_down`](crate::inspect::Cluster::step_down)).
+pub(crate) const STEP_DOWN: &str = "step_down";
+
+/// A leadership change (or a step-down request) announced on the `forge_leader` channel.
 #[derive(Debug, serde::Deserialize)]
 struct LeaderNotice {
     namespace: String,
@@ -146,7 +150,7 @@ struct RoleMetrics {
 impl RoleMetrics {
     fn new(metrics: &Metrics, role: &Role) -> RoleMetrics {
         let labels = [("role", role.name())];
-        let session = format!("lock:{role}");
+        let session = crate::metrics::lock_session(role);
         RoleMetrics {
             metrics: metrics.clone(),
             role: role.clone(),
@@ -167,6 +171,10 @@ impl RoleMetrics {
     }
 
     fn lost(&self, reason: &'static str) {
+        debug_assert!(
+            defs::LOSS_REASONS.contains(&reason),
+            "add the loss reason {reason:?} to metrics::defs::LOSS_REASONS (exported at 0 from the start)"
+        );
         self.not_leading();
         self.metrics
             .counter(
@@ -198,12 +206,17 @@ enum SessionEnd {
     Shutdown,
     /// The session broke or leadership was lost: reconnect.
     Broken,
+    /// Handed over on an operator's request: campaign again after a pause that lets a
+    /// follower win.
+    SteppedDown,
 }
 
 /// How holding a leadership ended.
 enum Hold {
     /// The node shuts down: hand over.
     Shutdown,
+    /// An operator asked this leader to step down: hand over, keep campaigning.
+    StepDown,
     /// Lost, for this reason.
     Lost(&'static str),
 }
@@ -321,6 +334,17 @@ impl Campaign {
                     match self.session(conn, &metrics).await {
                         SessionEnd::Shutdown => break,
                         SessionEnd::Broken => metrics.reconnects.increment(1),
+                        SessionEnd::SteppedDown => {
+                            // Followers poll every check_interval (or wait in the lock): stay
+                            // out long enough for one of them to win.
+                            let pause =
+                                self.election.check_interval * 2 + self.election.lock_timeout;
+                            tokio::select! {
+                                _ = sleep(pause) => {}
+                                _ = self.shutdown.cancelled() => break,
+                            }
+                            continue;
+                        }
                     }
                 }
                 Err(err) => {
@@ -497,7 +521,9 @@ impl Campaign {
         event: Result<ListenerEvent, broadcast::error::RecvError>,
         metrics: &RoleMetrics,
     ) {
-        if let Heard::Notice(notice) = self.hear(event) {
+        if let Heard::Notice(notice) = self.hear(event)
+            && notice.event != STEP_DOWN
+        {
             let leader = (notice.event == "elected")
                 .then_some(notice.node)
                 .flatten()
@@ -585,7 +611,15 @@ impl Campaign {
         let leadership = self.begin_tenure(&row, sent_at, metrics);
         let mut tasks = self.start_tasks(&leadership);
         match self.hold(&mut conn, &leadership, metrics).await {
-            Hold::Shutdown => self.hand_over(conn, leadership, tasks, metrics).await,
+            Hold::Shutdown => {
+                self.hand_over(conn, leadership, tasks, metrics, "shutdown")
+                    .await
+            }
+            Hold::StepDown => {
+                self.hand_over(conn, leadership, tasks, metrics, "step_down")
+                    .await;
+                SessionEnd::SteppedDown
+            }
             Hold::Lost(reason) => {
                 // Stop leader-only work before anything else.
                 leadership.tenure().lost.cancel();
@@ -596,6 +630,7 @@ impl Campaign {
                     last_error: Some(format!("lost leadership of epoch {epoch}: {reason}")),
                 });
                 stop_tasks(&mut tasks).await;
+                self.record_loss(epoch, leadership.tenure_id(), reason);
                 // Closing the session releases the lock if this node still holds it.
                 if reason == "deadline" {
                     drop(conn);
@@ -605,6 +640,35 @@ impl Campaign {
                 SessionEnd::Broken
             }
         }
+    }
+
+    /// Records `leader_lost` in the events history, in the background and best effort (the
+    /// database may be what took the leadership away; the successor's `leader_elected` with
+    /// `failover` tells the same story from the other side).
+    fn record_loss(&self, epoch: Epoch, tenure: i64, reason: &'static str) {
+        let pool = self.pool.clone();
+        let (namespace, role, node) = (
+            self.namespace.clone(),
+            self.role().clone(),
+            self.node_id.clone(),
+        );
+        tokio::spawn(async move {
+            let recorded = timeout(
+                Duration::from_secs(30),
+                sqlx::query("SELECT forge.leader_lost($1, $2, $3, $4, $5, $6)")
+                    .bind(&namespace)
+                    .bind(&role)
+                    .bind(&node)
+                    .bind(epoch)
+                    .bind(tenure)
+                    .bind(reason)
+                    .execute(&pool),
+            )
+            .await;
+            if !matches!(recorded, Ok(Ok(_))) {
+                debug!(target: "forge::leader", role = %role, epoch = epoch.0, "could not record the lost leadership in the events history");
+            }
+        });
     }
 
     /// Trust is measured from when the campaign call was sent, and the call may have waited in
@@ -691,6 +755,13 @@ impl Campaign {
                 event = self.events.recv() => match self.hear(event) {
                     Heard::Notice(notice) if notice.epoch > leadership.epoch().0 => {
                         return Hold::Lost("deposed");
+                    }
+                    Heard::Notice(notice)
+                        if notice.event == STEP_DOWN && notice.epoch == leadership.epoch().0 =>
+                    {
+                        info!(target: "forge::leader", role = %self.role(), node = %self.node_id,
+                              epoch = notice.epoch, "asked to step down; handing over");
+                        return Hold::StepDown;
                     }
                     // Verify now rather than at the next renewal.
                     Heard::Verify => last_sent = Instant::now() - refresh,
@@ -798,6 +869,7 @@ impl Campaign {
         leadership: Leadership,
         mut tasks: JoinSet<()>,
         metrics: &RoleMetrics,
+        reason: &'static str,
     ) -> SessionEnd {
         let started = Instant::now();
         let epoch = leadership.epoch();
@@ -819,7 +891,7 @@ impl Campaign {
             )
             .await
         };
-        metrics.lost("shutdown");
+        metrics.lost(reason);
         metrics.handoff.record(started.elapsed().as_secs_f64());
         match released {
             Ok(Ok(true)) => {

@@ -157,6 +157,14 @@ pub enum Error {
         message: String,
     },
 
+    /// A value given to a read model or an action is not valid (a queue or role name, a
+    /// filter): the caller's input, not the cluster, is wrong.
+    #[error("{message}")]
+    InvalidInput {
+        /// What is wrong and what to do.
+        message: String,
+    },
+
     /// Job arguments could not be turned into JSON, or back.
     #[error("job arguments of `{kind}`: {message}")]
     Serialization {

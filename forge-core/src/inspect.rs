@@ -24,6 +24,9 @@ crate::sql_enum! {
         LeaderReleased = "leader_released",
         /// A follower ended the session of a leader whose lease had expired.
         LeaderFenced = "leader_fenced",
+        /// A leader lost its leadership without handing over, as it saw it (`detail.reason`:
+        /// deadline, deposed, renewal_failed); recorded best effort once it reaches the database.
+        LeaderLost = "leader_lost",
         /// A node started.
         NodeJoined = "node_joined",
         /// A node stopped gracefully.
@@ -38,6 +41,9 @@ crate::sql_enum! {
         NodeRejoined = "node_rejoined",
         /// A departed node was removed from the registry (`forget_after`).
         NodeForgotten = "node_forgotten",
+        /// An operator's write through the admin API or the CLI (`detail.action`,
+        /// `detail.subject`, `detail.by`).
+        AdminAction = "admin_action",
     }
 }
 
@@ -270,6 +276,44 @@ pub struct SeriesPoint {
     pub value: f64,
 }
 
+/// What a write to one item did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", content = "reason", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Change {
+    /// Done.
+    Applied,
+    /// No such item.
+    NotFound,
+    /// Not possible in the item's state, for this reason (for example: deleting a running
+    /// job).
+    Refused(String),
+}
+
+/// Records an operator's write in the events history (kind `admin_action`), on `executor`: a
+/// transaction makes the record part of the write.
+pub async fn audit<'e, E>(
+    executor: E,
+    namespace: &LockNamespace,
+    action: &str,
+    subject: &str,
+    by: &str,
+    detail: serde_json::Value,
+) -> Result<()>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Postgres>,
+{
+    sqlx::query("SELECT forge.audit($1, $2, $3, $4, $5)")
+        .bind(namespace)
+        .bind(action)
+        .bind(subject)
+        .bind(by)
+        .bind(detail)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
 /// The cluster's read models (leaders, history, events, nodes, series) for one namespace.
 #[derive(Clone, Debug)]
 pub struct Cluster {
@@ -297,6 +341,35 @@ impl Cluster {
     /// The namespace it reads.
     pub fn namespace(&self) -> &LockNamespace {
         &self.namespace
+    }
+
+    /// Asks the leader of `role` to hand over gracefully; `by` (who and from where) goes to
+    /// the audit trail. The request travels through the database, so any node - or a process
+    /// that is no node - may ask. The leader drains its leader-only work, releases, and stays
+    /// out of the campaign for two `check_interval`s plus `lock_timeout`, so that a follower
+    /// wins (when there is none, it leads again after that pause). Returns the epoch asked to
+    /// step down, or `None` when the role has no live leader. Best effort: a leader whose
+    /// notification session is down at that moment does not hear the request.
+    pub async fn step_down(&self, role: &Role, by: &str) -> Result<Option<Epoch>> {
+        let epoch: Option<i64> = sqlx::query_scalar("SELECT forge.step_down($1, $2, $3)")
+            .bind(&self.namespace)
+            .bind(role)
+            .bind(by)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(epoch.map(Epoch))
+    }
+
+    /// Records an operator's write in the events history (kind `admin_action`). The write
+    /// actions of the read models record themselves; this is for writes made elsewhere.
+    pub async fn audit(
+        &self,
+        action: &str,
+        subject: &str,
+        by: &str,
+        detail: serde_json::Value,
+    ) -> Result<()> {
+        audit(&self.pool, &self.namespace, action, subject, by, detail).await
     }
 
     /// Every role's current (or last) leadership.

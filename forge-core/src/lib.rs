@@ -37,11 +37,10 @@ pub mod sql;
 mod util;
 
 pub use config::{
-    AdminConfig,
-    ClusterConfig, CoreConfig, DatabaseConfig, Env, LeaderElectionConfig, MembershipConfig,
-    MetricsConfig, NodeConfig, ProcessEnv, no_env,
+    AdminConfig, ClusterConfig, CoreConfig, DatabaseConfig, Env, LeaderElectionConfig,
+    MembershipConfig, MetricsConfig, NodeConfig, ProcessEnv, no_env,
 };
-pub use db::{MIGRATIONS, MigrationSource};
+pub use db::{MIGRATIONS, MIGRATIONS_TABLE, MigrationSource, migrator};
 pub use election::{LeaderInfo, RoleState};
 pub use error::{Error, Result, redact_url};
 pub use fence::FenceToken;

@@ -133,6 +133,15 @@ pub mod defs {
         "Rows the log_compactor leader deleted by retention, by table (on the node that led it)",
     );
 
+    /// Why a leadership ends: the `reason` label of [`LOSSES`].
+    pub const LOSS_REASONS: &[&str] = &[
+        "deadline",
+        "deposed",
+        "renewal_failed",
+        "shutdown",
+        "step_down",
+    ];
+
     /// Every metric of the core.
     pub const ALL: &[&MetricDef] = &[
         &CLUSTER_NODES,
@@ -276,6 +285,20 @@ impl Metrics {
             .register_histogram(&key(def.name, labels), &METADATA)
     }
 
+    /// Exports a series before its first event: a counter at 0, a gauge at 0 unless it is
+    /// set already, a histogram with empty buckets. Prometheus computes `increase()` and
+    /// `rate()` from the samples it has, so a counter that first appears at 1 hides that first
+    /// increment: every counter of a known label set is exported from the node's start (see
+    /// [`Assembly::export_series`](crate::Assembly::export_series)). Idempotent: a series
+    /// that exists keeps its value. `labels` must be in the order the recording code uses.
+    pub fn export_zero(&self, def: &MetricDef, labels: &[(&'static str, &str)]) {
+        match def.kind {
+            MetricKind::Counter => drop(self.counter(def, labels)),
+            MetricKind::Gauge => drop(self.gauge(def, labels)),
+            MetricKind::Histogram => drop(self.histogram(def, labels)),
+        }
+    }
+
     /// The counters this node publishes to the cluster.
     pub fn tally(&self) -> &Tally {
         &self.tally
@@ -316,6 +339,11 @@ fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
     )
 }
 
+/// The `session` label of a role's lock session in `forge_db_reconnects_total`.
+pub(crate) fn lock_session(role: &crate::Role) -> String {
+    format!("lock:{}", role.name())
+}
+
 /// Checks the naming conventions of a crate's definitions (each crate's tests call it).
 pub fn check_conventions(defs: &[&MetricDef]) -> std::result::Result<(), String> {
     for def in defs {
@@ -353,6 +381,43 @@ mod tests {
         );
         assert!(
             text.contains("forge_leader_elections_total{role=\"scheduler\"} 2"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn exported_series_render_at_zero_and_keep_their_value() {
+        let metrics = Metrics::new();
+        let labels = [("role", "scheduler")];
+        metrics
+            .gauge(&defs::IS_LEADER, &[("role", "billing")])
+            .set(1.0);
+        metrics.export_zero(&defs::FAILOVERS, &labels);
+        metrics.export_zero(&defs::IS_LEADER, &labels);
+        metrics.export_zero(&defs::IS_LEADER, &[("role", "billing")]);
+        metrics.export_zero(&defs::HANDOFF, &labels);
+        let text = metrics.render();
+        assert!(
+            text.contains("forge_leader_failovers_total{role=\"scheduler\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("forge_leader_is_leader{role=\"scheduler\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("forge_leader_is_leader{role=\"billing\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("forge_leader_handoff_seconds_count{role=\"scheduler\"} 0"),
+            "{text}"
+        );
+        metrics.counter(&defs::FAILOVERS, &labels).increment(1);
+        metrics.export_zero(&defs::FAILOVERS, &labels);
+        let text = metrics.render();
+        assert!(
+            text.contains("forge_leader_failovers_total{role=\"scheduler\"} 1"),
             "{text}"
         );
     }

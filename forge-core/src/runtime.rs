@@ -28,7 +28,7 @@ use crate::election::{Campaign, LeaderTask, RoleHandle, RoleState, lock_applicat
 use crate::error::{Error, Result};
 use crate::leadership::Leadership;
 use crate::membership::{self, LEADER_CHANNEL, ListenerEvent, Membership, NodeInfo};
-use crate::metrics::{MetricDef, Metrics};
+use crate::metrics::{MetricDef, Metrics, defs};
 use crate::role::{LockNamespace, NodeId, Role};
 
 /// Work that plugs into a node: the crons, the job queue, the built-in roles' duties, or your
@@ -45,6 +45,12 @@ pub trait Component: Send + 'static {
 
 type Service = Box<dyn FnOnce(NodeContext) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
+type ExportedSeries = (
+    Option<Role>,
+    &'static MetricDef,
+    Vec<(&'static str, String)>,
+);
+
 /// A node being assembled: what every component contributes, before anything connects.
 pub struct Assembly {
     config: CoreConfig,
@@ -56,10 +62,13 @@ pub struct Assembly {
     drain_budget: Duration,
     migrations: Vec<MigrationSource>,
     metric_defs: Vec<&'static MetricDef>,
+    /// Series exported from the start: (only when campaigning for this role, metric, labels).
+    series: Vec<ExportedSeries>,
     queues: BTreeMap<String, u32>,
     pruners: Vec<Pruner>,
     app_migrator: Option<Migrator>,
     version: String,
+    admin_url: Option<String>,
 }
 
 impl Assembly {
@@ -82,9 +91,11 @@ impl Assembly {
             ],
             migrations: db::MIGRATIONS.to_vec(),
             metric_defs: Vec::new(),
+            series: Vec::new(),
             queues: BTreeMap::new(),
             pruners: Vec::new(),
             app_migrator: None,
+            admin_url: None,
             version: format!("forge {}", env!("CARGO_PKG_VERSION")),
         };
         let cluster = assembly.config.cluster.clone();
@@ -186,6 +197,27 @@ impl Assembly {
         self
     }
 
+    /// Exports a series of one of the component's metrics as soon as the node starts, before
+    /// its first event: a counter at 0 (so that Prometheus' `increase()` sees the first
+    /// increment), a gauge at 0, a histogram with empty buckets. Call it for every label set the component knows at install
+    /// time (each cron and outcome, each queue and job kind), with the labels in the order the
+    /// recording code uses. With `role`, only when this node campaigns for the role (series
+    /// that only its leader records). The core exports its own series (every role campaigned
+    /// for, the node session, the pruned tables) itself.
+    pub fn export_series(
+        &mut self,
+        role: Option<&Role>,
+        def: &'static MetricDef,
+        labels: &[(&'static str, &str)],
+    ) -> &mut Self {
+        self.series.push((
+            role.cloned(),
+            def,
+            labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
+        ));
+        self
+    }
+
     /// Registers the pruning of a table the component owns: the `log_compactor` leader calls
     /// `forge.<function>(namespace, role, epoch, tenure, retention_ms, limit)` every
     /// `[cluster] compaction_interval` until it deletes fewer than `limit` rows. The function
@@ -213,6 +245,12 @@ impl Assembly {
     /// The application's version, shown in membership (default: FORGE's own).
     pub fn version(&mut self, version: impl Into<String>) -> &mut Self {
         self.version = version.into();
+        self
+    }
+
+    /// The URL of the admin API this node serves, shown in membership (`forge.nodes.admin_url`).
+    pub fn admin_url(&mut self, url: impl Into<String>) -> &mut Self {
+        self.admin_url = Some(url.into());
         self
     }
 
@@ -274,6 +312,7 @@ impl Assembly {
     /// migrations, joins the cluster (refusing a duplicate node id), and starts campaigning
     /// and the services.
     pub async fn start(mut self) -> Result<Runtime> {
+        let pruned_tables: Vec<&'static str> = self.pruners.iter().map(|p| p.table).collect();
         let pruners = Arc::new(std::mem::take(&mut self.pruners));
         let every = self.config.cluster.compaction_interval;
         self.leader_task(Role::LOG_COMPACTOR, "compaction", move |leadership| {
@@ -286,6 +325,7 @@ impl Assembly {
             None => Metrics::new(),
         };
         metrics.describe(&self.metric_defs);
+        self.export_at_start(&metrics, &campaigned, &pruned_tables);
         let pool = db::pool(&self.config.database, self.options("pool")?);
         let shutdown = CancellationToken::new();
         let (events, _) = broadcast::channel(1024);
@@ -343,6 +383,42 @@ impl Assembly {
                 drain_budget: self.drain_budget,
             }),
         })
+    }
+
+    /// Every counter and histogram (and `forge_leader_is_leader`) of a known label set, at 0
+    /// before the first event: the core's for each role campaigned for, the node session and the pruned
+    /// tables, then the components' ([`Assembly::export_series`]).
+    fn export_at_start(&self, metrics: &Metrics, campaigned: &[Role], pruned_tables: &[&str]) {
+        metrics.export_zero(&defs::RECONNECTS, &[("session", "node")]);
+        for role in campaigned {
+            let labels = [("role", role.name())];
+            for def in [
+                &defs::IS_LEADER,
+                &defs::ELECTIONS,
+                &defs::FAILOVERS,
+                &defs::LOCK_CONFLICTS,
+                &defs::HANDOFF,
+            ] {
+                metrics.export_zero(def, &labels);
+            }
+            for reason in defs::LOSS_REASONS {
+                metrics.export_zero(&defs::LOSSES, &[("role", role.name()), ("reason", reason)]);
+            }
+            let session = crate::metrics::lock_session(role);
+            metrics.export_zero(&defs::RECONNECTS, &[("session", &session)]);
+            if *role == Role::LOG_COMPACTOR {
+                for table in pruned_tables {
+                    metrics.export_zero(&defs::PRUNED, &[("table", table)]);
+                }
+            }
+        }
+        for (role, def, labels) in &self.series {
+            if role.as_ref().is_none_or(|role| campaigned.contains(role)) {
+                let labels: Vec<(&'static str, &str)> =
+                    labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                metrics.export_zero(def, &labels);
+            }
+        }
     }
 
     fn options(&self, purpose: &str) -> Result<sqlx::postgres::PgConnectOptions> {
@@ -406,7 +482,7 @@ impl Assembly {
                 version: self.version.clone(),
                 roles: handles.iter().map(|h| h.role.name().to_owned()).collect(),
                 queues: serde_json::Value::Object(queues),
-                admin_url: None,
+                admin_url: self.admin_url.clone(),
             },
             options: self.options("node")?,
             config: self.config.cluster.membership.clone(),

@@ -4,7 +4,7 @@
 //! ([`forge_core::inspect`]); shared by the admin API, the CLI and the dashboard.
 
 use chrono::{DateTime, TimeDelta, Utc};
-use forge_core::inspect::{Page, PageRequest};
+use forge_core::inspect::{Change, Page, PageRequest, audit};
 use forge_core::{LockNamespace, Result};
 use forge_cron::Schedule;
 use serde::Serialize;
@@ -12,7 +12,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 
 use crate::cron::TickState;
-use crate::jobs::{JobId, JobInfo, JobState};
+use crate::jobs::{CancelOutcome, JobId, JobInfo, JobState};
 
 /// A cron the cluster knows (registered by some node).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -30,6 +30,8 @@ pub struct CronView {
     pub paused_at: Option<DateTime<Utc>>,
     /// Who paused it.
     pub paused_by: Option<String>,
+    /// A "trigger now" waiting for the role's leader: the instant its manual tick will have.
+    pub trigger_requested_at: Option<DateTime<Utc>>,
     /// Its next tick (`None`: the expression does not parse here, or never fires again).
     pub next_run: Option<DateTime<Utc>>,
     /// Its newest tick in the ledger.
@@ -65,6 +67,8 @@ pub struct TickView {
     pub error: Option<String>,
     /// How late it was claimed, in milliseconds.
     pub lag_ms: f64,
+    /// Run on an operator's request ("trigger now"), not on the schedule.
+    pub manual: bool,
 }
 
 /// A queue's figures.
@@ -85,6 +89,8 @@ pub struct QueueView {
     pub dead: i64,
     /// How long the oldest available job has been due, in seconds (0: none).
     pub oldest_available_age_s: f64,
+    /// Paused: no node claims its jobs until it is resumed.
+    pub paused: bool,
 }
 
 /// Which jobs to list.
@@ -162,15 +168,298 @@ impl Workload {
     }
 
     async fn set_paused(&self, name: &str, paused: bool, by: &str) -> Result<bool> {
-        Ok(
-            sqlx::query_scalar("SELECT forge.cron_set_paused($1, $2, $3, $4)")
+        let mut tx = self.pool.begin().await?;
+        let known: bool = sqlx::query_scalar("SELECT forge.cron_set_paused($1, $2, $3, $4)")
+            .bind(&self.namespace)
+            .bind(name)
+            .bind(paused)
+            .bind(by)
+            .fetch_one(&mut *tx)
+            .await?;
+        if known {
+            let action = if paused { "pause_cron" } else { "resume_cron" };
+            audit(
+                &mut *tx,
+                &self.namespace,
+                action,
+                name,
+                by,
+                serde_json::json!({}),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(known)
+    }
+
+    /// Asks for a run of the cron now ("trigger now"): whichever node leads its role runs it
+    /// once, as a manual tick at the returned instant, under the cron's overlap rule (a run
+    /// still going is waited for), even while the cron is paused. A request made while
+    /// another is pending returns the pending one's instant. `None` when the cluster knows no
+    /// such cron.
+    pub async fn trigger_cron(&self, name: &str, by: &str) -> Result<Option<DateTime<Utc>>> {
+        Ok(sqlx::query_scalar("SELECT forge.cron_trigger($1, $2, $3)")
+            .bind(&self.namespace)
+            .bind(name)
+            .bind(by)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Makes a job available again now, with room for one more attempt (from dead,
+    /// cancelled, completed, retryable or scheduled). Refused while it runs.
+    pub async fn retry_job(&self, id: JobId, by: &str) -> Result<Change> {
+        let mut tx = self.pool.begin().await?;
+        let Some(state) = self.state_of(&mut tx, id).await? else {
+            return Ok(Change::NotFound);
+        };
+        let change = match state {
+            JobState::Running => Change::Refused("the job is running".to_owned()),
+            JobState::Available => Change::Applied,
+            _ => {
+                sqlx::query("SELECT forge.jobs_retry_now($1, $2)")
+                    .bind(&self.namespace)
+                    .bind(vec![id.0])
+                    .execute(&mut *tx)
+                    .await?;
+                Change::Applied
+            }
+        };
+        self.audit_one(tx, "retry_job", id, by, &change).await?;
+        Ok(change)
+    }
+
+    /// Cancels a job: at once when it waits; a running job's node is asked to stop it (and
+    /// records it cancelled unless the attempt completes first). Refused when it finished.
+    pub async fn cancel_job(&self, id: JobId, by: &str) -> Result<Change> {
+        let mut tx = self.pool.begin().await?;
+        if self.state_of(&mut tx, id).await?.is_none() {
+            return Ok(Change::NotFound);
+        }
+        let change = match crate::jobs::cancel(&mut *tx, id).await? {
+            CancelOutcome::Cancelled | CancelOutcome::Requested => Change::Applied,
+            CancelOutcome::Finished(state) => Change::Refused(format!("the job is {state}")),
+            CancelOutcome::NotFound => Change::NotFound,
+        };
+        self.audit_one(tx, "cancel_job", id, by, &change).await?;
+        Ok(change)
+    }
+
+    /// Deletes a job that is not running (cancel a running one first).
+    pub async fn delete_job(&self, id: JobId, by: &str) -> Result<Change> {
+        let mut tx = self.pool.begin().await?;
+        let Some(state) = self.state_of(&mut tx, id).await? else {
+            return Ok(Change::NotFound);
+        };
+        let change = if state == JobState::Running {
+            Change::Refused("the job is running: cancel it first".to_owned())
+        } else {
+            sqlx::query("DELETE FROM forge.jobs WHERE namespace = $1 AND id = $2")
                 .bind(&self.namespace)
-                .bind(name)
-                .bind(paused)
-                .bind(by)
-                .fetch_one(&self.pool)
-                .await?,
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            Change::Applied
+        };
+        self.audit_one(tx, "delete_job", id, by, &change).await?;
+        Ok(change)
+    }
+
+    /// [`Workload::retry_job`] for every job matching `filter` that is not running, in
+    /// batches. Returns how many were made available.
+    pub async fn retry_jobs(&self, filter: &JobFilter, by: &str) -> Result<u64> {
+        self.bulk(filter, by, "retry_jobs", RETRYABLE_STATES, |tx, ids| {
+            Box::pin(async move {
+                let done: Vec<i64> = sqlx::query_scalar("SELECT forge.jobs_retry_now($1, $2)")
+                    .bind(tx.1)
+                    .bind(ids)
+                    .fetch_all(&mut *tx.0)
+                    .await?;
+                Ok(done.len() as u64)
+            })
+        })
+        .await
+    }
+
+    /// [`Workload::cancel_job`] for every job matching `filter` that has not finished, in
+    /// batches. Returns how many were cancelled or asked to stop.
+    pub async fn cancel_jobs(&self, filter: &JobFilter, by: &str) -> Result<u64> {
+        self.bulk(filter, by, "cancel_jobs", CANCELLABLE_STATES, |tx, ids| {
+            Box::pin(async move {
+                let mut n = 0;
+                for id in ids {
+                    if matches!(
+                        crate::jobs::cancel(&mut *tx.0, JobId(id)).await?,
+                        CancelOutcome::Cancelled | CancelOutcome::Requested
+                    ) {
+                        n += 1;
+                    }
+                }
+                Ok(n)
+            })
+        })
+        .await
+    }
+
+    /// [`Workload::delete_job`] for every job matching `filter` that is not running, in
+    /// batches. Returns how many were deleted.
+    pub async fn delete_jobs(&self, filter: &JobFilter, by: &str) -> Result<u64> {
+        self.bulk(filter, by, "delete_jobs", DELETABLE_STATES, |tx, ids| {
+            Box::pin(async move {
+                let done = sqlx::query(
+                    "DELETE FROM forge.jobs WHERE namespace = $1 AND id = ANY ($2) AND state <> 'running'",
+                )
+                .bind(tx.1)
+                .bind(ids)
+                .execute(&mut *tx.0)
+                .await?;
+                Ok(done.rows_affected())
+            })
+        })
+        .await
+    }
+
+    /// Pauses a queue: no node claims its jobs (running ones finish) until it is resumed.
+    /// Any queue name may be paused, also one no node works yet.
+    pub async fn pause_queue(&self, queue: &str, by: &str) -> Result<bool> {
+        self.set_queue_paused(queue, true, by).await
+    }
+
+    /// Resumes a paused queue; its workers claim at once. False when it was not paused.
+    pub async fn resume_queue(&self, queue: &str, by: &str) -> Result<bool> {
+        self.set_queue_paused(queue, false, by).await
+    }
+
+    async fn set_queue_paused(&self, queue: &str, paused: bool, by: &str) -> Result<bool> {
+        crate::jobs::validate_queue(queue)
+            .map_err(|message| forge_core::Error::InvalidInput { message })?;
+        let mut tx = self.pool.begin().await?;
+        let was: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM forge.queues WHERE namespace = $1 AND queue = $2)",
         )
+        .bind(&self.namespace)
+        .bind(queue)
+        .fetch_one(&mut *tx)
+        .await?;
+        if was == paused {
+            return Ok(paused);
+        }
+        sqlx::query("SELECT forge.queue_set_paused($1, $2, $3, $4)")
+            .bind(&self.namespace)
+            .bind(queue)
+            .bind(paused)
+            .bind(by)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// A job's state, its row locked for the transaction; `None`: no such job here.
+    async fn state_of(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        id: JobId,
+    ) -> Result<Option<JobState>> {
+        Ok(sqlx::query_scalar(
+            "SELECT state FROM forge.jobs WHERE namespace = $1 AND id = $2 FOR UPDATE",
+        )
+        .bind(&self.namespace)
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?)
+    }
+
+    /// Records a one-job action in the audit trail (when it did something) and commits.
+    async fn audit_one(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        action: &str,
+        id: JobId,
+        by: &str,
+        change: &Change,
+    ) -> Result<()> {
+        if *change == Change::Applied {
+            audit(
+                &mut *tx,
+                &self.namespace,
+                action,
+                &id.to_string(),
+                by,
+                serde_json::json!({}),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Applies `apply` to the jobs matching `filter` (and in `states`), a batch of ids per
+    /// transaction, until none is left; one audit record with the filter and the count.
+    async fn bulk<F>(
+        &self,
+        filter: &JobFilter,
+        by: &str,
+        action: &str,
+        states: &[JobState],
+        apply: F,
+    ) -> Result<u64>
+    where
+        F: for<'t> Fn(
+            (&'t mut sqlx::PgConnection, &'t LockNamespace),
+            Vec<i64>,
+        ) -> futures_util::future::BoxFuture<'t, Result<u64>>,
+    {
+        let wanted: Vec<&str> = states
+            .iter()
+            .filter(|s| filter.states.is_empty() || filter.states.contains(s))
+            .map(|s| s.as_str())
+            .collect();
+        let mut total = 0u64;
+        let mut after = 0i64;
+        loop {
+            let mut tx = self.pool.begin().await?;
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "SELECT id FROM forge.jobs
+                  WHERE namespace = $1 AND state = ANY ($2)
+                    AND ($3::text IS NULL OR queue = $3)
+                    AND ($4::text IS NULL OR kind = $4)
+                    AND ($5::jsonb IS NULL OR args @> $5)
+                    AND id > $6
+                  ORDER BY id LIMIT $7
+                    FOR UPDATE SKIP LOCKED",
+            )
+            .bind(&self.namespace)
+            .bind(&wanted)
+            .bind(filter.queue.as_deref())
+            .bind(filter.kind.as_deref())
+            .bind(filter.args.as_ref())
+            .bind(after)
+            .bind(BULK_BATCH)
+            .fetch_all(&mut *tx)
+            .await?;
+            let Some(&last) = ids.last() else {
+                break;
+            };
+            after = last;
+            let full = ids.len() as i64 == BULK_BATCH;
+            total += apply((&mut *tx, &self.namespace), ids).await?;
+            tx.commit().await?;
+            if !full {
+                break;
+            }
+        }
+        let detail = serde_json::json!({
+            "count": total,
+            "filter": {
+                "states": wanted,
+                "queue": filter.queue,
+                "kind": filter.kind,
+                "args": filter.args,
+            },
+        });
+        audit(&self.pool, &self.namespace, action, "jobs", by, detail).await?;
+        Ok(total)
     }
 
     /// Jobs matching `filter`, newest first (the cursor is the job id).
@@ -214,16 +503,21 @@ impl Workload {
         row.as_ref().map(JobInfo::from_row).transpose()
     }
 
-    /// Every queue with unfinished or dead jobs, by name.
+    /// Every queue with unfinished or dead jobs, or paused, by name.
     pub async fn queues(&self) -> Result<Vec<QueueView>> {
-        let rows = sqlx::query("SELECT * FROM forge.jobs_figures($1) ORDER BY queue")
-            .bind(&self.namespace)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(
+            "SELECT f.queue, f.state, f.n, f.oldest_age_s FROM forge.jobs_figures($1) f
+             UNION ALL
+             SELECT q.queue, NULL, 0, NULL FROM forge.queues q WHERE q.namespace = $1
+             ORDER BY 1",
+        )
+        .bind(&self.namespace)
+        .fetch_all(&self.pool)
+        .await?;
         let mut queues: Vec<QueueView> = Vec::new();
         for row in rows {
             let queue: String = row.try_get("queue")?;
-            let state: JobState = row.try_get("state")?;
+            let state: Option<JobState> = row.try_get("state")?;
             let n: i64 = row.try_get("n")?;
             let age: Option<f64> = row.try_get("oldest_age_s")?;
             if queues.last().is_none_or(|q| q.queue != queue) {
@@ -233,6 +527,10 @@ impl Workload {
                 });
             }
             let Some(view) = queues.last_mut() else {
+                continue;
+            };
+            let Some(state) = state else {
+                view.paused = true;
                 continue;
             };
             match state {
@@ -252,26 +550,56 @@ impl Workload {
     }
 }
 
+/// Jobs per bulk transaction.
+const BULK_BATCH: i64 = 1000;
+
+/// States a job can be retried from.
+const RETRYABLE_STATES: &[JobState] = &[
+    JobState::Scheduled,
+    JobState::Retryable,
+    JobState::Completed,
+    JobState::Cancelled,
+    JobState::Dead,
+];
+
+/// States a job can be deleted from.
+const DELETABLE_STATES: &[JobState] = &[
+    JobState::Available,
+    JobState::Scheduled,
+    JobState::Retryable,
+    JobState::Completed,
+    JobState::Cancelled,
+    JobState::Dead,
+];
+
+/// States a job can be cancelled from.
+const CANCELLABLE_STATES: &[JobState] = &[
+    JobState::Available,
+    JobState::Scheduled,
+    JobState::Retryable,
+    JobState::Running,
+];
+
 /// The crons with their newest tick and their last day's skipped ticks; `$1` namespace.
 const CRONS_SQL: &str = "SELECT c.name, c.role, c.expression, c.timezone, c.paused_at,
-        c.paused_by, c.first_seen_at, c.last_seen_by, t.*,
+        c.paused_by, c.trigger_requested_at, c.first_seen_at, c.last_seen_by, t.*,
         (SELECT count(*) FROM forge.cron_ticks s
           WHERE s.namespace = c.namespace AND s.cron = c.name AND s.state = 'skipped'
             AND s.scheduled_at > clock_timestamp() - interval '24 hours') AS skipped_24h,
         (SELECT count(*) FROM forge.cron_ticks s
-          WHERE s.namespace = c.namespace AND s.cron = c.name
+          WHERE s.namespace = c.namespace AND s.cron = c.name AND NOT s.manual
             AND s.scheduled_at > clock_timestamp() - interval '24 hours') AS rows_24h
    FROM forge.crons c
    LEFT JOIN LATERAL (
         SELECT scheduled_at, state, attempt, node_id, epoch, claimed_at, finished_at, error,
-               extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000 AS lag_ms
+               manual, extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000 AS lag_ms
           FROM forge.cron_ticks x
          WHERE x.namespace = c.namespace AND x.cron = c.name
          ORDER BY x.scheduled_at DESC LIMIT 1) t ON true
   WHERE c.namespace = $1";
 
 const TICKS_SQL: &str = "SELECT scheduled_at, state, attempt, node_id, epoch, claimed_at,
-        finished_at, error, extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000 AS lag_ms
+        finished_at, error, manual, extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000 AS lag_ms
    FROM forge.cron_ticks";
 
 fn tick_from_row(row: &PgRow) -> Result<TickView> {
@@ -285,6 +613,7 @@ fn tick_from_row(row: &PgRow) -> Result<TickView> {
         finished_at: row.try_get("finished_at")?,
         error: row.try_get("error")?,
         lag_ms: row.try_get("lag_ms")?,
+        manual: row.try_get("manual")?,
     })
 }
 
@@ -313,6 +642,7 @@ fn cron_from_row(row: &PgRow) -> Result<CronView> {
         timezone,
         paused_at: row.try_get("paused_at")?,
         paused_by: row.try_get("paused_by")?,
+        trigger_requested_at: row.try_get("trigger_requested_at")?,
         last,
         skipped_24h: row.try_get("skipped_24h")?,
         missing_24h,

@@ -1,6 +1,9 @@
 //! The scheduler's metrics: crons and jobs. Names are spelled here only.
 
 use forge_core::metrics::MetricDef;
+use forge_core::{Assembly, Role};
+
+use crate::cron::TickState;
 
 /// `forge_cron_lag_seconds{cron, role}`
 pub(crate) const CRON_LAG: MetricDef = MetricDef::histogram(
@@ -111,6 +114,46 @@ pub(crate) const JOB_METRICS: &[&MetricDef] = &[
     &JOB_OLDEST_AGE,
     &JOB_DEAD_JOBS,
 ];
+
+/// The counters and histograms of a (queue, job kind), all exported at 0 from the node's
+/// start.
+const JOB_SERIES: &[&MetricDef] = &[
+    &JOB_ENQUEUED,
+    &JOB_COMPLETED,
+    &JOB_FAILED,
+    &JOB_RETRIED,
+    &JOB_DEAD,
+    &JOB_CANCELLED,
+    &JOB_RESCUED,
+    &JOB_DURATION,
+    &JOB_PICKUP,
+];
+
+/// Exports a cron's counters and histograms at 0 from the start (runs by outcome, missed
+/// ticks, lag, duration) on nodes that campaign for its role: Prometheus sees a first
+/// failure, a first missed tick, a first late run.
+pub(crate) fn export_cron(node: &mut Assembly, cron: &str, role: &Role) {
+    for outcome in TickState::ALL {
+        if *outcome != TickState::Running {
+            let labels = [
+                ("cron", cron),
+                ("role", role.name()),
+                ("outcome", outcome.as_str()),
+            ];
+            node.export_series(Some(role), &CRON_RUNS, &labels);
+        }
+    }
+    for def in [&CRON_MISSED, &CRON_LAG, &CRON_DURATION] {
+        node.export_series(Some(role), def, &[("cron", cron), ("role", role.name())]);
+    }
+}
+
+/// Exports the counters and histograms of a job kind on a queue at 0 from the start.
+pub(crate) fn export_job(node: &mut Assembly, queue: &str, kind: &str) {
+    for def in JOB_SERIES {
+        node.export_series(None, def, &[("queue", queue), ("kind", kind)]);
+    }
+}
 
 #[cfg(test)]
 mod tests {

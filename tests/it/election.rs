@@ -128,6 +128,29 @@ async fn roles_fail_over_independently_when_a_lock_session_is_terminated() {
         history[1].3,
         "a terminated leader is a failover: {history:?}"
     );
+    // The deposed leader records its loss, as it saw it, once it reaches the database.
+    let old_id = nodes[old].id().to_string();
+    let reason: String = wait_until(
+        "the deposed leader's leader_lost event",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            sqlx::query_scalar(
+                "SELECT detail->>'reason' FROM forge.events
+                  WHERE kind = 'leader_lost' AND role = 'scheduler' AND node_id = $1 AND epoch = 1",
+            )
+            .bind(&old_id)
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        ["deposed", "deadline", "renewal_failed"].contains(&reason.as_str()),
+        "{reason}"
+    );
     for node in &nodes {
         node.shutdown().await;
     }

@@ -461,7 +461,15 @@ async fn a_promoted_standby_that_missed_the_last_election_accepts_no_stale_write
     .unwrap();
     assert_eq!(cut, 1);
     assert_eq!(wait_leads(&on_primary, "scheduler", "b").await, 2);
-    let stale = b.leadership(&Role::SCHEDULER).unwrap().fence_token();
+    // (The database row is written by the campaign just before the node takes the tenure.)
+    let stale = wait_until(
+        "b to hold its tenure",
+        SOON,
+        Duration::from_millis(5),
+        || async { b.leadership(&Role::SCHEDULER).map(|l| l.fence_token()) },
+    )
+    .await
+    .unwrap();
     drop(on_primary);
     // Failover: promote the standby (it never saw epoch 2), move the address, kill the old
     // primary.

@@ -143,7 +143,7 @@ async fn a_job_runs_once_and_is_counted() {
             async move {
                 (metric(
                     &text,
-                    r#"forge_job_completed_total{queue="default",job="plain"}"#,
+                    r#"forge_job_completed_total{queue="default",kind="plain"}"#,
                 ) == Some(1.0))
                 .then_some(text)
             }
@@ -152,9 +152,9 @@ async fn a_job_runs_once_and_is_counted() {
     .await
     .unwrap();
     for expected in [
-        r#"forge_job_enqueued_total{queue="default",job="plain"} 1"#,
-        r#"forge_job_duration_seconds_count{queue="default",job="plain"} 1"#,
-        r#"forge_job_pickup_latency_seconds_count{queue="default",job="plain"} 1"#,
+        r#"forge_job_enqueued_total{queue="default",kind="plain"} 1"#,
+        r#"forge_job_duration_seconds_count{queue="default",kind="plain"} 1"#,
+        r#"forge_job_pickup_latency_seconds_count{queue="default",kind="plain"} 1"#,
         "# HELP forge_job_completed_total",
         "# HELP forge_job_pickup_latency_seconds",
     ] {
@@ -215,7 +215,7 @@ async fn failed_attempts_are_retried_with_exponential_backoff_then_dead_lettered
     assert_eq!(job.attempt, 3);
     assert_eq!(job.errors.len(), 2);
 
-    let labels = r#"{queue="default",job="retrying"}"#;
+    let labels = r#"{queue="default",kind="retrying"}"#;
     // Counted once the worker has heard back from the database.
     let text = wait_until(
         "the outcomes to be counted",
@@ -604,7 +604,7 @@ async fn cancelling_queued_and_running_jobs() {
             async move {
                 (metric(
                     &text,
-                    r#"forge_job_cancelled_total{queue="default",job="plain"}"#,
+                    r#"forge_job_cancelled_total{queue="default",kind="plain"}"#,
                 ) == Some(1.0))
                 .then_some(())
             }
@@ -995,7 +995,7 @@ async fn the_aggregator_reports_queue_figures_and_the_compactor_prunes_finished_
             async move {
                 (metric(
                     &text,
-                    r#"forge_job_queue_depth{queue="mailers",job="mailer",state="available"}"#,
+                    r#"forge_job_queue_depth{queue="mailers",kind="mailer",state="available"}"#,
                 ) == Some(3.0))
                 .then_some(text)
             }

@@ -12,11 +12,24 @@
 //!   namespaces, application migrations, the SQL CHECK lists.
 //! * `faults`: database restarts and primary failover, long drains, half-open sessions,
 //!   duplicate node ids, undecodable rows, starved pools, cancels at shutdown.
+//! * `actions`: operators' writes (step-down, trigger now, job retry / cancel / delete one by
+//!   one and by filter, queue pause) and their audit trail.
+//! * `admin`: the admin HTTP API over real HTTP: every endpoint, tokens and read-only mode,
+//!   bad input, readiness while PostgreSQL is unreachable, the node serving `[admin] listen`.
+//! * `cli`: the `forge` command as a process against a real cluster: every command, tables
+//!   and JSON, doctor, migrations, bad input and exit codes.
+//! * `dashboard`: the dashboard in headless Chromium (WebDriver): every page, each role's
+//!   leader, a SIGKILLed leader's failover on the page, a dead job retried from the page.
 //! * `exactly_once`: transactional completion, catch-up, failed claims and outcomes, lost
 //!   replies, refused fences, a clock that runs ahead.
 
+mod actions;
+mod admin;
+mod alerts;
 mod bad_input;
+mod cli;
 mod cron;
+mod dashboard;
 mod election;
 mod exactly_once;
 mod faults;

@@ -515,14 +515,22 @@ async fn the_read_models_describe_leaders_history_events_nodes_jobs_and_queues()
         .await
         .unwrap();
     a.shutdown().await;
-    wait_single_leader(&[&b], &Role::SCHEDULER).await;
     let cluster = b.cluster();
-    let leaders = cluster.leaders().await.unwrap();
-    assert_eq!(leaders.len(), 3);
-    assert!(
-        leaders.iter().all(|l| l.node_id == "b" && l.is_led()),
-        "{leaders:?}"
-    );
+    let leaders = wait_until(
+        "b to lead every role",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            let leaders = cluster.leaders().await.unwrap();
+            leaders
+                .iter()
+                .all(|l| l.node_id == "b" && l.is_led())
+                .then_some(leaders)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(leaders.len(), 3, "{leaders:?}");
     let history = cluster
         .history(Some(&Role::SCHEDULER), PageRequest::first(10))
         .await

@@ -108,11 +108,14 @@ pub(crate) async fn wait_single_leader(nodes: &[&Node], role: &Role) -> (usize, 
 
 /// Leadership history of a role from `forge.events`: (epoch, node, event without its
 /// `leader_` prefix, failover).
+/// The leadership events of `role` (without `leader_lost`, which the losing node records in
+/// the background): (epoch, node, elected | released | fenced, failover).
 pub(crate) async fn events(pool: &PgPool, role: &str) -> Vec<(i64, String, String, bool)> {
     sqlx::query_as(
         "SELECT epoch, node_id, replace(kind, 'leader_', ''),
                 coalesce((detail->>'failover')::boolean, false)
-           FROM forge.events WHERE role = $1 AND kind LIKE 'leader_%' ORDER BY id",
+           FROM forge.events WHERE role = $1 AND kind LIKE 'leader_%' AND kind <> 'leader_lost'
+          ORDER BY id",
     )
     .bind(role)
     .fetch_all(pool)

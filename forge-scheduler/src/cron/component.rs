@@ -10,10 +10,10 @@ use forge_rules::{Name, check_duration, check_name};
 use tokio::sync::watch;
 use tracing::debug;
 
-use super::supervisor::{PauseBoard, Settings, supervise};
+use super::supervisor::{Settings, SharedBoard, supervise};
 use super::{CronJob, ledger};
 use crate::config::{CronConfig, invalid};
-use crate::metrics::CRON_METRICS;
+use crate::metrics::{CRON_METRICS, export_cron};
 
 /// The crons of a node, as a [`Component`]. The `forge` facade's `NodeBuilder` builds it from
 /// the registered crons.
@@ -87,10 +87,13 @@ impl Component for Crons {
         if self.crons.is_empty() {
             return Ok(());
         }
-        let paused: PauseBoard = Arc::new(watch::Sender::new(Default::default()));
+        for cron in &self.crons {
+            export_cron(node, &cron.name, &cron.role);
+        }
+        let board: SharedBoard = Arc::new(watch::Sender::new(Default::default()));
         let settings = Arc::new(Settings {
             misfire_threshold: self.config.misfire_threshold,
-            paused: paused.clone(),
+            board: board.clone(),
         });
         let mut by_role: BTreeMap<Role, Vec<CronJob>> = BTreeMap::new();
         for cron in &self.crons {
@@ -108,20 +111,22 @@ impl Component for Crons {
         }
         let crons = Arc::new(self.crons);
         node.listen(CHANNEL_PAUSED)
-            .service("cron-registry", move |ctx| registry(crons, paused, ctx));
+            .service("cron-registry", move |ctx| registry(crons, board, ctx));
         Ok(())
     }
 }
 
-/// A cron was paused or resumed: payload `<namespace> <cron>`.
+/// A cron was paused, resumed or triggered, or a manual run was claimed: payload
+/// `<namespace> <cron>`.
 const CHANNEL_PAUSED: &str = "forge_crons";
 
 /// The node's cron registry service: records this node's crons in `forge.crons`, then keeps
-/// the pause board current (a notification on `forge_crons`, or the node session restored).
-async fn registry(crons: Arc<Vec<CronJob>>, paused: PauseBoard, ctx: NodeContext) {
+/// the board (pauses, pending manual runs) current (a notification on `forge_crons`, or the
+/// node session restored).
+async fn registry(crons: Arc<Vec<CronJob>>, board: SharedBoard, ctx: NodeContext) {
     let mut events = ctx.subscribe();
     announce(crons, ctx.clone()).await;
-    refresh(&paused, &ctx).await;
+    refresh(&board, &ctx).await;
     loop {
         let event = tokio::select! {
             event = events.recv() => event,
@@ -136,17 +141,23 @@ async fn registry(crons: Arc<Vec<CronJob>>, paused: PauseBoard, ctx: NodeContext
             Ok(_) => false,
         };
         if stale {
-            refresh(&paused, &ctx).await;
+            refresh(&board, &ctx).await;
         }
     }
 }
 
-async fn refresh(paused: &PauseBoard, ctx: &NodeContext) {
-    match ledger::paused(ctx.pool(), ctx.namespace()).await {
-        Ok(names) => {
-            paused.send_replace(names);
+async fn refresh(board: &SharedBoard, ctx: &NodeContext) {
+    match ledger::board(ctx.pool(), ctx.namespace()).await {
+        Ok(read) => {
+            board.send_if_modified(|current| {
+                let changed = *current != read;
+                *current = read;
+                changed
+            });
         }
-        Err(err) => debug!(target: "forge::cron", error = %err, "cannot read paused crons"),
+        Err(err) => {
+            debug!(target: "forge::cron", error = %err, "cannot read paused and triggered crons")
+        }
     }
 }
 

@@ -52,20 +52,29 @@ pub(super) async fn claim(
     tick: DateTime<Utc>,
     state: TickState,
     note: Option<&str>,
+    manual: bool,
 ) -> Result<Claim, sqlx::Error> {
     let token = leadership.fence_token();
-    let row = sqlx::query("SELECT * FROM forge.tick_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+    // A manual tick ("trigger now") also answers its request.
+    let query = if manual {
+        sqlx::query("SELECT * FROM forge.tick_claim_manual($1, $2, $3, $4, $5, $6, $7)")
+    } else {
+        sqlx::query("SELECT * FROM forge.tick_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+    };
+    let query = query
         .bind(&token.namespace)
         .bind(&token.role)
         .bind(token.epoch)
         .bind(token.tenure)
         .bind(leadership.node_id())
         .bind(&cron.name)
-        .bind(tick)
-        .bind(state)
-        .bind(note)
-        .fetch_one(leadership.pool())
-        .await?;
+        .bind(tick);
+    let query = if manual {
+        query
+    } else {
+        query.bind(state).bind(note)
+    };
+    let row = query.fetch_one(leadership.pool()).await?;
     Ok(match row.try_get("outcome")? {
         ClaimOutcome::Claimed | ClaimOutcome::Ours => Claim::Claimed,
         ClaimOutcome::Early => {
@@ -177,18 +186,37 @@ pub(super) struct Resume {
     pub(super) interrupted: Vec<(DateTime<Utc>, i32, i64)>,
 }
 
-/// The names of the crons paused in the cluster.
-pub(super) async fn paused(
+/// What operators asked of the crons: which are paused, which have a "trigger now" pending.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Board {
+    /// The names of the crons paused in the cluster.
+    pub(super) paused: std::collections::BTreeSet<String>,
+    /// Pending manual runs: the cron and the instant of its manual tick.
+    pub(super) triggers: BTreeMap<String, DateTime<Utc>>,
+}
+
+/// Reads the [`Board`].
+pub(super) async fn board(
     pool: &sqlx::PgPool,
     namespace: &forge_core::LockNamespace,
-) -> Result<std::collections::BTreeSet<String>, sqlx::Error> {
-    let names: Vec<String> = sqlx::query_scalar(
-        "SELECT name FROM forge.crons WHERE namespace = $1 AND paused_at IS NOT NULL",
+) -> Result<Board, sqlx::Error> {
+    let rows: Vec<(String, bool, Option<DateTime<Utc>>)> = sqlx::query_as(
+        "SELECT name, paused_at IS NOT NULL, trigger_requested_at FROM forge.crons
+          WHERE namespace = $1 AND (paused_at IS NOT NULL OR trigger_requested_at IS NOT NULL)",
     )
     .bind(namespace)
     .fetch_all(pool)
     .await?;
-    Ok(names.into_iter().collect())
+    let mut board = Board::default();
+    for (name, paused, trigger) in rows {
+        if let Some(at) = trigger {
+            board.triggers.insert(name.clone(), at);
+        }
+        if paused {
+            board.paused.insert(name);
+        }
+    }
+    Ok(board)
 }
 
 /// Registers the role's crons, reads each one's frontier and interrupted ticks, and counts
@@ -213,7 +241,7 @@ pub(super) async fn load(
              RETURNING c.name, c.first_seen_at)
          SELECT up.name, up.first_seen_at,
                 (SELECT max(t.scheduled_at) FROM forge.cron_ticks t
-                  WHERE t.namespace = $1 AND t.cron = up.name) AS frontier
+                  WHERE t.namespace = $1 AND t.cron = up.name AND NOT t.manual) AS frontier
            FROM up",
     )
     .bind(namespace)

@@ -21,7 +21,6 @@
 //! short pause (the lease was being renewed), not taken as the end of the tenure. A tick the
 //! database says is not due yet (this node's clock runs ahead) is claimed when it is.
 
-use std::collections::BTreeSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,21 +33,22 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::ledger::{self, Claim, Finish, Resume};
+use super::ledger::{self, Board, Claim, Finish, Resume};
 use super::{CatchUp, CronContext, CronJob, Interrupted, Overlap, TickState};
 use crate::metrics::{CRON_DURATION, CRON_LAG, CRON_MISSED, CRON_RUNS, CRON_UNKNOWN};
 
 /// Attempts of one tick under [`Interrupted::Rerun`], the first included.
 const MAX_TICK_ATTEMPTS: i32 = 3;
 
-/// The crons paused in the cluster (`forge.crons.paused_at`), kept current by the node's
-/// cron-registry service (notifications on `forge_crons`) and by each tenure's load.
-pub(super) type PauseBoard = Arc<watch::Sender<BTreeSet<String>>>;
+/// The crons paused in the cluster and the pending manual runs (`forge.crons`), kept current
+/// by the node's cron-registry service (notifications on `forge_crons`) and by each tenure's
+/// load.
+pub(super) type SharedBoard = Arc<watch::Sender<Board>>;
 
 /// What every cron loop of a node shares.
 pub(super) struct Settings {
     pub(super) misfire_threshold: Duration,
-    pub(super) paused: PauseBoard,
+    pub(super) board: SharedBoard,
 }
 
 /// The leader task of one role's crons.
@@ -60,12 +60,12 @@ pub(super) async fn supervise(
     let mut delay = Duration::from_millis(100);
     let mut resume = loop {
         let loaded = async {
-            let paused = ledger::paused(leadership.pool(), leadership.namespace()).await?;
-            Ok::<_, sqlx::Error>((ledger::load(&crons, &leadership).await?, paused))
+            let board = ledger::board(leadership.pool(), leadership.namespace()).await?;
+            Ok::<_, sqlx::Error>((ledger::load(&crons, &leadership).await?, board))
         };
         match loaded.await {
-            Ok(((resume, unknown), paused)) => {
-                settings.paused.send_replace(paused);
+            Ok(((resume, unknown), board)) => {
+                settings.board.send_replace(board);
                 report_unknown(&leadership, &unknown);
                 break resume;
             }
@@ -108,7 +108,8 @@ fn report_unknown(leadership: &Leadership, unknown: &[(String, String)]) {
 
 /// One cron's loop for one tenure.
 async fn run_cron(cron: CronJob, leadership: Leadership, resume: Resume, settings: Arc<Settings>) {
-    let mut runs = Runs::new(cron.clone(), leadership.clone(), settings.paused.clone());
+    let mut runs = Runs::new(cron.clone(), leadership.clone(), settings.board.clone());
+    let mut board = settings.board.subscribe();
     for (at, attempt, epoch) in &resume.interrupted {
         runs.recover(*at, *attempt, *epoch).await;
     }
@@ -126,10 +127,26 @@ async fn run_cron(cron: CronJob, leadership: Leadership, resume: Resume, setting
             break;
         };
         cursor = tick;
-        let due = tokio::select! {
-            biased;
-            _ = leadership.stopping() => false,
-            _ = sleep_until_utc(tick) => true,
+        // Wait for the tick, running manual ticks asked for meanwhile.
+        let due = loop {
+            if let Some(at) = runs.pending_trigger() {
+                if !runs.fire_manual(at).await {
+                    break false;
+                }
+                continue;
+            }
+            tokio::select! {
+                biased;
+                _ = leadership.stopping() => break false,
+                _ = sleep_until_utc(tick) => break true,
+                changed = board.changed() => if changed.is_err() {
+                    // The board's sender lives as long as the node: not reached.
+                    break tokio::select! {
+                        _ = leadership.stopping() => false,
+                        _ = sleep_until_utc(tick) => true,
+                    };
+                },
+            }
         };
         // Behind: the following tick is due already. Then this one is backlog, not overlap.
         let behind = cron
@@ -191,7 +208,10 @@ fn backlog(
 struct Runs {
     cron: CronJob,
     leadership: Leadership,
-    paused: PauseBoard,
+    board: SharedBoard,
+    /// The newest manual tick this loop handled (its request may still show on the board
+    /// until the board is refreshed).
+    last_manual: Option<DateTime<Utc>>,
     /// Runs of ticks fired on time: the overlap policy is about these.
     on_time: JoinSet<()>,
     /// Runs of backlog ticks (caught up, rerun, or reached while behind).
@@ -208,11 +228,12 @@ enum Slot {
 }
 
 impl Runs {
-    fn new(cron: CronJob, leadership: Leadership, paused: PauseBoard) -> Runs {
+    fn new(cron: CronJob, leadership: Leadership, board: SharedBoard) -> Runs {
         Runs {
             cron,
             leadership,
-            paused,
+            board,
+            last_manual: None,
             on_time: JoinSet::new(),
             backlog: JoinSet::new(),
         }
@@ -235,7 +256,7 @@ impl Runs {
 
     /// Applies the pause and the overlap rules before a tick runs.
     async fn slot(&mut self, backlog: bool) -> Slot {
-        if self.paused.borrow().contains(&self.cron.name) {
+        if self.board.borrow().paused.contains(&self.cron.name) {
             return Slot::Skip("paused");
         }
         if self.cron.overlap == Overlap::Allow {
@@ -275,7 +296,7 @@ impl Runs {
             Slot::Run { .. } => (TickState::Running, None),
             Slot::Skip(why) => (TickState::Skipped, Some(why)),
         };
-        let retried = match self.claim(tick, state, note).await {
+        let retried = match self.claim(tick, state, note, false).await {
             Some((true, retried)) => retried,
             Some((false, _)) => return true,
             None => return false,
@@ -296,6 +317,34 @@ impl Runs {
         true
     }
 
+    /// A manual run asked for ("trigger now") and not handled yet: its tick's instant.
+    fn pending_trigger(&self) -> Option<DateTime<Utc>> {
+        let at = *self.board.borrow().triggers.get(&self.cron.name)?;
+        (self.last_manual.is_none_or(|last| at > last)).then_some(at)
+    }
+
+    /// Claims and runs a manual tick at `at`: after the runs in progress unless overlap is
+    /// allowed, paused or not (an operator asked for it). Returns false when this tenure can
+    /// no longer act.
+    async fn fire_manual(&mut self, at: DateTime<Utc>) -> bool {
+        self.last_manual = Some(at);
+        if !self.leadership.is_valid() || self.leadership.is_draining() {
+            return false;
+        }
+        if self.cron.overlap != Overlap::Allow {
+            self.wait_all().await;
+        }
+        match self.claim(at, TickState::Running, None, true).await {
+            Some((true, _)) => {
+                info!(target: "forge::cron", cron = %self.cron.name, tick = %at, "running a manual tick (trigger now)");
+                self.spawn_run(at, 1, true);
+                true
+            }
+            Some((false, _)) => true,
+            None => false,
+        }
+    }
+
     /// Claims a tick, retrying failures. `Some((true, retried))`: this tenure holds it, after
     /// failed tries or not; `Some((false, _))`: another tenure does; `None`: this leadership
     /// is over.
@@ -304,6 +353,7 @@ impl Runs {
         tick: DateTime<Utc>,
         state: TickState,
         note: Option<&str>,
+        manual: bool,
     ) -> Option<(bool, bool)> {
         let mut pause = Duration::from_millis(50);
         let mut retried = false;
@@ -314,7 +364,7 @@ impl Runs {
             }
             let claimed = tokio::time::timeout(
                 bound,
-                ledger::claim(&self.cron, &self.leadership, tick, state, note),
+                ledger::claim(&self.cron, &self.leadership, tick, state, note, manual),
             )
             .await;
             match claimed {

@@ -101,7 +101,7 @@ pub(super) struct KindMetrics {
 
 impl KindMetrics {
     pub(super) fn new(metrics: &forge_core::Metrics, queue: &str, kind: &str) -> KindMetrics {
-        let labels = [("queue", queue), ("job", kind)];
+        let labels = [("queue", queue), ("kind", kind)];
         KindMetrics {
             completed: metrics.counter(&JOB_COMPLETED, &labels),
             failed: metrics.counter(&JOB_FAILED, &labels),

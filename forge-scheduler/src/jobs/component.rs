@@ -19,7 +19,7 @@ use super::shared::{
 };
 use super::{JobRegistry, JobType, figures, maintenance, validate_queue, worker};
 use crate::config::{JobsConfig, invalid};
-use crate::metrics::JOB_METRICS;
+use crate::metrics::{JOB_METRICS, export_job};
 
 /// The job queue of a node, as a [`Component`]. The `forge` facade's `NodeBuilder` builds it
 /// from the registered jobs.
@@ -145,6 +145,16 @@ impl Component for JobQueue {
             return Ok(());
         }
         let (node_specs, role_specs) = self.specs()?;
+        // Labelled as the workers and the client label them: a type's declared queue, and
+        // every queue this node works for its kinds.
+        for ty in self.registry.types.values() {
+            export_job(node, &ty.options.queue, ty.kind);
+        }
+        for spec in &node_specs {
+            for kind in &spec.kinds {
+                export_job(node, &spec.queue, kind);
+            }
+        }
         let election = &node.config().cluster.leader_election;
         let (ready, _) = watch::channel(None);
         let shared = Arc::new(Shared {

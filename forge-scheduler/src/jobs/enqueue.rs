@@ -266,7 +266,7 @@ impl JobInfo {
 }
 
 /// Cancels a job (see [`CancelOutcome`]).
-async fn cancel<'c, E>(executor: E, id: JobId) -> Result<CancelOutcome>
+pub(crate) async fn cancel<'c, E>(executor: E, id: JobId) -> Result<CancelOutcome>
 where
     E: Executor<'c, Database = Postgres>,
 {
@@ -513,7 +513,7 @@ impl Jobs {
             for (job, result) in jobs.iter().zip(&results) {
                 if !result.is_duplicate() {
                     metrics
-                        .counter(&JOB_ENQUEUED, &[("queue", &job.queue), ("job", job.kind)])
+                        .counter(&JOB_ENQUEUED, &[("queue", &job.queue), ("kind", job.kind)])
                         .increment(1);
                 }
             }

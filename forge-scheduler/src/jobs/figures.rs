@@ -89,7 +89,7 @@ fn report(leadership: &Leadership, look: &Look, before: &Look) {
     for ((queue, kind, state), n) in &look.depth {
         m.gauge(
             &JOB_QUEUE_DEPTH,
-            &[("queue", queue), ("job", kind), ("state", state)],
+            &[("queue", queue), ("kind", kind), ("state", state)],
         )
         .set(*n);
     }
@@ -100,7 +100,7 @@ fn report(leadership: &Leadership, look: &Look, before: &Look) {
         {
             m.gauge(
                 &JOB_QUEUE_DEPTH,
-                &[("queue", queue), ("job", kind), ("state", state)],
+                &[("queue", queue), ("kind", kind), ("state", state)],
             )
             .set(0.0);
         }

@@ -126,6 +126,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 
 pub use component::JobQueue;
+pub(crate) use enqueue::cancel;
 pub use enqueue::{AttemptError, CancelOutcome, Enqueued, JobInfo, Jobs, NewJob};
 
 /// A durable job type, declared with `#[job]` (or implemented by hand, see the

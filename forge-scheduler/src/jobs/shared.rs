@@ -86,7 +86,7 @@ impl Shared {
 
 /// Counts rescued jobs in the metrics.
 pub(crate) fn record_rescue(metrics: &Metrics, queue: &str, kind: &str, state: &str, n: u64) {
-    let labels = [("queue", queue), ("job", kind)];
+    let labels = [("queue", queue), ("kind", kind)];
     metrics.counter(&JOB_RESCUED, &labels).increment(n);
     match state {
         "dead" => metrics.counter(&JOB_DEAD, &labels).increment(n),

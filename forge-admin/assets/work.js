@@ -1,0 +1,343 @@
+// The work's pages: Crons (list, one cron with its ticks) and Jobs (list with filters and bulk
+// actions, one job with each attempt's error).
+
+import { api, query } from './api.js';
+import {
+  h, replace, section, badge, table, definitions, time, fmtTime, fmtDuration, relative, fmtNumber,
+  button, confirmDialog,
+} from './ui.js';
+
+const enc = encodeURIComponent;
+
+// --- Crons -------------------------------------------------------------------------------
+
+function duration(from, to) {
+  return from && to ? fmtDuration(new Date(to) - new Date(from)) : '-';
+}
+
+function cronActions(ctx, c) {
+  if (!ctx.canWrite()) return null;
+  const verb = c.paused_at ? 'resume' : 'pause';
+  return h('span', { class: 'actions' },
+    button(c.paused_at ? 'Resume' : 'Pause', () => ctx.act(
+      () => api(`api/crons/${enc(c.name)}/${verb}`, { method: 'POST' }),
+      () => `Cron ${c.name} ${c.paused_at ? 'resumed' : 'paused'}.`,
+    ), { focus: `cron-${verb}-${c.name}`, action: `${verb}-cron`, kind: 'write' }),
+    ' ',
+    button('Trigger now', () => ctx.act(
+      () => api(`api/crons/${enc(c.name)}/trigger`, { method: 'POST' }),
+      (r) => `Cron ${c.name} triggered: a manual tick at ${fmtTime(r.scheduled_at, { ms: true })} runs on the ${c.role} leader.`,
+    ), { focus: `cron-trigger-${c.name}`, action: 'trigger-cron', kind: 'write' }));
+}
+
+function cronStatus(c) {
+  const parts = [];
+  if (c.paused_at) {
+    parts.push(h('span', { title: `paused ${c.paused_at} by ${c.paused_by || '?'}` }, badge('paused', 'warn')));
+  }
+  if (c.trigger_requested_at) {
+    parts.push(' ', h('span', { title: c.trigger_requested_at }, badge('trigger pending', 'info')));
+  }
+  return parts.length ? parts : badge('scheduled', 'good');
+}
+
+export function crons(ctx) {
+  if (ctx.rest[0]) return cronDetail(ctx, ctx.rest[0]);
+  const list = h('div');
+  ctx.root.append(section('Crons', {}, list));
+  return {
+    async update() {
+      const data = await api('api/crons');
+      const write = ctx.canWrite();
+      replace(list, table(
+        [{ title: 'Cron' }, { title: 'Role' }, { title: 'Schedule' }, { title: 'Next run' }, { title: 'Last run' },
+          { title: 'Outcome' }, { title: 'Lag', class: 'num' }, { title: 'Duration', class: 'num' },
+          { title: 'Skipped 24h', class: 'num' }, { title: 'Missing 24h', class: 'num' }, { title: 'Status' },
+          write ? { title: 'Actions' } : null].filter(Boolean),
+        data.crons.map((c) => ({
+          attrs: { dataset: { cron: c.name } },
+          cells: [
+            h('a', { href: `#/crons/${enc(c.name)}`, dataset: { focus: `cron-link-${c.name}` } }, c.name),
+            c.role,
+            h('span', {}, h('code', {}, c.expression), c.timezone !== 'UTC' ? ` (${c.timezone})` : ''),
+            c.next_run ? h('span', { title: c.next_run }, relative(c.next_run)) : '-',
+            c.last ? time(c.last.scheduled_at) : '-',
+            c.last ? [badge(c.last.state), c.last.manual ? ' manual' : '', c.last.error ? h('span', { class: 'muted', title: c.last.error }, ' ⓘ') : ''] : '-',
+            c.last ? fmtDuration(c.last.lag_ms) : '-',
+            c.last ? duration(c.last.claimed_at, c.last.finished_at) : '-',
+            fmtNumber(c.skipped_24h),
+            c.missing_24h ? h('span', { class: 'warn-text' }, fmtNumber(c.missing_24h)) : '0',
+            cronStatus(c),
+            write ? cronActions(ctx, c) : null,
+          ].filter((x) => x !== null),
+        })),
+        { empty: 'No cron is registered in this cluster.', label: 'Crons' }));
+    },
+  };
+}
+
+function tickTable(items) {
+  return table(
+    [{ title: 'Scheduled' }, { title: 'State' }, { title: 'Attempt', class: 'num' }, { title: 'Node' },
+      { title: 'Epoch', class: 'num' }, { title: 'Claimed' }, { title: 'Lag', class: 'num' },
+      { title: 'Duration', class: 'num' }, { title: 'Error or reason' }],
+    items.map((t) => ({
+      attrs: { dataset: { tick: t.scheduled_at, state: t.state } },
+      cells: [time(t.scheduled_at, { ms: true }), [badge(t.state), t.manual ? ' manual' : ''], t.attempt, t.node_id,
+        t.epoch, time(t.claimed_at, { ms: true }), fmtDuration(t.lag_ms), duration(t.claimed_at, t.finished_at),
+        t.error ? h('span', { class: 'error-text' }, t.error) : ''],
+    })),
+    { empty: 'No tick in the ledger yet.', label: 'Recent ticks, newest first' });
+}
+
+function cronDetail(ctx, name) {
+  const facts = h('div');
+  const ticks = h('div');
+  const more = h('div', { class: 'more' });
+  ctx.root.append(
+    h('p', {}, h('a', { href: '#/crons' }, '← all crons')),
+    section(`Cron ${name}`, {}, facts),
+    section('Recent ticks', {}, ticks, more));
+  let older = [];
+  let cursor;
+  return {
+    async update() {
+      const data = await api(`api/crons/${enc(name)}?limit=50`);
+      const c = data.cron;
+      if (cursor === undefined) cursor = data.ticks.next;
+      replace(facts,
+        definitions([
+          ['Role', c.role],
+          ['Schedule', h('span', {}, h('code', {}, c.expression), ` in ${c.timezone}`)],
+          ['Next run', c.next_run ? h('span', {}, time(c.next_run), ` (${relative(c.next_run)})`) : '-'],
+          ['Last run', c.last ? h('span', {}, badge(c.last.state), ' ', time(c.last.scheduled_at, { ms: true }), ` on ${c.last.node_id}`) : '-'],
+          ['Skipped, last 24 h', fmtNumber(c.skipped_24h)],
+          ['Missing, last 24 h', fmtNumber(c.missing_24h)],
+          ['Status', cronStatus(c)],
+          ['Registered by', c.last_seen_by],
+        ]),
+        cronActions(ctx, c));
+      const seen = new Set();
+      const items = [...data.ticks.items, ...older].filter((t) => (seen.has(t.scheduled_at) ? false : seen.add(t.scheduled_at)));
+      replace(ticks, tickTable(items));
+      replace(more, cursor ? button('Load older ticks', async () => {
+        const page = await api(`api/crons/${enc(name)}/ticks${query({ limit: 100, before: cursor })}`);
+        older = older.concat(page.items);
+        cursor = page.next;
+        ctx.refresh();
+      }, { focus: 'older-ticks' }) : null);
+    },
+  };
+}
+
+// --- Jobs --------------------------------------------------------------------------------
+
+export const JOB_STATES = ['available', 'scheduled', 'running', 'retryable', 'completed', 'dead', 'cancelled'];
+
+/** Which actions a job's state allows (the API refuses the others with a 409). */
+function allowed(job) {
+  return {
+    retry: job.state !== 'running' && job.state !== 'available',
+    cancel: ['available', 'scheduled', 'retryable'].includes(job.state) || (job.state === 'running' && !job.cancel_requested),
+    delete: job.state !== 'running',
+  };
+}
+
+function jobActions(ctx, job, { onDeleted } = {}) {
+  if (!ctx.canWrite()) return null;
+  const can = allowed(job);
+  const id = job.id;
+  return h('span', { class: 'actions' },
+    can.retry ? button('Retry', () => ctx.act(
+      () => api(`api/jobs/${id}/retry`, { method: 'POST' }),
+      () => `Job ${id} retried: available now.`,
+    ), { focus: `retry-${id}`, action: 'retry', kind: 'write', title: `Retry job ${id} now` }) : null,
+    can.cancel ? [' ', button('Cancel', () => ctx.act(
+      () => api(`api/jobs/${id}/cancel`, { method: 'POST' }),
+      () => (job.state === 'running' ? `Job ${id}: its node was asked to stop it.` : `Job ${id} cancelled.`),
+    ), { focus: `cancel-${id}`, action: 'cancel', kind: 'write', title: `Cancel job ${id}` })] : null,
+    can.delete ? [' ', button('Delete', async () => {
+      if (!(await confirmDialog(`Delete job ${id}?`, `Job ${id} (${job.kind}, ${job.state}) is removed for good.`, 'Delete'))) return;
+      const ok = await ctx.act(() => api(`api/jobs/${id}`, { method: 'DELETE' }), () => `Job ${id} deleted.`);
+      if (ok && onDeleted) onDeleted();
+    }, { focus: `delete-${id}`, action: 'delete', kind: 'write', danger: true, title: `Delete job ${id}` })] : null);
+}
+
+function lastError(job) {
+  const last = job.errors[job.errors.length - 1];
+  if (!last) return '';
+  const text = `${last.reason}: ${last.error}`;
+  return h('span', { class: 'error-text', title: text }, text.length > 90 ? `${text.slice(0, 87)}...` : text);
+}
+
+function filterText(f) {
+  const parts = [];
+  if (f.state) parts.push(`state ${f.state}`);
+  if (f.queue) parts.push(`queue ${f.queue}`);
+  if (f.kind) parts.push(`kind ${f.kind}`);
+  if (f.args) parts.push(`arguments containing ${f.args}`);
+  return parts.length ? parts.join(', ') : 'no filter: every job in the cluster';
+}
+
+export function jobs(ctx) {
+  if (ctx.rest[0]) return jobDetail(ctx, ctx.rest[0]);
+  const p = ctx.params;
+  const filter = { state: p.get('state') || '', queue: p.get('queue') || '', kind: p.get('kind') || '', args: p.get('args') || '' };
+  const before = p.get('before') || '';
+
+  const tabs = h('ul', { class: 'tabs' });
+  const form = h('form', { class: 'filters', role: 'search', 'aria-label': 'Filter jobs' },
+    h('label', { class: 'field' }, h('span', {}, 'Queue'),
+      h('input', { name: 'queue', id: 'f-queue', value: filter.queue, placeholder: 'any', autocomplete: 'off' })),
+    h('label', { class: 'field' }, h('span', {}, 'Kind'),
+      h('input', { name: 'kind', id: 'f-kind', value: filter.kind, placeholder: 'any', autocomplete: 'off' })),
+    h('label', { class: 'field wide' }, h('span', {}, 'Arguments contain (JSON)'),
+      h('input', { name: 'args', id: 'f-args', value: filter.args, placeholder: '{"customer": 42}', autocomplete: 'off', spellcheck: 'false' })),
+    h('button', { type: 'submit', class: 'primary' }, 'Filter'),
+    h('button', { type: 'reset' }, 'Clear'));
+  form.addEventListener('submit', (e) => {
+    e.preventDefault();
+    const data = new FormData(form);
+    const args = data.get('args').trim();
+    if (args) {
+      try {
+        JSON.parse(args);
+      } catch (err) {
+        ctx.flash(`The arguments filter must be JSON, such as {"customer": 42}: ${err.message}`, 'error');
+        return;
+      }
+    }
+    ctx.setParams({ state: filter.state, queue: data.get('queue').trim(), kind: data.get('kind').trim(), args });
+  });
+  form.addEventListener('reset', (e) => {
+    e.preventDefault();
+    ctx.setParams({ state: filter.state });
+  });
+
+  const bulk = h('div', { class: 'bulk' });
+  if (ctx.canWrite()) {
+    const run = (action, verb) => async () => {
+      const what = filterText(filter);
+      const yes = await confirmDialog(`${verb} every matching job?`,
+        `${verb} every job matching ${what} - all of them, not only those listed here, in batches of 1,000.`
+        + (action === 'retry' ? ' Running jobs are left alone.' : action === 'delete' ? ' Running jobs are not deleted.' : ''),
+        `${verb} all matching`);
+      if (!yes) return;
+      const body = {};
+      if (filter.state) body.state = filter.state;
+      if (filter.queue) body.queue = filter.queue;
+      if (filter.kind) body.kind = filter.kind;
+      if (filter.args) body.args = JSON.parse(filter.args);
+      if (!Object.keys(body).length) body.all = true;
+      await ctx.act(() => api(`api/jobs/bulk/${action}`, { method: 'POST', body }),
+        (r) => `${verb}: ${fmtNumber(r.affected)} job${r.affected === 1 ? '' : 's'} matching ${what}.`);
+    };
+    bulk.append(h('span', { class: 'muted' }, 'Everything matching the filter: '),
+      button('Retry all', run('retry', 'Retry'), { action: 'bulk-retry', kind: 'write' }), ' ',
+      button('Cancel all', run('cancel', 'Cancel'), { action: 'bulk-cancel', kind: 'write' }), ' ',
+      button('Delete all', run('delete', 'Delete'), { action: 'bulk-delete', kind: 'write', danger: true }));
+  }
+  const list = h('div');
+  const more = h('div', { class: 'more' });
+  ctx.root.append(section('Jobs', {}, h('nav', { 'aria-label': 'Job states' }, tabs), form, bulk, list, more));
+
+  let limit = 50;
+  return {
+    async update() {
+      const [page, queues] = await Promise.all([
+        api(`api/jobs${query({ ...filter, limit, before })}`),
+        api('api/queues'),
+      ]);
+      const counts = {};
+      for (const q of queues.queues) {
+        if (filter.queue && q.queue !== filter.queue) continue;
+        for (const s of ['available', 'scheduled', 'running', 'retryable', 'dead']) counts[s] = (counts[s] || 0) + q[s];
+      }
+      const link = (state, label) => {
+        const params = new URLSearchParams();
+        for (const [k, v] of Object.entries({ ...filter, state })) if (v) params.set(k, v);
+        const text = params.toString();
+        return h('li', {}, h('a', {
+          href: `#/jobs${text ? `?${text}` : ''}`,
+          'aria-current': filter.state === state ? 'page' : null,
+          dataset: { state: state || 'all' },
+        }, label, counts[state] !== undefined ? h('span', { class: 'count' }, fmtNumber(counts[state])) : null));
+      };
+      replace(tabs, link('', 'all'), JOB_STATES.map((s) => link(s, s)));
+      replace(list, table(
+        [{ title: 'ID', class: 'num' }, { title: 'Kind' }, { title: 'Queue' }, { title: 'State' },
+          { title: 'Attempt', class: 'num' }, { title: 'Run at' }, { title: 'Node' }, { title: 'Arguments' },
+          { title: 'Last error' }, ctx.canWrite() ? { title: 'Actions' } : null].filter(Boolean),
+        page.items.map((j) => ({
+          attrs: { dataset: { job: j.id, state: j.state } },
+          cells: [
+            h('a', { href: `#/jobs/${j.id}`, dataset: { focus: `job-link-${j.id}` } }, String(j.id)),
+            j.kind, j.queue, [badge(j.state), j.cancel_requested ? ' cancelling' : ''],
+            `${j.attempt}${j.max_attempts ? ` / ${j.max_attempts}` : ''}`,
+            time(j.run_at), j.node_id || '-',
+            h('code', { class: 'detail', title: JSON.stringify(j.args) }, truncate(JSON.stringify(j.args), 60)),
+            lastError(j),
+            ctx.canWrite() ? jobActions(ctx, j) : null,
+          ].filter((x) => x !== null),
+        })),
+        { empty: `No job matches ${filterText(filter)}.`, label: 'Jobs, newest first' }));
+      replace(more,
+        page.next && limit < 500 ? button('Show 50 more', () => {
+          limit += 50;
+          ctx.refresh();
+        }, { focus: 'more-jobs' }) : null,
+        page.next && limit >= 500 ? h('a', { href: `#/jobs${query({ ...filter, before: page.next })}` }, 'Older jobs →') : null,
+        before ? [' ', h('a', { href: `#/jobs${query(filter)}` }, '↑ newest jobs')] : null);
+    },
+  };
+}
+
+function truncate(text, n) {
+  return text.length > n ? `${text.slice(0, n - 3)}...` : text;
+}
+
+function jobDetail(ctx, idText) {
+  const id = Number(idText);
+  const facts = h('div');
+  const attempts = h('div');
+  ctx.root.append(
+    h('p', {}, h('a', { href: '#/jobs' }, '← all jobs')),
+    section(`Job ${idText}`, { dataset: { job: idText } }, facts),
+    section('Attempts that failed', {}, attempts));
+  let deleted = false;
+  return {
+    async update() {
+      if (deleted) return;
+      if (!Number.isSafeInteger(id)) throw new Error(`${idText} is not a job id`);
+      const j = await api(`api/jobs/${id}`);
+      replace(facts,
+        definitions([
+          ['State', h('span', { dataset: { field: 'state' } }, badge(j.state)), ],
+          ['Kind', j.kind],
+          ['Queue', h('a', { href: `#/jobs?queue=${enc(j.queue)}` }, j.queue)],
+          ['Attempt', h('span', { dataset: { field: 'attempt' } }, `${j.attempt}${j.max_attempts ? ` of ${j.max_attempts}` : ''}`)],
+          ['Priority', String(j.priority)],
+          ['Run at', time(j.run_at, { ms: true })],
+          ['Enqueued', time(j.created_at, { ms: true })],
+          ['Last attempt started', time(j.attempted_at, { ms: true })],
+          ['Finished', time(j.finished_at, { ms: true })],
+          ['Node', j.node_id || '-'],
+          j.role ? ['Role (leader-only)', j.role] : null,
+          j.unique_key ? ['Unique key', j.unique_key] : null,
+          j.timeout_ms ? ['Timeout', fmtDuration(j.timeout_ms)] : null,
+          j.cancel_requested ? ['Cancel', 'requested: its node stops it'] : null,
+          ['Arguments', h('pre', { class: 'json' }, JSON.stringify(j.args, null, 2))],
+        ]),
+        jobActions(ctx, j, { onDeleted: () => { deleted = true; ctx.navigate('#/jobs'); } }));
+      replace(attempts, table(
+        [{ title: 'Attempt', class: 'num' }, { title: 'At' }, { title: 'Node' }, { title: 'Reason' }, { title: 'Error' }],
+        j.errors.map((e) => ({
+          attrs: { dataset: { attempt: e.attempt } },
+          cells: [e.attempt, time(e.at, { ms: true }), e.node || '-', badge(e.reason, e.reason === 'rescued' || e.reason === 'released' ? 'warn' : 'bad'),
+            h('pre', { class: 'error-text' }, e.error)],
+        })),
+        { empty: 'No attempt has failed.', label: 'Failed attempts, oldest first' }));
+    },
+  };
+}
+

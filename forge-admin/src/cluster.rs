@@ -1,0 +1,384 @@
+//! The cluster's endpoints: health, status, leaders, history, nodes, events, config, this
+//! node, step-down.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use forge_core::Role;
+use forge_core::inspect::{EventFilter, EventKind, LeaderView, NodeState, PageRequest};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::auth::Actor;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiPath, ApiQuery};
+use crate::{AdminState, views};
+
+/// `limit` (1..=500, default 50) and `before` as a [`PageRequest`].
+pub(crate) fn page(limit: Option<u32>, before: Option<i64>) -> ApiResult<PageRequest> {
+    let limit = limit.unwrap_or(50);
+    if !(1..=500).contains(&limit) {
+        return Err(
+            ApiError::bad_request(format!("limit must be between 1 and 500, not {limit}"))
+                .with("parameter", "limit"),
+        );
+    }
+    Ok(PageRequest { limit, before })
+}
+
+pub(crate) fn parse_role(name: &str) -> ApiResult<Role> {
+    Role::new(name).map_err(|err| {
+        ApiError::bad_request(format!("invalid role name {name:?}: {err}"))
+            .with("parameter", "role")
+    })
+}
+
+/// Comma-separated values, each parsed; an unknown one is a 400 naming the valid ones.
+pub(crate) fn parse_list<T: Copy>(
+    parameter: &str,
+    text: Option<&str>,
+    parse: impl Fn(&str) -> Option<T>,
+    all: &[T],
+    show: impl Fn(T) -> &'static str,
+) -> ApiResult<Vec<T>> {
+    let mut out = Vec::new();
+    for item in text
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        match parse(item) {
+            Some(value) => out.push(value),
+            None => {
+                let valid: Vec<&str> = all.iter().map(|v| show(*v)).collect();
+                return Err(ApiError::bad_request(format!(
+                    "unknown {parameter} {item:?}: use {}",
+                    valid.join(", ")
+                ))
+                .with("parameter", parameter.to_owned()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+pub(crate) async fn live(State(state): State<AdminState>) -> Json<Value> {
+    Json(json!({
+        "status": "live",
+        "node_id": state.local.as_ref().map(|l| l.node_id.to_string()),
+    }))
+}
+
+pub(crate) async fn ready(State(state): State<AdminState>) -> Response {
+    if state.local.as_ref().is_some_and(|l| l.is_stopping()) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "stopping", "error": "the node is shutting down" })),
+        )
+            .into_response();
+    }
+    let started = Instant::now();
+    let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(state.cluster.pool());
+    let failure = match tokio::time::timeout(state.ready_timeout, probe).await {
+        Ok(Ok(_)) => {
+            return Json(json!({
+                "status": "ready",
+                "database": "ok",
+                "latency_ms": started.elapsed().as_secs_f64() * 1000.0,
+            }))
+            .into_response();
+        }
+        Ok(Err(err)) => format!("the database is unreachable: {err}"),
+        Err(_) => format!(
+            "the database did not answer within {} s",
+            state.ready_timeout.as_secs_f64()
+        ),
+    };
+    tracing::debug!(target: "forge::admin", error = %failure, "not ready");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({ "status": "not_ready", "database": "unavailable", "error": failure })),
+    )
+        .into_response()
+}
+
+/// A leadership with whether it is live.
+#[derive(Serialize)]
+struct Leader<'a> {
+    #[serde(flatten)]
+    view: &'a LeaderView,
+    led: bool,
+}
+
+pub(crate) async fn status(State(state): State<AdminState>) -> ApiResult<Json<Value>> {
+    let cluster = &state.cluster;
+    let (leaders, nodes) = state
+        .read(async { tokio::try_join!(cluster.leaders(), cluster.nodes()) })
+        .await?;
+    let mut counts: BTreeMap<&str, usize> =
+        NodeState::ALL.iter().map(|s| (s.as_str(), 0)).collect();
+    for node in &nodes {
+        *counts.entry(node.state.as_str()).or_default() += 1;
+    }
+    // Roles: those ever led, and those live nodes campaign for.
+    let mut roles: BTreeSet<String> = leaders.iter().map(|l| l.role.clone()).collect();
+    for node in nodes
+        .iter()
+        .filter(|n| matches!(n.state, NodeState::Active | NodeState::Drifted))
+    {
+        roles.extend(node.roles.iter().cloned());
+    }
+    let mut problems = Vec::new();
+    let mut leaderless = Vec::new();
+    let roles: Vec<Value> = roles
+        .into_iter()
+        .map(|role| {
+            let view = leaders.iter().find(|l| l.role == role);
+            let led = view.is_some_and(LeaderView::is_led);
+            let candidates = nodes
+                .iter()
+                .filter(|n| n.state == NodeState::Active && n.roles.contains(&role))
+                .count();
+            if !led {
+                problems.push(format!("role {role} has no leader"));
+                leaderless.push(role.clone());
+            }
+            json!({
+                "role": role,
+                "leader": view.filter(|_| led).map(|l| l.node_id.clone()),
+                "epoch": view.map(|l| l.epoch),
+                "since": view.filter(|_| led).map(|l| l.acquired_at),
+                "lease_remaining_ms": view.filter(|_| led).map(|l| l.lease_remaining_ms),
+                "led": led,
+                "candidates": candidates,
+            })
+        })
+        .collect();
+    for node in &nodes {
+        if matches!(node.state, NodeState::Drifted | NodeState::Down) {
+            problems.push(format!("node {} is {}", node.node_id, node.state));
+        }
+    }
+    let this = state.local.as_ref().map(|local| {
+        let leads: Vec<&str> = local
+            .roles
+            .iter()
+            .filter(|(_, rx)| rx.borrow().is_leader())
+            .map(|(role, _)| role.name())
+            .collect();
+        json!({ "node_id": local.node_id.to_string(), "leads": leads })
+    });
+    Ok(Json(json!({
+        "namespace": cluster.namespace().to_string(),
+        "healthy": problems.is_empty(),
+        "problems": problems,
+        "nodes": {
+            "total": nodes.len(),
+            "active": counts.get("active").copied().unwrap_or(0),
+            "drifted": counts.get("drifted").copied().unwrap_or(0),
+            "down": counts.get("down").copied().unwrap_or(0),
+            "stopped": counts.get("stopped").copied().unwrap_or(0),
+        },
+        "roles": roles,
+        "leaderless": leaderless,
+        "this_node": this,
+    })))
+}
+
+pub(crate) async fn leaders(State(state): State<AdminState>) -> ApiResult<Json<Value>> {
+    let leaders = state.read(state.cluster.leaders()).await?;
+    let out: Vec<Leader<'_>> = leaders
+        .iter()
+        .map(|view| Leader {
+            view,
+            led: view.is_led(),
+        })
+        .collect();
+    Ok(Json(json!({ "leaders": out })))
+}
+
+pub(crate) async fn leader(
+    State(state): State<AdminState>,
+    ApiPath(role): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    let role = parse_role(&role)?;
+    let leaders = state.read(state.cluster.leaders()).await?;
+    let view = leaders
+        .iter()
+        .find(|l| l.role == role.name())
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "role {role} has never had a leader in this cluster"
+            ))
+        })?;
+    Ok(Json(json!(Leader {
+        view,
+        led: view.is_led()
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HistoryQuery {
+    role: Option<String>,
+    limit: Option<u32>,
+    before: Option<i64>,
+}
+
+pub(crate) async fn history(
+    State(state): State<AdminState>,
+    ApiQuery(query): ApiQuery<HistoryQuery>,
+) -> ApiResult<Json<Value>> {
+    let role = query.role.as_deref().map(parse_role).transpose()?;
+    let page = page(query.limit, query.before)?;
+    let history = state
+        .read(state.cluster.history(role.as_ref(), page))
+        .await?;
+    Ok(Json(json!(history)))
+}
+
+pub(crate) async fn nodes(State(state): State<AdminState>) -> ApiResult<Json<Value>> {
+    let nodes = state.read(state.cluster.nodes()).await?;
+    let mut counts: BTreeMap<&str, usize> =
+        NodeState::ALL.iter().map(|s| (s.as_str(), 0)).collect();
+    for node in &nodes {
+        *counts.entry(node.state.as_str()).or_default() += 1;
+    }
+    Ok(Json(json!({
+        "total": nodes.len(),
+        "counts": counts,
+        "nodes": nodes,
+    })))
+}
+
+pub(crate) async fn node(
+    State(state): State<AdminState>,
+    ApiPath(node_id): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    let node = state.read(state.cluster.node(&node_id)).await?;
+    match node {
+        Some(node) => Ok(Json(json!(node))),
+        None => Err(ApiError::not_found(format!(
+            "no node {node_id:?} in this cluster (never joined, or forgotten)"
+        ))),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EventsQuery {
+    kind: Option<String>,
+    node: Option<String>,
+    role: Option<String>,
+    after: Option<i64>,
+    limit: Option<u32>,
+    before: Option<i64>,
+}
+
+pub(crate) async fn events(
+    State(state): State<AdminState>,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+) -> ApiResult<Json<Value>> {
+    let kinds = parse_list(
+        "kind",
+        query.kind.as_deref(),
+        EventKind::parse,
+        EventKind::ALL,
+        EventKind::as_str,
+    )?;
+    let filter = EventFilter {
+        kinds,
+        node_id: query.node.filter(|n| !n.is_empty()),
+        role: query.role.as_deref().map(parse_role).transpose()?,
+        after: query.after,
+    };
+    let page = page(query.limit, query.before)?;
+    let events = state.read(state.cluster.events(&filter, page)).await?;
+    Ok(Json(json!(events)))
+}
+
+pub(crate) async fn config(State(state): State<AdminState>) -> Json<Value> {
+    let access = &state.access;
+    let writes = if access.read_only {
+        "read_only"
+    } else if access.token.as_deref().is_some_and(|t| !t.is_empty()) {
+        "token"
+    } else {
+        "disabled"
+    };
+    let reads = if access.read_token.as_deref().is_some_and(|t| !t.is_empty()) {
+        "token"
+    } else {
+        "open"
+    };
+    Json(json!({
+        "node_id": state.local.as_ref().map(|l| l.node_id.to_string()),
+        "namespace": state.cluster.namespace().to_string(),
+        "access": { "writes": writes, "reads": reads },
+        "config": state.config.as_deref(),
+    }))
+}
+
+pub(crate) async fn this(State(state): State<AdminState>) -> ApiResult<Json<Value>> {
+    let Some(local) = state.local.clone() else {
+        return Err(ApiError::not_found(
+            "this API is not served by a FORGE node (mounted without one)",
+        ));
+    };
+    let node_id = local.node_id.to_string();
+    let roles: Vec<Value> = local
+        .roles
+        .iter()
+        .map(|(role, rx)| views::role_state(role.name(), &rx.borrow()))
+        .collect();
+    let membership = state.read(state.cluster.node(&node_id)).await?;
+    Ok(Json(json!({
+        "node_id": node_id,
+        "namespace": state.cluster.namespace().to_string(),
+        "admin_url": local.admin_url,
+        "stopping": local.is_stopping(),
+        "roles": roles,
+        "membership": membership,
+    })))
+}
+
+pub(crate) async fn step_down(
+    State(state): State<AdminState>,
+    Extension(Actor(by)): Extension<Actor>,
+    ApiPath(role): ApiPath<String>,
+) -> ApiResult<Response> {
+    let role = parse_role(&role)?;
+    let cluster = state.cluster.clone();
+    let (asked, by_) = (role.clone(), by.clone());
+    let epoch = state
+        .write(async move { cluster.step_down(&asked, &by_).await })
+        .await?;
+    let Some(epoch) = epoch else {
+        let leaders = state.read(state.cluster.leaders()).await?;
+        return Err(if leaders.iter().any(|l| l.role == role.name()) {
+            ApiError::conflict(format!(
+                "role {role} has no live leader to step down (released, or its lease ran out)"
+            ))
+        } else {
+            ApiError::not_found(format!(
+                "role {role} has never had a leader in this cluster"
+            ))
+        });
+    };
+    tracing::info!(target: "forge::admin", role = %role, epoch = epoch.0, by = %by, "step-down requested");
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({
+            "role": role.name(),
+            "epoch": epoch,
+            "status": "requested",
+            "message": "the leader drains its leader-only work and hands over; watch GET /api/cluster/leaders",
+        })),
+    )
+        .into_response())
+}

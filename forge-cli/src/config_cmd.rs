@@ -1,0 +1,88 @@
+//! `config check FILE` and `alerts export`: no database needed.
+
+use std::path::Path;
+
+use forge::Config;
+use forge::config_sections::no_env;
+use serde_json::json;
+
+use crate::args::Cli;
+use crate::fail::{Fail, Outcome};
+use crate::out;
+
+/// Loads and validates a forge.toml; a broken one is a configuration error (exit 2) whose
+/// message names the file, the key and the line.
+pub(crate) fn check(file: &Path, env: bool, json: bool) -> Outcome {
+    let config = if env {
+        Config::load(file)
+    } else {
+        Config::load_with_env(file, &no_env)
+    };
+    let config = config?;
+    let queues: Vec<String> = config
+        .jobs
+        .queues
+        .iter()
+        .map(|(queue, n)| format!("{queue} ({n})"))
+        .collect();
+    let database = match &config.database.url {
+        Some(url) => forge::redact_url(url),
+        None if env => "not set: set DATABASE_URL or [database] url".to_owned(),
+        None => "not in the file (nodes take DATABASE_URL)".to_owned(),
+    };
+    let election = &config.cluster.leader_election;
+    if json {
+        out::print_json(&json!({
+            "file": file.display().to_string(),
+            "ok": true,
+            "database": config.database.url.as_deref().map(forge::redact_url),
+            "namespace": config.cluster.lock_namespace,
+            "roles": config.node.roles,
+            "queues": config.jobs.queues,
+            "lease_duration_ms": election.lease_duration.as_millis() as u64,
+            "refresh_interval_ms": election.refresh_interval.as_millis() as u64,
+        }));
+        return Ok(0);
+    }
+    println!("{}: ok", file.display());
+    out::print_fields(&[
+        ("database", database),
+        ("namespace", config.cluster.lock_namespace.clone()),
+        ("roles", out::list(&config.node.roles)),
+        ("queues", out::list(&queues)),
+        (
+            "lease",
+            format!(
+                "{} (renewed every {})",
+                humantime::format_duration(election.lease_duration),
+                humantime::format_duration(election.refresh_interval)
+            ),
+        ),
+    ]);
+    Ok(0)
+}
+
+/// The Prometheus rule file for the configuration (`--config`, else the defaults with the
+/// environment's overrides).
+pub(crate) fn alerts_export(cli: &Cli, output: Option<&Path>, json: bool) -> Outcome {
+    let config = match &cli.config {
+        Some(path) => Config::load(path)?,
+        None => Config::from_env()?,
+    };
+    let yaml = forge::alerts::rules_yaml(&config);
+    if let Some(path) = output {
+        std::fs::write(path, &yaml)
+            .map_err(|err| Fail::problem(format!("cannot write {}: {err}", path.display())))?;
+    }
+    if json {
+        out::print_json(&json!({
+            "file": output.map(|p| p.display().to_string()),
+            "rules": yaml,
+        }));
+    } else if let Some(path) = output {
+        println!("wrote {}", path.display());
+    } else {
+        print!("{yaml}");
+    }
+    Ok(0)
+}

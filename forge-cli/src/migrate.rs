@@ -1,0 +1,199 @@
+//! `migrate status` and `migrate up [--dry-run]`: FORGE's migrations exactly as a node applies
+//! them (`forge::migrate`), and optionally the application's own from a directory.
+
+use std::path::Path;
+
+use forge::migrate::{APP_TABLE, MigrationState, MigrationStatus, TABLE};
+use forge::sqlx::migrate::Migrator;
+use serde_json::json;
+
+use crate::args::MigrateCommand;
+use crate::ctx::Ctx;
+use crate::fail::{Fail, Outcome};
+use crate::out::{self, Table};
+
+/// FORGE's migrations and their state in the cluster's database.
+pub(crate) async fn forge_status(ctx: &Ctx) -> Result<Vec<MigrationStatus>, Fail> {
+    let mut conn = ctx.pool.acquire().await.map_err(|e| Fail::database(&e))?;
+    Ok(forge::migrate::status(&mut conn, &forge::migrate::migrator(), TABLE).await?)
+}
+
+async fn app_migrator(dir: &Path) -> Result<Migrator, Fail> {
+    if !dir.is_dir() {
+        return Err(Fail::usage(format!(
+            "--app {}: not a directory (give the directory of the application's migrations, as passed to sqlx::migrate!)",
+            dir.display()
+        )));
+    }
+    Migrator::new(dir.to_path_buf()).await.map_err(|err| {
+        Fail::usage(format!(
+            "--app {}: cannot read the migrations: {err}",
+            dir.display()
+        ))
+    })
+}
+
+/// One set of migrations: whose, and their states.
+struct Set {
+    name: &'static str,
+    migrations: Vec<MigrationStatus>,
+}
+
+fn state_name(state: MigrationState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn set_json(set: &Set) -> serde_json::Value {
+    json!({
+        "set": set.name,
+        "migrations": set.migrations,
+    })
+}
+
+fn print_sets(sets: &[Set]) {
+    let mut table = Table::new(&["SET", "VERSION", "DESCRIPTION", "STATE", "APPLIED"]);
+    for set in sets {
+        for m in &set.migrations {
+            table.row(vec![
+                set.name.to_owned(),
+                format!("{:04}", m.version),
+                m.description.clone(),
+                state_name(m.state),
+                out::opt_time(m.installed_on),
+            ]);
+        }
+    }
+    table.print();
+}
+
+/// A migration the database has in a state `up` cannot fix.
+fn blocking(sets: &[Set]) -> Option<String> {
+    sets.iter().find_map(|set| {
+        set.migrations.iter().find_map(|m| match m.state {
+            MigrationState::Changed => Some(format!(
+                "{} migration {:04}_{} was applied with different SQL than this binary has: \
+                 the database and this version disagree; do not apply, find out which version migrated it",
+                set.name, m.version, m.description
+            )),
+            MigrationState::Failed => Some(format!(
+                "{} migration {:04}_{} failed part-way (sqlx calls it dirty): repair the schema by hand, \
+                 then delete its row from {}",
+                set.name,
+                m.version,
+                m.description,
+                if set.name == "forge" { TABLE } else { APP_TABLE }
+            )),
+            _ => None,
+        })
+    })
+}
+
+pub(crate) async fn run(ctx: &Ctx, action: &MigrateCommand, json: bool) -> Outcome {
+    let (app_dir, dry_run, show_sql, up) = match action {
+        MigrateCommand::Status { app } => (app.as_deref(), true, false, false),
+        MigrateCommand::Up { dry_run, sql, app } => (app.as_deref(), *dry_run, *sql, true),
+    };
+    let forge_migrator = forge::migrate::migrator();
+    let app = match app_dir {
+        Some(dir) => Some(app_migrator(dir).await?),
+        None => None,
+    };
+    let mut conn = ctx.connection().await?;
+    let mut sets = vec![Set {
+        name: "forge",
+        migrations: forge::migrate::status(&mut conn, &forge_migrator, TABLE).await?,
+    }];
+    if let Some(app) = &app {
+        sets.push(Set {
+            name: "app",
+            migrations: forge::migrate::status(&mut conn, app, APP_TABLE).await?,
+        });
+    }
+    let pending: Vec<(&'static str, &MigrationStatus)> = sets
+        .iter()
+        .flat_map(|set| {
+            set.migrations
+                .iter()
+                .filter(|m| m.state == MigrationState::Pending)
+                .map(move |m| (set.name, m))
+        })
+        .collect();
+
+    if !up {
+        if json {
+            out::print_json(&json!({
+                "sets": sets.iter().map(set_json).collect::<Vec<_>>(),
+                "pending": pending.len(),
+            }));
+        } else {
+            print_sets(&sets);
+            println!();
+            match (blocking(&sets), pending.len()) {
+                (Some(why), _) => println!("{why}"),
+                (None, 0) => println!("up to date"),
+                (None, n) => {
+                    println!("{n} pending: apply with `forge migrate up` (or start a node)")
+                }
+            }
+        }
+        return Ok(u8::from(blocking(&sets).is_some()));
+    }
+    if let Some(why) = blocking(&sets) {
+        return Err(Fail::problem(why));
+    }
+    if dry_run {
+        if json {
+            out::print_json(&json!({
+                "dry_run": true,
+                "would_apply": pending.iter().map(|(set, m)| {
+                    let mut v = json!({ "set": set, "version": m.version, "description": m.description });
+                    if show_sql {
+                        v["sql"] = m.sql.clone().into();
+                    }
+                    v
+                }).collect::<Vec<_>>(),
+            }));
+        } else if pending.is_empty() {
+            println!("nothing to apply: up to date");
+        } else {
+            println!(
+                "would apply {} migrations (dry run, nothing applied):",
+                pending.len()
+            );
+            for (set, m) in &pending {
+                println!("  {set} {:04}_{}", m.version, m.description);
+                if show_sql {
+                    println!();
+                    for line in m.sql.lines() {
+                        println!("    {line}");
+                    }
+                    println!();
+                }
+            }
+        }
+        return Ok(0);
+    }
+    forge::migrate::apply(&mut conn, &forge_migrator).await?;
+    if let Some(app) = &app {
+        forge::migrate::apply(&mut conn, app).await.map_err(|err| {
+            Fail::problem(format!("applying the application's migrations: {err}"))
+        })?;
+    }
+    if json {
+        out::print_json(&json!({
+            "applied": pending.iter().map(|(set, m)| json!({
+                "set": set, "version": m.version, "description": m.description,
+            })).collect::<Vec<_>>(),
+        }));
+    } else if pending.is_empty() {
+        println!("nothing to apply: up to date");
+    } else {
+        for (set, m) in &pending {
+            println!("applied {set} {:04}_{}", m.version, m.description);
+        }
+    }
+    Ok(0)
+}

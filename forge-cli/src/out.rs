@@ -1,0 +1,181 @@
+//! Output: aligned tables and key/value blocks for people, JSON for scripts.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// A table with a header row, printed with columns aligned by two spaces.
+pub(crate) struct Table {
+    headers: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub(crate) fn new(headers: &[&'static str]) -> Table {
+        Table {
+            headers: headers.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// The table as text, each line ending in a newline; the last column is not padded.
+    pub(crate) fn render(&self) -> String {
+        let columns = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate().take(columns) {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let headers: Vec<String> = self.headers.iter().map(|h| (*h).to_owned()).collect();
+        for row in std::iter::once(&headers).chain(&self.rows) {
+            let mut line = String::new();
+            for (i, cell) in row.iter().enumerate().take(columns) {
+                if i + 1 == columns {
+                    line.push_str(cell);
+                } else {
+                    line.push_str(cell);
+                    let pad = widths[i] - cell.chars().count() + 2;
+                    line.extend(std::iter::repeat_n(' ', pad));
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+
+    pub(crate) fn print(&self) {
+        print!("{}", self.render());
+    }
+}
+
+/// `key  value` lines with the keys aligned.
+pub(crate) fn print_fields(fields: &[(&str, String)]) {
+    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (key, value) in fields {
+        println!("{key:width$}  {value}");
+    }
+}
+
+/// Pretty JSON on stdout.
+pub(crate) fn print_json(value: &impl Serialize) {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => println!("{text}"),
+        Err(err) => eprintln!("forge: cannot render JSON: {err}"),
+    }
+}
+
+/// One line of JSON on stdout (for `--follow`), flushed at once.
+pub(crate) fn print_json_line(value: &impl Serialize) {
+    use std::io::Write;
+    if let Ok(text) = serde_json::to_string(value) {
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "{text}");
+        let _ = stdout.flush();
+    }
+}
+
+/// A UTC instant to the second.
+pub(crate) fn time(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%SZ").to_string()
+}
+
+/// An optional instant, `-` for none.
+pub(crate) fn opt_time(at: Option<DateTime<Utc>>) -> String {
+    at.map_or_else(|| "-".to_owned(), time)
+}
+
+/// A duration in seconds, short: `850ms`, `12.3s`, `4m10s`, `2h03m`, `3d04h`.
+pub(crate) fn secs(s: f64) -> String {
+    let sign = if s < 0.0 { "-" } else { "" };
+    let s = s.abs();
+    let text = if s < 1.0 {
+        format!("{}ms", (s * 1000.0).round() as u64)
+    } else if s < 60.0 {
+        format!("{s:.1}s")
+    } else if s < 3600.0 {
+        let s = s.round() as u64;
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else if s < 86_400.0 {
+        let m = (s / 60.0).round() as u64;
+        format!("{}h{:02}m", m / 60, m % 60)
+    } else {
+        let h = (s / 3600.0).round() as u64;
+        format!("{}d{:02}h", h / 24, h % 24)
+    };
+    format!("{sign}{text}")
+}
+
+/// A duration in milliseconds, short.
+pub(crate) fn ms(ms: f64) -> String {
+    secs(ms / 1000.0)
+}
+
+/// How long ago an instant was, from now.
+pub(crate) fn ago(at: DateTime<Utc>) -> String {
+    let s = (Utc::now() - at).num_milliseconds() as f64 / 1000.0;
+    if s >= 0.0 {
+        format!("{} ago", secs(s))
+    } else {
+        format!("in {}", secs(-s))
+    }
+}
+
+/// An optional value, `-` for none.
+pub(crate) fn or_dash<T: ToString>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+/// A list, comma-separated, `-` when empty.
+pub(crate) fn list(items: &[String]) -> String {
+    if items.is_empty() {
+        "-".to_owned()
+    } else {
+        items.join(",")
+    }
+}
+
+/// Text cut to `max` characters (with `…`), on one line.
+pub(crate) fn cut(text: &str, max: usize) -> String {
+    let one_line = text.replace(['\n', '\r', '\t'], " ");
+    if one_line.chars().count() <= max {
+        one_line
+    } else {
+        let mut short: String = one_line.chars().take(max.saturating_sub(1)).collect();
+        short.push('…');
+        short
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_columns_and_do_not_pad_the_last() {
+        let mut table = Table::new(&["ROLE", "NODE", "EPOCH"]);
+        table.row(vec!["scheduler".into(), "a".into(), "7".into()]);
+        table.row(vec!["log_compactor".into(), "node-b".into(), "12".into()]);
+        assert_eq!(
+            table.render(),
+            "ROLE           NODE    EPOCH\n\
+             scheduler      a       7\n\
+             log_compactor  node-b  12\n"
+        );
+    }
+
+    #[test]
+    fn durations_are_short() {
+        assert_eq!(secs(0.85), "850ms");
+        assert_eq!(secs(12.34), "12.3s");
+        assert_eq!(secs(250.0), "4m10s");
+        assert_eq!(secs(7380.0), "2h03m");
+        assert_eq!(secs(-3.0), "-3.0s");
+        assert_eq!(cut("abcdef", 4), "abc…");
+    }
+}

@@ -1,0 +1,419 @@
+//! Operators' actions through the read models (what the admin API and the CLI call): leader
+//! step-down through the database, "trigger now" on a cron, retry / cancel / delete of jobs one
+//! by one and in bulk by filter, queue pause and resume; each recorded in the audit trail.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use forge::cron::CronJob;
+use forge::inspect::Workload;
+use forge::inspect::{Change, EventFilter, EventKind, JobFilter, PageRequest};
+use forge::jobs::{JobState, NewJob};
+use forge::{CronContext, LockNamespace, Node, Role, RoleState, Schedule};
+use forge_testkit::wait_until;
+use sqlx::PgPool;
+
+use crate::jobs::{Behave, job_config, plain, setup, wait_state};
+use crate::support::*;
+
+/// The audit trail: (action, subject, by) of each `admin_action` event, oldest first.
+async fn audit_trail(node: &Node) -> Vec<(String, String, String)> {
+    let filter = EventFilter {
+        kinds: vec![EventKind::AdminAction],
+        ..EventFilter::default()
+    };
+    let page = node
+        .cluster()
+        .events(&filter, PageRequest::first(100))
+        .await
+        .unwrap();
+    let field = |d: &serde_json::Value, k: &str| d[k].as_str().unwrap_or_default().to_owned();
+    page.items
+        .iter()
+        .rev()
+        .map(|e| {
+            (
+                field(&e.detail, "action"),
+                field(&e.detail, "subject"),
+                field(&e.detail, "by"),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_asked_to_step_down_hands_over_to_a_follower() {
+    let (db, _pool) = setup().await;
+    let start = |id: &'static str| {
+        let mut config = config(db.url(), id);
+        config.node.roles = vec!["scheduler".into()];
+        config.node.campaign_without_work = true;
+        Node::builder(config).auto_register(false).start()
+    };
+    let a = start("a").await.unwrap();
+    let b = start("b").await.unwrap();
+    let (leader, epoch) = wait_single_leader(&[&a, &b], &Role::SCHEDULER).await;
+    let (old, new) = if leader == 0 { (&a, &b) } else { (&b, &a) };
+
+    // Asked from the follower: the request travels through the database.
+    let asked = new
+        .cluster()
+        .step_down(&Role::SCHEDULER, "test operator")
+        .await
+        .unwrap();
+    assert_eq!(asked.map(|e| e.0), Some(epoch));
+    let next = wait_until(
+        "the follower to lead",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            match new.role_state(&Role::SCHEDULER) {
+                Some(RoleState::Leader { epoch, .. }) => Some(epoch.0),
+                _ => None,
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(next > epoch);
+    assert_eq!(
+        wait_single_leader(&[&a, &b], &Role::SCHEDULER).await.1,
+        next
+    );
+    // A graceful handoff, not a failover.
+    let released = new
+        .cluster()
+        .events(
+            &EventFilter {
+                kinds: vec![EventKind::LeaderReleased],
+                ..EventFilter::default()
+            },
+            PageRequest::first(10),
+        )
+        .await
+        .unwrap();
+    assert!(
+        released
+            .items
+            .iter()
+            .any(|e| e.node_id.as_deref() == Some(old.id().as_str())
+                && e.epoch.map(|x| x.0) == Some(epoch)),
+        "{released:?}"
+    );
+    assert_eq!(
+        audit_trail(new).await,
+        [(
+            "step_down".to_owned(),
+            "scheduler".to_owned(),
+            "test operator".to_owned()
+        )]
+    );
+    // A role nobody leads: nothing to ask.
+    let none = new
+        .cluster()
+        .step_down(&Role::new("nobody").unwrap(), "test operator")
+        .await
+        .unwrap();
+    assert_eq!(none, None);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Manual ticks of `cron`: (scheduled_at, node, state).
+async fn manual_ticks(pool: &PgPool, cron: &str) -> Vec<(DateTime<Utc>, String, String)> {
+    sqlx::query_as(
+        "SELECT scheduled_at, node_id, state FROM forge.cron_ticks
+          WHERE cron = $1 AND manual ORDER BY scheduled_at",
+    )
+    .bind(cron)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_triggered_cron_runs_once_on_its_leader_even_when_asked_without_one() {
+    let (db, pool) = setup().await;
+    sqlx::query("CREATE TABLE yearly_runs (at timestamptz, node text)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Once a year: every run in this test is a manual one.
+    let start = |id: &'static str| {
+        let mut config = config(db.url(), id);
+        config.node.roles = vec!["scheduler".into()];
+        Node::builder(config)
+            .auto_register(false)
+            .cron(CronJob::new(
+                "yearly",
+                Schedule::parse("0 0 0 1 1 *").unwrap(),
+                |ctx: CronContext| async move {
+                    let mut tx = ctx.fenced_transaction().await?;
+                    sqlx::query("INSERT INTO yearly_runs VALUES ($1, $2)")
+                        .bind(ctx.scheduled_at())
+                        .bind(ctx.node_id())
+                        .execute(&mut *tx)
+                        .await?;
+                    ctx.complete(&mut tx).await?;
+                    tx.commit().await?;
+                    Ok::<_, forge::CronError>(())
+                },
+            ))
+            .start()
+    };
+    let a = start("a").await.unwrap();
+    wait_single_leader(&[&a], &Role::SCHEDULER).await;
+    // Asked from outside any node.
+    let workload = Workload::new(pool.clone(), LockNamespace::default());
+    assert_eq!(
+        workload.trigger_cron("no_such_cron", "t").await.unwrap(),
+        None
+    );
+    // Paused or not, a trigger runs once.
+    assert!(workload.pause_cron("yearly", "t").await.unwrap());
+    let first = workload.trigger_cron("yearly", "t").await.unwrap().unwrap();
+    let ran = |n: usize| {
+        let pool = pool.clone();
+        move || {
+            let pool = pool.clone();
+            async move {
+                let ticks = manual_ticks(&pool, "yearly").await;
+                (ticks.len() >= n && ticks.iter().all(|t| t.2 == "succeeded")).then_some(ticks)
+            }
+        }
+    };
+    let ticks = wait_until("the manual tick", SOON, Duration::from_millis(20), ran(1))
+        .await
+        .unwrap();
+    assert_eq!(ticks.len(), 1);
+    assert_eq!((ticks[0].0, ticks[0].1.as_str()), (first, "a"));
+    let view = workload.cron("yearly").await.unwrap().unwrap();
+    assert_eq!(view.trigger_requested_at, None, "the request is answered");
+    assert!(view.last.as_ref().is_some_and(|t| t.manual), "{view:?}");
+
+    // Asked while no node leads: the next leader runs it.
+    a.shutdown().await;
+    let second = workload.trigger_cron("yearly", "t").await.unwrap().unwrap();
+    assert!(second > first);
+    let b = start("b").await.unwrap();
+    let ticks = wait_until(
+        "the manual tick on the next leader",
+        SOON,
+        Duration::from_millis(20),
+        ran(2),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ticks.len(), 2, "{ticks:?}");
+    assert_eq!((ticks[1].0, ticks[1].1.as_str()), (second, "b"));
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM yearly_runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(runs, 2, "each trigger ran once");
+    let trail = audit_trail(&b).await;
+    let actions: Vec<&str> = trail.iter().map(|(a, _, _)| a.as_str()).collect();
+    assert_eq!(actions, ["pause_cron", "trigger_cron", "trigger_cron"]);
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_are_retried_cancelled_and_deleted_one_by_one_and_by_filter() {
+    let (db, pool) = setup().await;
+    let mut config = job_config(db.url(), "a");
+    config.jobs.queues = [("default".to_owned(), 4)].into_iter().collect();
+    let node = Node::builder(config)
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .unwrap();
+    let workload = node.workload();
+    let jobs = node.jobs();
+    // A job that dies at once (one attempt, failing), retried by the operator: it completes.
+    let dying = jobs
+        .enqueue_job(
+            NewJob::new(
+                plain,
+                Behave {
+                    fail_attempts: 1,
+                    ..Behave::tag("dying")
+                },
+            )
+            .max_attempts(1),
+        )
+        .await
+        .unwrap()
+        .id();
+    wait_state(&pool, dying, JobState::Dead).await;
+    assert_eq!(
+        workload.retry_job(dying, "op").await.unwrap(),
+        Change::Applied
+    );
+    let retried = wait_state(&pool, dying, JobState::Completed).await;
+    assert_eq!(retried.attempt, 2);
+
+    // A running job: not deleted, cancelled (its node stops it).
+    let long = jobs
+        .enqueue(
+            plain,
+            Behave {
+                sleep_ms: 60_000,
+                ..Behave::tag("long")
+            },
+        )
+        .await
+        .unwrap()
+        .id();
+    wait_state(&pool, long, JobState::Running).await;
+    assert!(matches!(
+        workload.delete_job(long, "op").await.unwrap(),
+        Change::Refused(_)
+    ));
+    assert_eq!(
+        workload.cancel_job(long, "op").await.unwrap(),
+        Change::Applied
+    );
+    wait_state(&pool, long, JobState::Cancelled).await;
+    assert!(matches!(
+        workload.cancel_job(long, "op").await.unwrap(),
+        Change::Refused(_)
+    ));
+    assert_eq!(
+        workload.delete_job(long, "op").await.unwrap(),
+        Change::Applied
+    );
+    assert!(workload.job(long).await.unwrap().is_none());
+    assert_eq!(
+        workload.delete_job(long, "op").await.unwrap(),
+        Change::NotFound
+    );
+
+    // By filter: 30 jobs of one tag scheduled far ahead, cancelled, retried, deleted.
+    let later = Utc::now() + chrono::TimeDelta::hours(1);
+    let batch: Vec<NewJob> = (0..30)
+        .map(|i| {
+            NewJob::new(
+                plain,
+                Behave {
+                    tag: "bulk".into(),
+                    sleep_ms: i,
+                    ..Behave::default()
+                },
+            )
+            .run_at(later)
+        })
+        .collect();
+    jobs.enqueue_many(batch).await.unwrap();
+    let filter = JobFilter {
+        args: Some(serde_json::json!({ "tag": "bulk" })),
+        ..JobFilter::default()
+    };
+    assert_eq!(workload.cancel_jobs(&filter, "op").await.unwrap(), 30);
+    let cancelled = JobFilter {
+        states: vec![JobState::Cancelled],
+        ..filter.clone()
+    };
+    let page = workload
+        .jobs(&cancelled, PageRequest::first(100))
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 30);
+    assert_eq!(workload.retry_jobs(&cancelled, "op").await.unwrap(), 30);
+    wait_until(
+        "the retried jobs to complete",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let done = workload
+                .jobs(
+                    &JobFilter {
+                        states: vec![JobState::Completed],
+                        ..filter.clone()
+                    },
+                    PageRequest::first(100),
+                )
+                .await
+                .unwrap();
+            (done.items.len() == 30).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(workload.delete_jobs(&filter, "op").await.unwrap(), 30);
+    assert!(
+        workload
+            .jobs(&filter, PageRequest::first(10))
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let trail = audit_trail(&node).await;
+    let actions: Vec<&str> = trail.iter().map(|(a, _, _)| a.as_str()).collect();
+    assert_eq!(
+        actions,
+        [
+            "retry_job",
+            "cancel_job",
+            "delete_job",
+            "cancel_jobs",
+            "retry_jobs",
+            "delete_jobs"
+        ]
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_queue_is_not_claimed_until_resumed() {
+    let (db, pool) = setup().await;
+    let mut config = job_config(db.url(), "a");
+    config.jobs.queues = [("default".to_owned(), 4), ("other".to_owned(), 4)]
+        .into_iter()
+        .collect();
+    let node = Node::builder(config)
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .unwrap();
+    let workload = node.workload();
+    assert!(workload.pause_queue("default", "op").await.unwrap());
+    assert!(
+        workload.pause_queue("default", "op").await.unwrap(),
+        "already paused"
+    );
+    assert!(workload.pause_queue("bad queue!", "op").await.is_err());
+    let held = node
+        .jobs()
+        .enqueue(plain, Behave::tag("held"))
+        .await
+        .unwrap()
+        .id();
+    // A job enqueued after it on a working queue completes; the paused one still waits.
+    let passing = node
+        .jobs()
+        .enqueue_job(NewJob::new(plain, Behave::tag("passing")).queue("other"))
+        .await
+        .unwrap()
+        .id();
+    wait_state(&pool, passing, JobState::Completed).await;
+    assert_eq!(
+        workload.job(held).await.unwrap().unwrap().state,
+        JobState::Available
+    );
+    let queues = workload.queues().await.unwrap();
+    let default = queues.iter().find(|q| q.queue == "default").unwrap();
+    assert!(default.paused && default.available == 1, "{default:?}");
+    assert!(workload.resume_queue("default", "op").await.unwrap());
+    assert!(
+        !workload.resume_queue("default", "op").await.unwrap(),
+        "not paused"
+    );
+    wait_state(&pool, held, JobState::Completed).await;
+    let trail = audit_trail(&node).await;
+    let actions: Vec<&str> = trail.iter().map(|(a, _, _)| a.as_str()).collect();
+    assert_eq!(actions, ["pause_queue", "resume_queue"]);
+    node.shutdown().await;
+}
