@@ -111,7 +111,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use axum;
 pub use error::{ApiError, ApiResult};
-pub use views::{AttemptView, JobView};
 
 /// Everything the API needs: the read models (and so the pool and namespace), the access
 /// rules, and optionally the serving node and its configuration. Cheap to clone.

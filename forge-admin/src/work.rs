@@ -15,7 +15,6 @@ use crate::auth::Actor;
 use crate::cluster::{page, parse_list};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::views::JobView;
 
 pub(crate) async fn crons(State(state): State<AdminState>) -> ApiResult<Json<Value>> {
     let crons = state.read(state.workload.crons()).await?;
@@ -183,8 +182,7 @@ pub(crate) async fn jobs(
     };
     let page = page(query.limit, query.before)?;
     let jobs = state.read(state.workload.jobs(&filter, page)).await?;
-    let items: Vec<JobView> = jobs.items.iter().map(JobView::from).collect();
-    Ok(Json(json!({ "items": items, "next": jobs.next })))
+    Ok(Json(json!({ "items": jobs.items, "next": jobs.next })))
 }
 
 fn unknown_job(id: i64) -> ApiError {
@@ -199,7 +197,7 @@ pub(crate) async fn job(
 ) -> ApiResult<Json<Value>> {
     let job = state.read(state.workload.job(JobId(id))).await?;
     match job {
-        Some(job) => Ok(Json(json!(JobView::from(&job)))),
+        Some(job) => Ok(Json(json!(job))),
         None => Err(unknown_job(id)),
     }
 }
@@ -263,7 +261,7 @@ async fn one_job(
             .await
             .ok()
             .flatten()
-            .map(|job| JobView::from(&job)),
+            .map(|job| json!(job)),
     };
     Ok(Json(json!({
         "id": id,

@@ -1,7 +1,7 @@
 //! `crons`, `jobs`, `queues`.
 
 use forge::inspect::{Change, CronView, JobFilter, PageRequest, QueueView, TickView};
-use forge::jobs::{JobId, JobInfo, JobState};
+use forge::jobs::{JobId, JobState};
 use serde_json::json;
 
 use crate::args::{CronsCommand, JobAction, JobFilterArgs, JobsCommand, QueuesCommand};
@@ -228,37 +228,6 @@ pub(crate) fn job_filter(args: &JobFilterArgs) -> Result<JobFilter, Fail> {
     Ok(filter)
 }
 
-/// A job as JSON (every field of [`JobInfo`]).
-fn job_json(job: &JobInfo) -> serde_json::Value {
-    json!({
-        "id": job.id,
-        "namespace": job.namespace,
-        "queue": job.queue,
-        "kind": job.kind,
-        "args": job.args,
-        "state": job.state.as_str(),
-        "priority": job.priority,
-        "run_at": job.run_at,
-        "attempt": job.attempt,
-        "max_attempts": job.max_attempts,
-        "timeout_ms": job.timeout.map(|t| t.as_millis() as u64),
-        "role": job.role,
-        "unique_key": job.unique_key,
-        "node_id": job.node_id,
-        "attempted_at": job.attempted_at,
-        "finished_at": job.finished_at,
-        "created_at": job.created_at,
-        "cancel_requested": job.cancel_requested,
-        "errors": job.errors.iter().map(|e| json!({
-            "attempt": e.attempt,
-            "at": e.at,
-            "node": e.node,
-            "reason": e.reason,
-            "error": e.error,
-        })).collect::<Vec<_>>(),
-    })
-}
-
 pub(crate) async fn jobs(ctx: &Ctx, action: &JobsCommand, json: bool) -> Outcome {
     let workload = ctx.workload();
     match action {
@@ -279,7 +248,7 @@ pub(crate) async fn jobs(ctx: &Ctx, action: &JobsCommand, json: bool) -> Outcome
                 .await?;
             if json {
                 out::print_json(&json!({
-                    "items": page.items.iter().map(job_json).collect::<Vec<_>>(),
+                    "items": page.items,
                     "next": page.next,
                 }));
                 return Ok(0);
@@ -315,7 +284,7 @@ pub(crate) async fn jobs(ctx: &Ctx, action: &JobsCommand, json: bool) -> Outcome
                 return Err(no_job(ctx, *id));
             };
             if json {
-                out::print_json(&job_json(&job));
+                out::print_json(&serde_json::json!(job));
                 return Ok(0);
             }
             out::print_fields(&[

@@ -165,7 +165,7 @@ pub enum CancelOutcome {
 }
 
 /// One failed, interrupted or rescued attempt, from the job's `errors`.
-#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct AttemptError {
     /// The attempt's number.
@@ -181,8 +181,9 @@ pub struct AttemptError {
     pub error: String,
 }
 
-/// A job as stored in `forge.jobs`.
-#[derive(Clone, Debug, PartialEq)]
+/// A job as stored in `forge.jobs`. Serializes (for the admin API and the CLI's `--json`)
+/// with `state` as its name and `timeout` as `timeout_ms`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct JobInfo {
     /// The id.
@@ -197,6 +198,7 @@ pub struct JobInfo {
     /// levels), their JSON text as a string.
     pub args: serde_json::Value,
     /// The state.
+    #[serde(serialize_with = "state_name")]
     pub state: JobState,
     /// Lower runs first.
     pub priority: i16,
@@ -207,6 +209,7 @@ pub struct JobInfo {
     /// Attempts allowed (`None`: `[jobs] default_max_attempts`).
     pub max_attempts: Option<u32>,
     /// Per-attempt timeout.
+    #[serde(rename = "timeout_ms", serialize_with = "millis")]
     pub timeout: Option<Duration>,
     /// The role whose leader runs it, if any.
     pub role: Option<String>,
@@ -224,6 +227,23 @@ pub struct JobInfo {
     pub cancel_requested: bool,
     /// Failed, interrupted and rescued attempts, oldest first.
     pub errors: Vec<AttemptError>,
+}
+
+fn state_name<S: serde::Serializer>(
+    state: &JobState,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(state.as_str())
+}
+
+fn millis<S: serde::Serializer>(
+    timeout: &Option<Duration>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match timeout {
+        Some(t) => s.serialize_some(&(t.as_millis().min(u128::from(u64::MAX)) as u64)),
+        None => s.serialize_none(),
+    }
 }
 
 impl JobInfo {
