@@ -131,6 +131,7 @@ impl From<forge_core::Error> for ApiError {
             Error::Fenced { .. } | Error::NotRunning { .. } | Error::Registration { .. } => {
                 ApiError::conflict(err.to_string())
             }
+            Error::InvalidInput { message } => ApiError::bad_request(message.clone()),
             Error::ShutDown => ApiError::unavailable("the node is shut down"),
             _ => {
                 tracing::error!(target: "forge::admin", error = %err, "admin API request failed");
