@@ -5,7 +5,7 @@
 //! cargo run --release --example bench_jobs                 # 3 rounds of each, 60 s idle window
 //! cargo run --release --example bench_jobs -- --quick      # 1 round, 20 s idle window
 //! cargo run --release --example bench_jobs -- --database-url postgres://...   # an existing server
-//! cargo run --release --example bench_jobs -- --only throughput   # or latency, idle
+//! cargo run --release --example bench_jobs -- --only throughput   # or latency, idle, limit
 //! ```
 //!
 //! By default it starts its own throwaway PostgreSQL (forge-testkit: fsync on, full_page_writes
@@ -283,6 +283,76 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
     })
 }
 
+/// The physical limit: `forge.jobs_step`, the statement FORGE's workers send, driven in a loop
+/// with nothing around it (no node, no handlers, no notifications) on `connections`
+/// connections, each recording the previous batch as completed while claiming the next
+/// `batch`. Returns jobs/s from the first claim to the last completion.
+async fn limit(
+    bench: &mut Bench,
+    connections: usize,
+    batch: i32,
+    total: usize,
+) -> Result<f64, BoxError> {
+    let (_db, pool, _config) = bench.database().await?;
+    let jobs = Jobs::new(pool.clone(), &forge::LockNamespace::default());
+    for chunk in 0..total.div_ceil(1000) {
+        let n = 1000.min(total - chunk * 1000);
+        jobs.enqueue_many((0..n).map(|_| NewJob::new(noop, ())))
+            .await?;
+    }
+    sqlx::query("ANALYZE forge.jobs").execute(&pool).await?;
+    let mut loops = Vec::new();
+    for c in 0..connections {
+        let pool = pool.clone();
+        loops.push(tokio::spawn(async move {
+            let mut conn = pool.acquire().await?;
+            let node = format!("limit{c}");
+            let (mut ids, mut attempts): (Vec<i64>, Vec<i32>) = (Vec::new(), Vec::new());
+            loop {
+                let n = ids.len();
+                let rows: Vec<(i64, bool, Option<i32>)> = sqlx::query_as(
+                    "SELECT id, claimed, attempt FROM forge.jobs_step('forge', $1, 'default', NULL, NULL, NULL,
+                        ARRAY['noop'], $2, $2, '{}', $3, $4, $5, $6, $7, 20)",
+                )
+                .bind(&node)
+                .bind(batch)
+                .bind(&ids)
+                .bind(&attempts)
+                .bind(vec!["completed"; n])
+                .bind(vec![None::<i64>; n])
+                .bind(vec![None::<serde_json::Value>; n])
+                .fetch_all(&mut *conn)
+                .await?;
+                (ids, attempts) = rows
+                    .into_iter()
+                    .filter(|r| r.1)
+                    .map(|r| (r.0, r.2.unwrap_or(1)))
+                    .unzip();
+                if ids.is_empty() {
+                    return Ok::<(), BoxError>(());
+                }
+            }
+        }));
+    }
+    for l in loops {
+        l.await??;
+    }
+    let done = count(
+        &pool,
+        "SELECT count(*) FROM forge.jobs WHERE state = 'completed'",
+    )
+    .await?;
+    if done as usize != total {
+        return Err(format!("limit: {done} of {total} jobs completed").into());
+    }
+    let span: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM max(finished_at) - min(attempted_at))::float8 FROM forge.jobs",
+    )
+    .fetch_one(&pool)
+    .await?;
+    Ok(total as f64 / span)
+}
+
 /// One `ping` every 10 ms through one connection; the node prints each pickup latency.
 async fn latency(bench: &mut Bench, n: usize) -> Result<(Vec<f64>, Vec<f64>), BoxError> {
     let (db, pool, config) = bench.database().await?;
@@ -482,6 +552,27 @@ async fn bench(options: Options) -> Result<(), BoxError> {
             "BULK ENQUEUE: median {:.0} jobs/s (enqueue_many, 1,000 jobs per statement)\n",
             median(enqueues)
         );
+    }
+
+    if part("limit") {
+        for connections in [1, 2] {
+            for batch in [16, 64, 128] {
+                let mut rates = Vec::new();
+                for _ in 0..rounds {
+                    rates.push(limit(&mut bench, connections, batch, total).await?);
+                }
+                println!(
+                    "PHYSICAL LIMIT, {connections} connection(s), batches of {batch}: median {:.0} jobs/s (runs: {}); forge.jobs_step alone, {total} no-op jobs inserted first",
+                    median(rates.clone()),
+                    rates
+                        .iter()
+                        .map(|r| format!("{r:.0}"))
+                        .collect::<Vec<_>>()
+                        .join(" / ")
+                );
+            }
+        }
+        println!();
     }
 
     if part("latency") {

@@ -301,15 +301,21 @@ DECLARE
     v_wake   text[];
 BEGIN
     IF cardinality(p_started) > 0 THEN
+        -- (Primary-key lookups, as for the outcomes below.)
         UPDATE forge.jobs j SET started_at = clock_timestamp()
-         WHERE j.id = ANY (p_started) AND j.node_id = p_node AND j.state = 'running'
+          FROM (SELECT s.id, 'running'::text AS running FROM unnest(p_started) AS s(id)) s
+         WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
            AND j.started_at IS NULL;
     END IF;
 
     IF cardinality(p_ids) > 0 THEN
+        -- o.running ('running') is compared as a column, not a constant, so the planner cannot
+        -- use the partial index jobs_running (a scan of all this node's running entries, many
+        -- of them dead under load): each outcome is one primary-key lookup.
         WITH o AS (
-            SELECT * FROM unnest(p_ids, p_attempts, p_states, p_delays_ms, p_errors)
-                       AS o(id, attempt, state, delay_ms, error)
+            SELECT o.*, 'running'::text AS running
+              FROM unnest(p_ids, p_attempts, p_states, p_delays_ms, p_errors)
+                   AS o(id, attempt, state, delay_ms, error)
         ), u AS (
             UPDATE forge.jobs j
                SET state = CASE
@@ -335,13 +341,14 @@ BEGIN
                        END
               FROM o
              WHERE j.id = o.id AND j.attempt = o.attempt AND j.node_id = p_node
-               AND j.state = 'running'
+               AND j.state = o.running
             RETURNING j.id, j.state, j.run_at, j.queue, j.role
         ), done AS (
-            -- Completed in the handler's own transaction: nothing to write.
-            SELECT j.id, j.state FROM forge.jobs j JOIN o ON o.id = j.id
-             WHERE o.state = 'completed' AND j.state = 'completed' AND j.attempt = o.attempt
-               AND j.node_id = p_node
+            -- Completed in the handler's own transaction: nothing to write. (Only the outcomes
+            -- the update above did not apply are looked up.)
+            SELECT j.id, j.state FROM o JOIN forge.jobs j ON j.id = o.id
+             WHERE o.state = 'completed' AND NOT EXISTS (SELECT 1 FROM u WHERE u.id = o.id)
+               AND j.state = 'completed' AND j.attempt = o.attempt AND j.node_id = p_node
         )
         SELECT array_agg(x.id), array_agg(x.state),
                min(x.run_at) FILTER (WHERE x.state = 'retryable'),

@@ -433,7 +433,13 @@ impl Worker {
             (0, 0)
         };
         let records = std::mem::take(&mut self.attempts.records);
-        let started = std::mem::take(&mut self.attempts.started_ahead);
+        let mut started = std::mem::take(&mut self.attempts.started_ahead);
+        if !started.is_empty() && !records.is_empty() {
+            // An outcome of a job claimed ahead says that it started: marking it started
+            // first would only write one more row version.
+            let finished: std::collections::HashSet<i64> = records.iter().map(|r| r.id).collect();
+            started.retain(|id| !finished.contains(id));
+        }
         let reconcile = std::mem::take(&mut self.wants.reconcile).then(|| self.attempts.held());
         let step = Step::new(self, &records, &started, limit, start);
         let conn = self.conn.take();
