@@ -64,6 +64,65 @@ BEGIN
 END;
 $$;
 
+-- Claims several ticks of one tenure in one transaction - the ticks due at one instant: one
+-- fence check, one insert, one commit for all - with tick_claim's outcomes. Rows: (idx,
+-- outcome, early_ms), idx the 1-based position in the input. When the fence does not hold or
+-- a tick is not due yet, each tick goes through tick_claim (which says which).
+CREATE FUNCTION forge.tick_claim_many(
+    p_namespace text,
+    p_role      text,
+    p_epoch     bigint,
+    p_tenure    bigint,
+    p_node      text,
+    p_crons     text[],
+    p_ticks     timestamptz[],
+    p_states    text[],
+    p_notes     text[]
+) RETURNS TABLE (idx integer, outcome text, early_ms double precision)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_crons text[];
+    v_ticks timestamptz[];
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(p_ticks) AS t(at) WHERE t.at > clock_timestamp())
+       OR NOT forge.fence_holds(p_namespace, p_role, p_epoch, p_tenure) THEN
+        FOR k IN 1..coalesce(cardinality(p_crons), 0) LOOP
+            RETURN QUERY SELECT k, c.outcome, c.early_ms
+              FROM forge.tick_claim(p_namespace, p_role, p_epoch, p_tenure, p_node,
+                                    p_crons[k], p_ticks[k], p_states[k], p_notes[k]) c;
+        END LOOP;
+        RETURN;
+    END IF;
+    -- The fence holds (FOR KEY SHARE on the role's row until the commit) and every tick is
+    -- due: one insert. Then, in a statement of its own (so that it sees a conflicting claim
+    -- that committed meanwhile, such as this tenure's own whose reply was lost), the outcome
+    -- of each tick the insert did not take.
+    WITH ins AS (
+        INSERT INTO forge.cron_ticks (namespace, cron, scheduled_at, role, epoch, tenure,
+                                      node_id, state, finished_at, error)
+        SELECT p_namespace, x.cron, x.at, p_role, p_epoch, p_tenure, p_node, x.state,
+               CASE WHEN x.state = 'running' THEN NULL ELSE clock_timestamp() END, x.note
+          FROM unnest(p_crons, p_ticks, p_states, p_notes) AS x(cron, at, state, note)
+        ON CONFLICT DO NOTHING
+        RETURNING cron_ticks.cron, cron_ticks.scheduled_at
+    )
+    SELECT coalesce(array_agg(ins.cron), '{}'), coalesce(array_agg(ins.scheduled_at), '{}')
+      INTO v_crons, v_ticks FROM ins;
+    RETURN QUERY
+    SELECT x.k::integer,
+           CASE WHEN EXISTS (SELECT 1 FROM unnest(v_crons, v_ticks) AS n(cron, at)
+                              WHERE n.cron = x.cron AND n.at = x.at) THEN 'claimed'
+                WHEN t.tenure = p_tenure AND t.state = x.state THEN 'ours'
+                ELSE 'taken' END,
+           NULL::double precision
+      FROM unnest(p_crons, p_ticks, p_states) WITH ORDINALITY AS x(cron, at, state, k)
+      LEFT JOIN forge.cron_ticks t
+        ON t.namespace = p_namespace AND t.cron = x.cron AND t.scheduled_at = x.at;
+END;
+$$;
+
 -- Records the outcome of a run, if the tick is still running under this tenure. Returns
 -- 'recorded', or the tick's state when it was already final (for example 'succeeded' after
 -- the handler completed it in its own transaction), or 'taken' when another tenure owns it.

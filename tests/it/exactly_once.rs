@@ -876,3 +876,48 @@ async fn a_second_transaction_of_a_completed_run_cannot_complete_it_again() {
     assert!(succeeded >= 3, "{succeeded} succeeded ticks");
     assert_eq!(effects, succeeded, "one effect per completed tick");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_crons_due_at_one_instant_are_claimed_together_and_each_tick_runs_once() {
+    let (db, pool) = setup().await;
+    // 60 per-second crons: their ticks come due together and are claimed in batches.
+    let crons: Vec<CronJob> = (0..60)
+        .map(|i| effect_cron(&format!("many_{i}"), true, None))
+        .collect();
+    let node = node_with(db.url(), "a", crons).await;
+    wait_leads(&pool, "a").await;
+    let start = Utc::now() + TimeDelta::seconds(1);
+    let end = start + TimeDelta::seconds(3);
+    let per_tick: Vec<(DateTime<Utc>, i64, i64)> = wait_until(
+        "three seconds of ticks of the 60 crons",
+        SOON,
+        Duration::from_millis(50),
+        || async {
+            let rows: Vec<(DateTime<Utc>, i64, i64)> = sqlx::query_as(
+                "SELECT scheduled_at, count(*), count(DISTINCT cron) FROM tick_effects
+                  WHERE scheduled_at >= date_trunc('second', $1::timestamptz)
+                    AND scheduled_at < date_trunc('second', $2::timestamptz)
+                  GROUP BY 1 ORDER BY 1",
+            )
+            .bind(start)
+            .bind(end)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            (rows.len() == 3 && rows.iter().all(|r| r.1 == 60)).then_some(rows)
+        },
+    )
+    .await
+    .unwrap();
+    node.shutdown().await;
+    for (tick, effects, crons) in per_tick {
+        assert_eq!(
+            (effects, crons),
+            (60, 60),
+            "tick {tick}: one effect per cron"
+        );
+    }
+    for name in ["many_0", "many_59"] {
+        assert_eq!(repeated(&pool, name).await, [], "{name}: no effect twice");
+    }
+}

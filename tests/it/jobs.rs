@@ -1247,3 +1247,65 @@ async fn a_second_transaction_of_a_completed_attempt_cannot_complete_it_again() 
         "the retried transaction's completion must be refused"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_notified_while_a_claim_is_in_flight_is_claimed_next() {
+    let (db, pool) = setup().await;
+    // While the flag is set, a commit that completes a job sleeps 1.5 s on the server: the
+    // worker's round trip (outcome + claim) stays in flight meanwhile.
+    sqlx::raw_sql(
+        "CREATE TABLE slow_commit (on_ boolean NOT NULL);
+         INSERT INTO slow_commit VALUES (false);
+         CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF (SELECT on_ FROM public.slow_commit) AND NEW.state = 'completed' THEN
+                 PERFORM pg_sleep(1.5);
+             END IF;
+             RETURN NULL;
+         END $$;
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON forge.jobs
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.slow_commit();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut config = job_config(db.url(), "a");
+    config.jobs.queues = [("default".to_owned(), 1)].into_iter().collect();
+    let node = start(config).await;
+    let jobs = client(&pool);
+    let first = inserted(jobs.enqueue(plain, Behave::tag("first")).await.unwrap());
+    wait_state(&pool, first, JobState::Completed).await;
+
+    sqlx::query("UPDATE slow_commit SET on_ = true")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let second = inserted(jobs.enqueue(plain, Behave::tag("second")).await.unwrap());
+    // The round trip recording the second job's completion (and claiming) is committing.
+    wait_until(
+        "the worker's round trip to be committing",
+        SOON,
+        Duration::from_millis(2),
+        || async {
+            sqlx::query_scalar::<_, i32>(
+                "SELECT pid FROM pg_stat_activity
+                  WHERE application_name LIKE 'forge:pool:a%' AND wait_event = 'PgSleep' LIMIT 1",
+            )
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await
+    .unwrap();
+    // Enqueued now: after that claim's snapshot, its notification heard while it is in flight.
+    let third = inserted(jobs.enqueue(plain, Behave::tag("third")).await.unwrap());
+    sqlx::query("UPDATE slow_commit SET on_ = false")
+        .execute(&pool)
+        .await
+        .unwrap();
+    wait_state(&pool, second, JobState::Completed).await;
+    let job = wait_state(&pool, third, JobState::Completed).await;
+    assert_eq!(job.attempt, 1, "{job:?}");
+    node.shutdown().await;
+}

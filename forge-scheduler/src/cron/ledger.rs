@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use forge_core::{Error, Leadership, Result};
+use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
 
 use super::{CronJob, TickState};
@@ -75,6 +76,54 @@ pub(super) async fn claim(
         query.bind(state).bind(note)
     };
     let row = query.fetch_one(leadership.pool()).await?;
+    claim_from_row(&row)
+}
+
+/// One tick of a batch claim.
+#[derive(Debug)]
+pub(super) struct ClaimRequest {
+    pub(super) cron: String,
+    pub(super) tick: DateTime<Utc>,
+    pub(super) state: TickState,
+    pub(super) note: Option<&'static str>,
+}
+
+/// Claims several ticks for this tenure in one transaction (one commit for all the ticks due
+/// at one instant), each exactly as [`claim`] would; the claims in input order.
+pub(super) async fn claim_many(
+    leadership: &Leadership,
+    requests: &[ClaimRequest],
+) -> Result<Vec<Claim>, sqlx::Error> {
+    let token = leadership.fence_token();
+    let crons: Vec<&str> = requests.iter().map(|r| r.cron.as_str()).collect();
+    let ticks: Vec<DateTime<Utc>> = requests.iter().map(|r| r.tick).collect();
+    let states: Vec<&str> = requests.iter().map(|r| r.state.as_str()).collect();
+    let notes: Vec<Option<&str>> = requests.iter().map(|r| r.note).collect();
+    let rows = sqlx::query(
+        "SELECT * FROM forge.tick_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9) ORDER BY idx",
+    )
+    .bind(&token.namespace)
+    .bind(&token.role)
+    .bind(token.epoch)
+    .bind(token.tenure)
+    .bind(leadership.node_id())
+    .bind(&crons)
+    .bind(&ticks)
+    .bind(&states)
+    .bind(&notes)
+    .fetch_all(leadership.pool())
+    .await?;
+    if rows.len() != requests.len() {
+        return Err(sqlx::Error::Protocol(format!(
+            "forge.tick_claim_many answered {} rows for {} ticks",
+            rows.len(),
+            requests.len()
+        )));
+    }
+    rows.iter().map(claim_from_row).collect()
+}
+
+fn claim_from_row(row: &PgRow) -> Result<Claim, sqlx::Error> {
     Ok(match row.try_get("outcome")? {
         ClaimOutcome::Claimed | ClaimOutcome::Ours => Claim::Claimed,
         ClaimOutcome::Early => {

@@ -28,12 +28,12 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use forge_core::Leadership;
 use futures_util::FutureExt;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::ledger::{self, Board, Claim, Finish, Resume};
+use super::ledger::{self, Board, Claim, ClaimRequest, Finish, Resume};
 use super::{CatchUp, CronContext, CronJob, Interrupted, Overlap, TickState};
 use crate::metrics::{CRON_DURATION, CRON_LAG, CRON_MISSED, CRON_RUNS, CRON_UNKNOWN};
 
@@ -82,6 +82,7 @@ pub(super) async fn supervise(
     };
     info!(target: "forge::cron", role = %leadership.role(), epoch = %leadership.epoch(), crons = crons.len(),
           "running crons");
+    let (claimer, requests) = mpsc::unbounded_channel();
     let mut loops = JoinSet::new();
     for cron in crons.iter() {
         let resume = resume.remove(&cron.name).unwrap_or_default();
@@ -90,9 +91,65 @@ pub(super) async fn supervise(
             leadership.clone(),
             resume,
             settings.clone(),
+            claimer.clone(),
         ));
     }
+    drop(claimer);
+    // The claimer ends when every loop (and so every sender) is gone.
+    let claiming = tokio::spawn(claim_batches(leadership.clone(), requests));
     while loops.join_next().await.is_some() {}
+    let _ = claiming.await;
+}
+
+/// A claim asked of the tenure's claimer, and where its answer goes.
+struct ClaimAsk {
+    request: ClaimRequest,
+    reply: oneshot::Sender<Result<Claim, String>>,
+}
+
+type Claimer = mpsc::UnboundedSender<ClaimAsk>;
+
+/// Claims in batches: whatever claims are waiting when the previous batch returns go in one
+/// transaction (with many crons due at one instant, one commit instead of one each).
+async fn claim_batches(leadership: Leadership, mut asks: mpsc::UnboundedReceiver<ClaimAsk>) {
+    const MOST: usize = 1000;
+    while let Some(first) = asks.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MOST {
+            match asks.try_recv() {
+                Ok(ask) => batch.push(ask),
+                Err(_) => break,
+            }
+        }
+        // Dropped answers are claims whose caller gave up waiting (it asks again: the claim
+        // then finds the tick already its own).
+        batch.retain(|ask| !ask.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let requests: Vec<ClaimRequest> = batch
+            .iter()
+            .map(|ask| ClaimRequest {
+                cron: ask.request.cron.clone(),
+                tick: ask.request.tick,
+                state: ask.request.state,
+                note: ask.request.note,
+            })
+            .collect();
+        match ledger::claim_many(&leadership, &requests).await {
+            Ok(claims) => {
+                for (ask, claim) in batch.into_iter().zip(claims) {
+                    let _ = ask.reply.send(Ok(claim));
+                }
+            }
+            Err(err) => {
+                let err = err.to_string();
+                for ask in batch {
+                    let _ = ask.reply.send(Err(err.clone()));
+                }
+            }
+        }
+    }
 }
 
 fn report_unknown(leadership: &Leadership, unknown: &[(String, String)]) {
@@ -107,8 +164,19 @@ fn report_unknown(leadership: &Leadership, unknown: &[(String, String)]) {
 }
 
 /// One cron's loop for one tenure.
-async fn run_cron(cron: CronJob, leadership: Leadership, resume: Resume, settings: Arc<Settings>) {
-    let mut runs = Runs::new(cron.clone(), leadership.clone(), settings.board.clone());
+async fn run_cron(
+    cron: CronJob,
+    leadership: Leadership,
+    resume: Resume,
+    settings: Arc<Settings>,
+    claimer: Claimer,
+) {
+    let mut runs = Runs::new(
+        cron.clone(),
+        leadership.clone(),
+        settings.board.clone(),
+        claimer,
+    );
     let mut board = settings.board.subscribe();
     for (at, attempt, epoch) in &resume.interrupted {
         runs.recover(*at, *attempt, *epoch).await;
@@ -209,6 +277,8 @@ struct Runs {
     cron: CronJob,
     leadership: Leadership,
     board: SharedBoard,
+    /// The tenure's claimer (claims of scheduled ticks, batched).
+    claimer: Claimer,
     /// The newest manual tick this loop handled (its request may still show on the board
     /// until the board is refreshed).
     last_manual: Option<DateTime<Utc>>,
@@ -228,11 +298,12 @@ enum Slot {
 }
 
 impl Runs {
-    fn new(cron: CronJob, leadership: Leadership, board: SharedBoard) -> Runs {
+    fn new(cron: CronJob, leadership: Leadership, board: SharedBoard, claimer: Claimer) -> Runs {
         Runs {
             cron,
             leadership,
             board,
+            claimer,
             last_manual: None,
             on_time: JoinSet::new(),
             backlog: JoinSet::new(),
@@ -352,7 +423,7 @@ impl Runs {
         &self,
         tick: DateTime<Utc>,
         state: TickState,
-        note: Option<&str>,
+        note: Option<&'static str>,
         manual: bool,
     ) -> Option<(bool, bool)> {
         let mut pause = Duration::from_millis(50);
@@ -362,11 +433,8 @@ impl Runs {
             if !self.leadership.is_valid() || self.leadership.is_draining() {
                 return None;
             }
-            let claimed = tokio::time::timeout(
-                bound,
-                ledger::claim(&self.cron, &self.leadership, tick, state, note, manual),
-            )
-            .await;
+            let claimed =
+                tokio::time::timeout(bound, self.claim_once(tick, state, note, manual)).await;
             match claimed {
                 Ok(Ok(Claim::Claimed)) => return Some((true, retried)),
                 Ok(Ok(Claim::Taken)) => {
@@ -398,6 +466,34 @@ impl Runs {
             }
             pause = (pause * 2).min(Duration::from_secs(2));
         }
+    }
+
+    /// One try: a manual tick directly, a scheduled one through the tenure's claimer.
+    async fn claim_once(
+        &self,
+        tick: DateTime<Utc>,
+        state: TickState,
+        note: Option<&'static str>,
+        manual: bool,
+    ) -> Result<Claim, String> {
+        if manual {
+            return ledger::claim(&self.cron, &self.leadership, tick, state, note, true)
+                .await
+                .map_err(|err| err.to_string());
+        }
+        let (reply, answer) = oneshot::channel();
+        let request = ClaimRequest {
+            cron: self.cron.name.clone(),
+            tick,
+            state,
+            note,
+        };
+        self.claimer
+            .send(ClaimAsk { request, reply })
+            .map_err(|_| "the tenure's claimer has stopped".to_owned())?;
+        answer
+            .await
+            .map_err(|_| "the tenure's claimer has stopped".to_owned())?
     }
 
     /// Sleeps, unless the leadership winds down first (then false).

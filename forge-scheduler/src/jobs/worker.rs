@@ -432,6 +432,11 @@ impl Worker {
         } else {
             (0, 0)
         };
+        if limit > 0 {
+            // This claim answers the wish; a notification heard while it is in flight (a job
+            // committed after its snapshot) makes a new one, which its answer must not erase.
+            self.wants.claim = false;
+        }
         let records = std::mem::take(&mut self.attempts.records);
         let mut started = std::mem::take(&mut self.attempts.started_ahead);
         if !started.is_empty() && !records.is_empty() {
@@ -473,6 +478,16 @@ impl Worker {
 
     /// Takes in what a round trip brought back.
     fn receive(&mut self, trip: RoundTrip) -> Result<(), sqlx::Error> {
+        let asked = trip.limit > 0;
+        let received = self.receive_rows(trip);
+        if received.is_err() && asked {
+            // The claim's answer is lost: jobs may be waiting; claim again (after the pause).
+            self.wants.claim = true;
+        }
+        received
+    }
+
+    fn receive_rows(&mut self, trip: RoundTrip) -> Result<(), sqlx::Error> {
         self.conn = trip.conn;
         if let Some(rows) = trip.reconciled {
             self.reconciled(rows)?;
@@ -520,9 +535,9 @@ impl Worker {
                 &self.spec.queue,
             );
         }
-        if trip.limit > 0 {
+        if trip.limit > 0 && claimed == trip.limit {
             // All it asked for: more may be waiting, claim again as soon as there is room.
-            self.wants.claim = claimed == trip.limit;
+            self.wants.claim = true;
         }
         Ok(())
     }
