@@ -127,25 +127,20 @@ async fn claim_batches(leadership: Leadership, mut asks: mpsc::UnboundedReceiver
         if batch.is_empty() {
             continue;
         }
-        let requests: Vec<ClaimRequest> = batch
-            .iter()
-            .map(|ask| ClaimRequest {
-                cron: ask.request.cron.clone(),
-                tick: ask.request.tick,
-                state: ask.request.state,
-                note: ask.request.note,
-            })
-            .collect();
+        let (requests, replies): (Vec<ClaimRequest>, Vec<_>) = batch
+            .into_iter()
+            .map(|ask| (ask.request, ask.reply))
+            .unzip();
         match ledger::claim_many(&leadership, &requests).await {
             Ok(claims) => {
-                for (ask, claim) in batch.into_iter().zip(claims) {
-                    let _ = ask.reply.send(Ok(claim));
+                for (reply, claim) in replies.into_iter().zip(claims) {
+                    let _ = reply.send(Ok(claim));
                 }
             }
             Err(err) => {
                 let err = err.to_string();
-                for ask in batch {
-                    let _ = ask.reply.send(Err(err.clone()));
+                for reply in replies {
+                    let _ = reply.send(Err(err.clone()));
                 }
             }
         }
