@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use forge_core::{Assembly, Component, ListenerEvent, NodeContext, Result, Role};
 use forge_rules::{Name, check_duration, check_name};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tracing::debug;
 
 use super::supervisor::{Settings, SharedBoard, supervise};
@@ -91,9 +91,11 @@ impl Component for Crons {
             export_cron(node, &cron.name, &cron.role);
         }
         let board: SharedBoard = Arc::new(watch::Sender::new(Default::default()));
+        let refresh = Arc::new(Notify::new());
         let settings = Arc::new(Settings {
             misfire_threshold: self.config.misfire_threshold,
             board: board.clone(),
+            refresh_board: refresh.clone(),
         });
         let mut by_role: BTreeMap<Role, Vec<CronJob>> = BTreeMap::new();
         for cron in &self.crons {
@@ -111,7 +113,9 @@ impl Component for Crons {
         }
         let crons = Arc::new(self.crons);
         node.listen(CHANNEL_PAUSED)
-            .service("cron-registry", move |ctx| registry(crons, board, ctx));
+            .service("cron-registry", move |ctx| {
+                registry(crons, board, refresh, ctx)
+            });
         Ok(())
     }
 }
@@ -121,15 +125,22 @@ impl Component for Crons {
 const CHANNEL_PAUSED: &str = "forge_crons";
 
 /// The node's cron registry service: records this node's crons in `forge.crons`, then keeps
-/// the board (pauses, pending manual runs) current (a notification on `forge_crons`, or the
-/// node session restored).
-async fn registry(crons: Arc<Vec<CronJob>>, board: SharedBoard, ctx: NodeContext) {
+/// the board (pauses, pending manual runs) current: its one writer, reading it again on a
+/// notification on `forge_crons`, when the node session is restored, and when a tenure asks.
+async fn registry(
+    crons: Arc<Vec<CronJob>>,
+    board: SharedBoard,
+    asked: Arc<Notify>,
+    ctx: NodeContext,
+) {
     let mut events = ctx.subscribe();
     announce(crons, ctx.clone()).await;
     refresh(&board, &ctx).await;
     loop {
         let event = tokio::select! {
             event = events.recv() => event,
+            // A tenure started: read the board again, as after a restored session.
+            _ = asked.notified() => Ok(ListenerEvent::Restored),
             _ = ctx.shutdown().cancelled() => return,
         };
         let stale = match event {

@@ -41,14 +41,16 @@ use crate::metrics::{CRON_DURATION, CRON_LAG, CRON_MISSED, CRON_RUNS, CRON_UNKNO
 const MAX_TICK_ATTEMPTS: i32 = 3;
 
 /// The crons paused in the cluster and the pending manual runs (`forge.crons`), kept current
-/// by the node's cron-registry service (notifications on `forge_crons`) and by each tenure's
-/// load.
+/// by the node's cron-registry service, its one writer (at start, on notifications on
+/// `forge_crons`, when the node session is restored, and when a tenure starts).
 pub(super) type SharedBoard = Arc<watch::Sender<Board>>;
 
 /// What every cron loop of a node shares.
 pub(super) struct Settings {
     pub(super) misfire_threshold: Duration,
     pub(super) board: SharedBoard,
+    /// Asks the cron-registry service to read the board again (a tenure starts).
+    pub(super) refresh_board: Arc<tokio::sync::Notify>,
 }
 
 /// The leader task of one role's crons.
@@ -59,13 +61,11 @@ pub(super) async fn supervise(
 ) {
     let mut delay = Duration::from_millis(100);
     let mut resume = loop {
-        let loaded = async {
-            let board = ledger::board(leadership.pool(), leadership.namespace()).await?;
-            Ok::<_, sqlx::Error>((ledger::load(&crons, &leadership).await?, board))
-        };
-        match loaded.await {
-            Ok(((resume, unknown), board)) => {
-                settings.board.send_replace(board);
+        match ledger::load(&crons, &leadership).await {
+            Ok((resume, unknown)) => {
+                // The registry service is the board's one writer (a read of ours could be
+                // older than its latest and undo it): ask it to read the board again.
+                settings.refresh_board.notify_one();
                 report_unknown(&leadership, &unknown);
                 break resume;
             }
