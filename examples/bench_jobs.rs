@@ -113,8 +113,13 @@ async fn node(config: String) -> ExitCode {
     match started.await {
         Ok(node) => {
             println!("FORGE-BENCH READY node={}", node.id());
-            node.run_until_signal().await;
-            ExitCode::SUCCESS
+            match node.run_until_signal().await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("error: {err}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Err(err) => {
             eprintln!("error: {err}");

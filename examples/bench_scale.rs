@@ -158,8 +158,13 @@ async fn cron_node(config: String, count: usize) -> ExitCode {
         }
     };
     println!("FORGE-BENCH READY");
-    node.run_until_signal().await;
-    ExitCode::SUCCESS
+    match node.run_until_signal().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ async fn run_node() -> Result<(), BoxError> {
     if let Some(url) = node.admin_url() {
         println!("admin {url}");
     }
-    node.run_until_signal().await;
+    node.run_until_signal().await?;
     Ok(())
 }
 

@@ -41,8 +41,13 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    node.run_until_signal().await;
-    ExitCode::SUCCESS
+    match node.run_until_signal().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Leader-only work of the example: log every few seconds while leading.

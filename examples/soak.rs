@@ -261,9 +261,15 @@ async fn node_main(config_path: String) -> ExitCode {
         }
     };
     println!("SOAK-READY {}", node.id());
-    node.run_until_signal().await;
+    let stopped = node.run_until_signal().await;
     println!("SOAK-STOPPED {}", node.id());
-    ExitCode::SUCCESS
+    match stopped {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// A node whose harness died (killed, crashed) exits instead of running on as an orphan.

@@ -19,8 +19,7 @@
 //!         })
 //!         .start()
 //!         .await?;
-//!     node.run_until_signal().await; // SIGTERM / ctrl-c: graceful handoff
-//!     Ok(())
+//!     node.run_until_signal().await // SIGTERM / ctrl-c: graceful handoff
 //! }
 //! ```
 //!
@@ -49,17 +48,18 @@
 //!     // `#[cron]`s and `#[job]`s linked into the binary are registered automatically;
 //!     // `.cron(compact)` does it explicitly (see `forge::cron` for when that matters).
 //!     let node = Node::builder(Config::load("forge.toml")?).cron(compact).start().await?;
-//!     node.run_until_signal().await;
-//!     Ok(())
+//!     node.run_until_signal().await
 //! }
 //! ```
 //!
 //! # What is guaranteed
 //!
 //! Effects a cron handler writes in its tick's fenced transaction together with
-//! [`CronContext::complete`] happen exactly once; so do a job's effects written in a
-//! transaction that calls [`JobContext::complete`]. Everything else a handler does is at least
-//! once: a run cut short by its node's death runs again. See [`cron`](mod@cron) and [`jobs`]
+//! [`CronContext::complete`] never happen twice, and happen once for a tick that runs to
+//! success; so do a job's effects written in a transaction that calls
+//! [`JobContext::complete`] (for a job that completes: a dead or cancelled job commits none).
+//! Everything else a handler does is at least once: a run cut short by its node's death runs
+//! again. See [`cron`](mod@cron) and [`jobs`]
 //! for the details, the README for configuration (`forge.toml`) and operations (metrics,
 //! alerts), and ARCHITECTURE.md for how the election, membership and fencing work.
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use forge_core::inspect::Cluster;
 use forge_core::{
-    Assembly, Component, Leadership, Metrics, NodeContext, NodeId, Result, Role, RoleState, Runtime,
+    Assembly, Component, Error, Leadership, Metrics, NodeContext, NodeId, Result, Role, RoleState,
+    Runtime,
 };
 use forge_scheduler::inspect::Workload;
 use forge_scheduler::jobs::{Job, JobQueue, JobRegistry, Jobs};
@@ -40,7 +41,7 @@ type Addition = Box<dyn FnOnce(&mut Assembly) + Send>;
 ///     })
 ///     .start()
 ///     .await?;
-/// node.run_until_signal().await;
+/// node.run_until_signal().await?;
 /// # Ok(()) }
 /// ```
 pub struct NodeBuilder {
@@ -399,10 +400,26 @@ impl Node {
         }
     }
 
-    /// Runs until SIGTERM or ctrl-c, then shuts down gracefully.
-    pub async fn run_until_signal(&self) {
-        forge_core::shutdown_signal().await;
-        tracing::info!(target: "forge::node", node = %self.id(), "shutdown requested");
+    /// Runs until SIGTERM or ctrl-c, then shuts down gracefully and returns `Ok`. Returns
+    /// the error, after the same shutdown, when the node had to stop on its own (see
+    /// [`Node::fault`]): exit non-zero then, so that the supervisor notices.
+    pub async fn run_until_signal(&self) -> Result<()> {
+        let fault = tokio::select! {
+            _ = forge_core::shutdown_signal() => {
+                tracing::info!(target: "forge::node", node = %self.id(), "shutdown requested");
+                None
+            }
+            fault = self.fault() => Some(fault),
+        };
         self.shutdown().await;
+        fault.map_or(Ok(()), Err)
+    }
+
+    /// Resolves when the node had to stop its work on its own, with why: another live node
+    /// took this node's id while this node's session to PostgreSQL was down (two nodes with
+    /// one id would rescue each other's jobs), [`Error::DuplicateNode`]. The node's work is
+    /// already stopping then; call [`Node::shutdown`] to finish. Pending while all is well.
+    pub async fn fault(&self) -> Error {
+        self.runtime.fault().await
     }
 }

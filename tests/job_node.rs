@@ -57,7 +57,13 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     println!("FORGE-JOBS READY node={}", node.id());
-    node.run_until_signal().await;
+    let stopped = node.run_until_signal().await;
     println!("FORGE-JOBS STOPPED node={}", node.id());
-    ExitCode::SUCCESS
+    match stopped {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }

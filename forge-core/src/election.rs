@@ -864,7 +864,7 @@ impl Campaign {
     /// Graceful handoff: stop new work, drain up to `drain_timeout` while still renewing the
     /// lease (so no other node can lead while the old work runs), release, close.
     async fn hand_over(
-        &self,
+        &mut self,
         mut conn: PgConnection,
         leadership: Leadership,
         mut tasks: JoinSet<()>,
@@ -911,7 +911,7 @@ impl Campaign {
     /// meanwhile. Fails (with why) at the bound, or when the lease cannot be kept: then the
     /// work must stop at once, since another node may take over.
     async fn drain(
-        &self,
+        &mut self,
         conn: &mut PgConnection,
         leadership: &Leadership,
         tasks: &mut JoinSet<()>,
@@ -924,6 +924,15 @@ impl Campaign {
                 biased;
                 joined = tasks.join_next() => if joined.is_none() { return Ok(()) },
                 _ = sleep_until(bound) => return Err("drain_timeout reached"),
+                // As while holding: a newer leadership (the session was ended, or a promoted
+                // standby elected another) means the old work must stop at once.
+                event = self.events.recv() => match self.hear(event) {
+                    Heard::Notice(notice) if notice.epoch > leadership.epoch().0 => {
+                        return Err("a newer leadership was announced while draining");
+                    }
+                    Heard::Verify => next_renewal = Instant::now(),
+                    _ => {}
+                },
                 _ = sleep_until(next_renewal) => {
                     if self.renew_lease(conn, leadership).await.is_err() {
                         return Err("the lease could not be renewed while draining");

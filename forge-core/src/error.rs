@@ -245,23 +245,40 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
-/// Hides the value of every `password=...` parameter (query string or keyword/value form).
+/// Hides the value of every `password=...` parameter (query string or keyword/value form,
+/// where libpq allows spaces around `=` and a quoted value: `password = 'a b\'c'`).
 fn redact_password_parameters(text: &mut String) {
+    const KEY: &str = "password";
     let mut from = 0;
-    while let Some(found) = text[from..].to_ascii_lowercase().find("password=") {
-        let start = from + found + "password=".len();
-        let preceded_ok = from + found == 0
-            || matches!(
-                text.as_bytes()[from + found - 1],
-                b'?' | b'&' | b' ' | b'\t'
-            );
-        if !preceded_ok {
-            from = start;
+    while let Some(found) = text[from..].to_ascii_lowercase().find(KEY) {
+        let key_at = from + found;
+        let bytes = text.as_bytes();
+        let preceded_ok = key_at == 0 || matches!(bytes[key_at - 1], b'?' | b'&' | b' ' | b'\t');
+        let mut at = key_at + KEY.len();
+        let skip_blanks = |mut i: usize| {
+            while i < bytes.len() && matches!(bytes[i], b' ' | b'\t') {
+                i += 1;
+            }
+            i
+        };
+        at = skip_blanks(at);
+        if !preceded_ok || bytes.get(at) != Some(&b'=') {
+            from = key_at + KEY.len();
             continue;
         }
-        let end = text[start..]
-            .find(['&', ' ', '\t'])
-            .map_or(text.len(), |i| start + i);
+        let start = skip_blanks(at + 1);
+        let end = if bytes.get(start) == Some(&b'\'') {
+            // A quoted value ends at the first quote not escaped by a backslash.
+            let mut i = start + 1;
+            while i < bytes.len() && bytes[i] != b'\'' {
+                i += if bytes[i] == b'\\' { 2 } else { 1 };
+            }
+            (i + 1).min(bytes.len())
+        } else {
+            text[start..]
+                .find(['&', ' ', '\t'])
+                .map_or(text.len(), |i| start + i)
+        };
         text.replace_range(start..end, "***");
         from = start + 3;
     }
@@ -300,6 +317,9 @@ mod tests {
                 "hunter2",
             ),
             ("host=db user=app password=hunter2 dbname=app", "hunter2"),
+            ("host=db password='hunter two' dbname=app", "two"),
+            ("host=db password = 'it\\'s secret' dbname=app", "secret"),
+            ("host=db password= hunter2", "hunter2"),
         ] {
             let shown = redact_url(url);
             assert!(!shown.contains(secret), "{url} -> {shown}");

@@ -24,7 +24,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Row};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -92,6 +92,29 @@ pub(crate) struct Membership {
     /// The backend (pid, start) of this node's last node session: after a half-open
     /// connection it may live on in the server, holding the node's lock.
     pub(crate) last_session: Mutex<Option<(i32, DateTime<Utc>)>>,
+    /// Set when another live node took this node's id while its session was down; the node
+    /// must stop (see [`Membership::reopen`]).
+    pub(crate) fault: watch::Sender<Option<Fault>>,
+    /// The node's work: cancelled on a fault.
+    pub(crate) work: CancellationToken,
+}
+
+/// Why a node had to stop on its own.
+#[derive(Clone, Debug)]
+pub(crate) enum Fault {
+    /// Another live session holds this node's id (described).
+    DuplicateNode(String),
+}
+
+impl Fault {
+    pub(crate) fn to_error(&self, node_id: &NodeId) -> Error {
+        match self {
+            Fault::DuplicateNode(holder) => Error::DuplicateNode {
+                node_id: node_id.clone(),
+                holder: holder.clone(),
+            },
+        }
+    }
 }
 
 /// An open node session.
@@ -173,16 +196,18 @@ impl Membership {
             }
             Err(err) => return Err(other(err.into())),
         }
-        listener
-            .listen_all(self.channels.iter().map(String::as_str))
-            .await
-            .map_err(|err| other(err.into()))?;
+        // Known at once, so that a reconnect after this point can end this backend (and
+        // never takes a lock it left behind for another node's).
         let me: (i32, DateTime<Utc>) =
             sqlx::query_as("SELECT pid, backend_start FROM pg_stat_get_activity(pg_backend_pid())")
                 .fetch_one(&mut listener)
                 .await
                 .map_err(|err| other(err.into()))?;
         *self.last_session.lock().unwrap_or_else(|e| e.into_inner()) = Some(me);
+        listener
+            .listen_all(self.channels.iter().map(String::as_str))
+            .await
+            .map_err(|err| other(err.into()))?;
         let mut session = Session { listener, pool };
         self.register(&mut session).await.map_err(other)?;
         Ok(session)
@@ -321,7 +346,17 @@ impl Membership {
                     return Some(session);
                 }
                 Err(OpenError::Duplicate(err)) => {
-                    error!(target: "forge::node", node = %self.node_id, error = %err, "cannot rejoin");
+                    // This node's previous session was ended before the lock was asked for,
+                    // so the holder is another live node with this id (a twin started while
+                    // this one was reconnecting). Two workers under one id would rescue each
+                    // other's jobs: stop this node's work and report it.
+                    error!(target: "forge::node", node = %self.node_id, error = %err,
+                           "another node took this node's id while its session was down; stopping this node");
+                    if let Error::DuplicateNode { holder, .. } = err {
+                        self.fault.send_replace(Some(Fault::DuplicateNode(holder)));
+                    }
+                    self.work.cancel();
+                    return None;
                 }
                 Err(OpenError::Other(err)) => {
                     debug!(target: "forge::node", node = %self.node_id, error = %err, "node session unavailable");

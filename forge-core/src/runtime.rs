@@ -27,7 +27,7 @@ use crate::duties::{self, Pruner};
 use crate::election::{Campaign, LeaderTask, RoleHandle, RoleState, lock_application_name};
 use crate::error::{Error, Result};
 use crate::leadership::Leadership;
-use crate::membership::{self, LEADER_CHANNEL, ListenerEvent, Membership, NodeInfo};
+use crate::membership::{self, Fault, LEADER_CHANNEL, ListenerEvent, Membership, NodeInfo};
 use crate::metrics::{MetricDef, Metrics, defs};
 use crate::role::{LockNamespace, NodeId, Role};
 
@@ -333,7 +333,8 @@ impl Assembly {
             .iter()
             .map(|role| Arc::new(RoleHandle::new(role.clone())))
             .collect();
-        let membership = self.membership(&handles, &events, &metrics)?;
+        let (fault, faults) = watch::channel(None);
+        let membership = self.membership(&handles, &events, &metrics, fault, shutdown.clone())?;
         let session = membership.join().await?;
         let leave = CancellationToken::new();
         let membership_task = tokio::spawn(membership.run(session, leave.clone()));
@@ -380,6 +381,7 @@ impl Assembly {
                 roles,
                 tasks: Mutex::new(tasks),
                 membership: Mutex::new(Some((membership_task, leave))),
+                faults,
                 drain_budget: self.drain_budget,
             }),
         })
@@ -459,6 +461,8 @@ impl Assembly {
         handles: &[Arc<RoleHandle>],
         events: &broadcast::Sender<ListenerEvent>,
         metrics: &Metrics,
+        fault: watch::Sender<Option<Fault>>,
+        work: CancellationToken,
     ) -> Result<Membership> {
         let led: Vec<Arc<RoleHandle>> = handles.to_vec();
         let leading = Arc::new(move || {
@@ -492,6 +496,8 @@ impl Assembly {
             leading,
             metrics: metrics.clone(),
             last_session: std::sync::Mutex::new(None),
+            fault,
+            work,
         })
     }
 }
@@ -560,6 +566,8 @@ struct RuntimeInner {
     roles: BTreeMap<Role, Arc<RoleHandle>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     membership: Mutex<Option<(JoinHandle<()>, CancellationToken)>>,
+    /// Why the node stopped its work on its own, once it has.
+    faults: watch::Receiver<Option<Fault>>,
     drain_budget: Duration,
 }
 
@@ -610,6 +618,21 @@ impl Runtime {
         let handle = self.inner.roles.get(role)?;
         let current = handle.current.lock().unwrap_or_else(|e| e.into_inner());
         current.clone().filter(Leadership::is_valid)
+    }
+
+    /// Resolves when the node had to stop its work on its own, with why: another live node
+    /// took this node's id while its session was down ([`Error::DuplicateNode`]). The node's
+    /// work is already stopping then (as on [`Runtime::shutdown`], which still has to be
+    /// called to finish). Pending forever otherwise.
+    pub async fn fault(&self) -> Error {
+        let mut faults = self.inner.faults.clone();
+        if let Ok(fault) = faults.wait_for(Option::is_some).await
+            && let Some(fault) = &*fault
+        {
+            return fault.to_error(self.id());
+        }
+        // The sender lives as long as the membership task: the node stopped without a fault.
+        std::future::pending().await
     }
 
     /// Graceful shutdown: leaders stop taking new leader-only work, drain it (still renewing

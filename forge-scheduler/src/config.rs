@@ -60,9 +60,10 @@ pub struct JobsConfig {
     pub queues: BTreeMap<String, u32>,
     /// Attempts of a job whose declaration does not say `max_attempts`.
     pub default_max_attempts: u32,
-    /// How often the Scheduler leader rescues, dead-letters and prunes (scheduled jobs are
-    /// promoted on time by a timer, not by this pass; jobs of a node marked down are rescued
-    /// at once).
+    /// How often the Scheduler leader rescues and dead-letters jobs of departed nodes and
+    /// ended role tenures (scheduled jobs are promoted on time by a timer, not by this pass;
+    /// jobs of a node marked down are rescued at once). Finished jobs are pruned by the
+    /// `log_compactor` leader, every `[cluster] compaction_interval`.
     #[serde(with = "duration")]
     pub maintenance_interval: Duration,
     /// How long completed and cancelled jobs are kept before pruning.

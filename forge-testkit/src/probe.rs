@@ -239,9 +239,15 @@ pub async fn run(config: Config) -> ExitCode {
     };
     let id = node.id().to_string();
     emit("READY", "", &id);
-    node.run_until_signal().await;
+    let stopped = node.run_until_signal().await;
     emit("STOPPED", "", &id);
-    ExitCode::SUCCESS
+    match stopped {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// For binaries that re-execute themselves as probe nodes (the benchmarks): with arguments

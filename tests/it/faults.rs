@@ -103,7 +103,67 @@ async fn a_second_live_node_with_the_same_id_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_twin_that_takes_the_id_while_a_node_reconnects_stops_that_node() {
+    let server = PgServer::shared().unwrap();
+    let (db, pool) = setup().await;
+    let proxy = PgProxy::start(server.host(), server.port()).unwrap();
+    let first = jobs_node(job_config(&proxy.url_for(server, db.name()), "twin")).await;
+    let first_incarnation: i64 =
+        sqlx::query_scalar("SELECT incarnation FROM forge.nodes WHERE node_id = 'twin'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    // The first node's session goes silent; the server ends it after down_after (its
+    // idle_session_timeout), and a second node with the same id, started meanwhile (host
+    // networking: one HOSTNAME), gets the id's lock.
+    assert_eq!(
+        proxy.blackhole(Filter::application_prefix("forge:node:twin")),
+        1
+    );
+    let second = jobs_node(job_config(db.url(), "twin")).await;
+    proxy.heal_all();
+    // The first node, reconnecting, finds the id taken: it stops its work and says why.
+    let stopped = tokio::time::timeout(SOON, first.run_until_signal())
+        .await
+        .expect("the first node stops on its own");
+    let err = stopped.expect_err("the first node reports why it stopped");
+    assert!(matches!(err, Error::DuplicateNode { .. }), "{err:?}");
+    assert_eq!(
+        first.role_state(&Role::SCHEDULER),
+        Some(forge::RoleState::Stopped)
+    );
+    // The second node is the one the cluster sees, and it was not marked stopped by the first
+    // node's shutdown.
+    let (incarnation, stopped_at): (i64, Option<DateTime<Utc>>) =
+        sqlx::query_as("SELECT incarnation, stopped_at FROM forge.nodes WHERE node_id = 'twin'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_ne!(incarnation, first_incarnation);
+    assert_eq!(stopped_at, None);
+    let id = client(&pool)
+        .enqueue(plain, Behave::tag("after the twin"))
+        .await
+        .unwrap()
+        .id();
+    let job = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!(job.attempt, 1, "{job:?}");
+    second.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_restart_does_not_rescue_the_jobs_of_live_nodes() {
+    restart_does_not_rescue_live_nodes(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_crash_does_not_rescue_the_jobs_of_live_nodes() {
+    restart_does_not_rescue_live_nodes(true).await;
+}
+
+/// A job runs on node b while PostgreSQL is down longer than down_after (stopped, or crashed
+/// with `-m immediate` and crash recovery); then nobody rescues it.
+async fn restart_does_not_rescue_live_nodes(crash: bool) {
     let server = tokio::task::spawn_blocking(PgServer::start)
         .await
         .unwrap()
@@ -135,7 +195,11 @@ async fn a_database_restart_does_not_rescue_the_jobs_of_live_nodes() {
     wait_running_on(&pool, id, "b").await;
     // PostgreSQL is down for longer than down_after (3 s); then every node has to reconnect.
     drop(pool);
-    tokio::task::block_in_place(|| server.stop()).unwrap();
+    if crash {
+        tokio::task::block_in_place(|| server.kill_immediate()).unwrap();
+    } else {
+        tokio::task::block_in_place(|| server.stop()).unwrap();
+    }
     fault_window(Duration::from_secs(4)).await;
     tokio::task::block_in_place(|| server.start_again()).unwrap();
     let pool = db.pool().await.unwrap();

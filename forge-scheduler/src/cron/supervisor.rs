@@ -131,14 +131,24 @@ async fn claim_batches(leadership: Leadership, mut asks: mpsc::UnboundedReceiver
             .into_iter()
             .map(|ask| (ask.request, ask.reply))
             .unzip();
-        match ledger::claim_many(&leadership, &requests).await {
-            Ok(claims) => {
+        // Bounded like a single claim: a pool connection that went silent (half-open) must
+        // not hold every later claim of the tenure behind it.
+        let claimed = tokio::time::timeout(
+            leadership.lease_duration(),
+            ledger::claim_many(&leadership, &requests),
+        )
+        .await;
+        match claimed {
+            Ok(Ok(claims)) => {
                 for (reply, claim) in replies.into_iter().zip(claims) {
                     let _ = reply.send(Ok(claim));
                 }
             }
-            Err(err) => {
-                let err = err.to_string();
+            failed => {
+                let err = match failed {
+                    Ok(Err(err)) => err.to_string(),
+                    _ => "the batch claim got no answer in time".to_owned(),
+                };
                 for reply in replies {
                     let _ = reply.send(Err(err.clone()));
                 }
