@@ -6,6 +6,7 @@
 //! cargo run --release --example bench_jobs -- --quick      # 1 round, 20 s idle window
 //! cargo run --release --example bench_jobs -- --database-url postgres://...   # an existing server
 //! cargo run --release --example bench_jobs -- --only throughput   # or latency, idle, limit
+//! cargo run --release --example bench_jobs -- --only throughput --nodes 1 --jobs 200000
 //! ```
 //!
 //! By default it starts its own throwaway PostgreSQL (forge-testkit: fsync on, full_page_writes
@@ -83,6 +84,7 @@ async fn main() -> ExitCode {
         pg_log: value("--pg-log").map(PathBuf::from),
         only: value("--only"),
         nodes: value("--nodes").and_then(|n| n.parse().ok()),
+        jobs: value("--jobs").and_then(|n| n.parse().ok()),
     };
     match bench(options).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -132,6 +134,8 @@ struct Options {
     quick: bool,
     only: Option<String>,
     nodes: Option<usize>,
+    /// Jobs inserted before a throughput or limit run (default 20,000).
+    jobs: Option<usize>,
     database_url: Option<String>,
     pg_log: Option<PathBuf>,
 }
@@ -466,7 +470,7 @@ async fn idle(
 }
 
 async fn bench(options: Options) -> Result<(), BoxError> {
-    let total = 20_000;
+    let total = options.jobs.unwrap_or(20_000);
     let (rounds, pings, idle_secs) = if options.quick {
         (1, 300, 20)
     } else {

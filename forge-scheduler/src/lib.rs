@@ -31,4 +31,9 @@ pub const MIGRATIONS: &[forge_core::MigrationSource] = &[
         "scheduler",
         include_str!("../../migrations/0005_scheduler.sql"),
     ),
+    (
+        6,
+        "jobs_step",
+        include_str!("../../migrations/0006_jobs_step.sql"),
+    ),
 ];

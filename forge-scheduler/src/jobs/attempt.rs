@@ -14,7 +14,9 @@ use tokio::time::{Instant, sleep};
 use tracing::{debug, error, warn};
 
 use super::shared::Outcome;
-use super::{CancelReason, CancelSignal, FailAction, JobContext, JobError, JobId, JobType};
+use super::{
+    CancelReason, CancelSignal, FailAction, JobContext, JobError, JobId, JobState, JobType,
+};
 use crate::config::fmt_duration;
 use crate::metrics::{
     JOB_CANCELLED, JOB_COMPLETED, JOB_DEAD, JOB_DURATION, JOB_FAILED, JOB_PICKUP, JOB_RETRIED,
@@ -450,7 +452,7 @@ pub(super) fn count(
     metrics: &HashMap<&'static str, KindMetrics>,
     tally: &forge_core::Tally,
     record: &Record,
-    recorded: Option<&str>,
+    recorded: Option<JobState>,
     queue: &str,
 ) {
     let Some(state) = recorded else {
@@ -465,11 +467,11 @@ pub(super) fn count(
         tally.add("jobs_failed", queue, 1.0);
     }
     let series = match state {
-        "completed" => Some("jobs_completed"),
-        "retryable" => Some("jobs_retried"),
-        "available" if record.failed => Some("jobs_retried"),
-        "dead" => Some("jobs_dead"),
-        "cancelled" => Some("jobs_cancelled"),
+        JobState::Completed => Some("jobs_completed"),
+        JobState::Retryable => Some("jobs_retried"),
+        JobState::Available if record.failed => Some("jobs_retried"),
+        JobState::Dead => Some("jobs_dead"),
+        JobState::Cancelled => Some("jobs_cancelled"),
         _ => None,
     };
     if let Some(series) = series {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use forge_core::{LockNamespace, Metrics, NodeContext, Role};
 use tokio::sync::watch;
 
-use super::JobType;
+use super::{JobState, JobType};
 use crate::config::JobsConfig;
 use crate::metrics::{JOB_CANCELLED, JOB_DEAD, JOB_RESCUED};
 
@@ -35,6 +35,19 @@ forge_core::sql_enum! {
         /// Interrupted by a graceful stop or a lost leadership: available again, the attempt
         /// not counted (cancelled instead if a cancel was requested meanwhile).
         Released = "released",
+    }
+}
+
+impl Outcome {
+    /// The state `forge.jobs_step` records for this outcome when nothing intervened.
+    pub(crate) fn recorded_as(self) -> JobState {
+        match self {
+            Outcome::Completed => JobState::Completed,
+            Outcome::Retryable => JobState::Retryable,
+            Outcome::Available | Outcome::Released => JobState::Available,
+            Outcome::Dead => JobState::Dead,
+            Outcome::Cancelled => JobState::Cancelled,
+        }
     }
 }
 

@@ -24,7 +24,7 @@
 //! not started (`started_at` is set when they start); a rescue does not count such an attempt,
 //! and on shutdown they are released at once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -40,13 +40,16 @@ use tracing::{debug, warn};
 
 use super::attempt::{Attempts, Claimed, KindMetrics, Origin, Record, count, unusable};
 use super::shared::{CHANNEL_AVAILABLE, CHANNEL_CANCEL, Outcome, Shared, WorkerSpec};
-use super::{CancelReason, JobType};
+use super::{CancelReason, JobState, JobType};
 
 /// How long an idle worker keeps its connection before giving it back to the pool.
 const CONNECTION_LINGER: Duration = Duration::from_secs(1);
 
 /// At most this many times the concurrency is claimed ahead of free slots.
-const CLAIM_AHEAD_MAX: usize = 8;
+const CLAIM_AHEAD_MAX: usize = 32;
+
+/// The state `forge.jobs_step` gives a job it claimed ahead (not started yet).
+const STEP_AHEAD: &str = "ahead";
 
 /// How often a worker looks for jobs while the node session (and so LISTEN) is down.
 const POLL_WHILE_DEAF: Duration = Duration::from_secs(1);
@@ -81,8 +84,28 @@ pub(crate) async fn run_role_worker(shared: Arc<Shared>, spec: WorkerSpec, leade
         .await;
 }
 
+/// A worker's two connections. Round trips on the claim lane record outcomes, mark started
+/// jobs, reconcile and claim; while one is in flight, the outcomes that finish meanwhile go on
+/// the record lane. Under load the two run side by side on two backends; a quiet worker uses
+/// only the claim lane (one statement per batch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    Claim,
+    Record,
+}
+
+impl Lane {
+    fn other(self) -> Lane {
+        match self {
+            Lane::Claim => Lane::Record,
+            Lane::Record => Lane::Claim,
+        }
+    }
+}
+
 /// What a round trip brings back.
 struct RoundTrip {
+    lane: Lane,
     /// The outcomes it carried (to count, or to send again after an error).
     records: Vec<Record>,
     /// The claimed-ahead jobs it marked started (to send again after an error).
@@ -148,8 +171,10 @@ struct Worker {
     metrics: HashMap<&'static str, KindMetrics>,
     /// Moving averages of a round trip and of an attempt, in seconds.
     pace: (Average, Average),
-    /// The connection round trips use, held while the worker is busy.
-    conn: Option<PoolConnection<Postgres>>,
+    /// The connections of the two lanes, held while the worker is busy.
+    conns: [Option<PoolConnection<Postgres>>; 2],
+    /// The jobs each lane's round trip in flight writes (outcomes, started marks).
+    in_flight: [HashSet<i64>; 2],
 }
 
 impl Drop for Worker {
@@ -208,7 +233,8 @@ impl Worker {
             attempts: Attempts::default(),
             metrics,
             pace: (Average::default(), Average::default()),
-            conn: None,
+            conns: [None, None],
+            in_flight: [HashSet::new(), HashSet::new()],
         }
     }
 
@@ -238,10 +264,12 @@ impl Worker {
         (room, free.min(room))
     }
 
-    fn needs_round_trip(&self) -> bool {
+    /// Whether a round trip on the claim lane has something to do. (A reconciliation waits
+    /// while the record lane is busy: see [`Worker::send`].)
+    fn needs_round_trip(&self, recording: bool) -> bool {
         !self.attempts.records.is_empty()
             || !self.attempts.started_ahead.is_empty()
-            || self.wants.reconcile
+            || (self.wants.reconcile && !recording)
             || (self.wants.claim && !self.wants.stopping && self.room().0 > 0)
     }
 
@@ -268,51 +296,78 @@ impl Worker {
     async fn run(mut self, stop: impl Future<Output = ()>, drain_bound: Duration) {
         tokio::pin!(stop);
         let mut events = self.ctx.subscribe();
-        let mut in_flight: Option<InFlight> = None;
+        // The round trip in flight on each lane; whether the claim lane's reconciles.
+        let mut claiming: Option<InFlight> = None;
+        let mut recording: Option<InFlight> = None;
+        let mut reconciling = false;
         let mut failures = 0u32;
         let mut retry_at: Option<Instant> = None;
         // When the worker last became idle (nothing running, claimed or in flight).
         let mut idle_since: Option<Instant> = None;
         loop {
             self.fill();
-            if in_flight.is_none() && retry_at.is_none() && self.needs_round_trip() {
-                in_flight = Some(self.send());
+            if retry_at.is_none() {
+                if claiming.is_none() && self.needs_round_trip(recording.is_some()) {
+                    let reconcile = self.wants.reconcile && recording.is_none();
+                    claiming = self.send(Lane::Claim, reconcile);
+                    reconciling = reconcile && claiming.is_some();
+                }
+                // Outcomes that finished while a claim travels go on their own, unless that
+                // claim reconciles: it must see them as this worker's (still running).
+                if recording.is_none() && !reconciling && !self.attempts.records.is_empty() {
+                    recording = self.send(Lane::Record, false);
+                }
             }
-            tokio::select! {
+            let trip = tokio::select! {
                 biased;
                 _ = &mut stop => break,
-                trip = async { in_flight.as_mut().expect("guarded").await }, if in_flight.is_some() => {
-                    in_flight = None;
-                    match self.receive(trip) {
-                        Ok(()) => failures = 0,
-                        Err(err) => {
-                            failures += 1;
-                            let pause = Duration::from_millis(50 << failures.min(6))
-                                .min(self.shared.check_interval.max(Duration::from_millis(100)));
-                            warn!(target: "forge::job", queue = %self.spec.queue, error = %err,
-                                  retry_in_ms = pause.as_millis() as u64, "job round trip failed");
-                            retry_at = Some(Instant::now() + pause);
-                        }
-                    }
+                trip = async { claiming.as_mut().expect("guarded").await }, if claiming.is_some() => {
+                    claiming = None;
+                    reconciling = false;
+                    Some(trip)
+                }
+                trip = async { recording.as_mut().expect("guarded").await }, if recording.is_some() => {
+                    recording = None;
+                    Some(trip)
                 }
                 _ = async { sleep_until(retry_at.expect("guarded")).await }, if retry_at.is_some() => {
                     retry_at = None;
+                    None
                 }
                 Some(joined) = self.attempts.next_finished() => {
                     self.attempts.collect(joined, &self.origin);
+                    None
                 }
-                event = events.recv() => self.hear(event),
+                event = events.recv() => {
+                    self.hear(event);
+                    None
+                }
                 _ = sleep(POLL_WHILE_DEAF), if self.wants.deaf => {
                     self.wants.claim = true;
+                    None
                 }
-                // Idle for a while: give the connection back to the pool. (Kept meanwhile, so
+                // Idle for a while: give the connections back to the pool. (Kept meanwhile, so
                 // that a steady trickle of jobs needs no acquire and health check per claim.)
                 _ = async { sleep_until(idle_since.expect("guarded") + CONNECTION_LINGER).await },
-                    if idle_since.is_some() && self.conn.is_some() => {
-                    self.conn = None;
+                    if idle_since.is_some() && self.conns.iter().any(Option::is_some) => {
+                    self.conns = [None, None];
+                    None
+                }
+            };
+            if let Some(trip) = trip {
+                match self.receive(trip) {
+                    Ok(()) => failures = 0,
+                    Err(err) => {
+                        failures += 1;
+                        let pause = Duration::from_millis(50 << failures.min(6))
+                            .min(self.shared.check_interval.max(Duration::from_millis(100)));
+                        warn!(target: "forge::job", queue = %self.spec.queue, error = %err,
+                              retry_in_ms = pause.as_millis() as u64, "job round trip failed");
+                        retry_at = Some(Instant::now() + pause);
+                    }
                 }
             }
-            if in_flight.is_none() && self.attempts.is_idle() {
+            if claiming.is_none() && recording.is_none() && self.attempts.is_idle() {
                 idle_since.get_or_insert_with(Instant::now);
             } else {
                 idle_since = None;
@@ -320,13 +375,13 @@ impl Worker {
         }
         self.wants.stopping = true;
         // A claim abandoned half-way would leave jobs running under this node's name that
-        // nobody runs: let the round trip in flight finish.
-        if let Some(trip) = in_flight {
+        // nobody runs: let the round trips in flight finish.
+        for trip in [claiming, recording].into_iter().flatten() {
             let trip = trip.await;
             let _ = self.receive(trip);
         }
         self.drain(drain_bound, &mut events).await;
-        self.conn = None;
+        self.conns = [None, None];
     }
 
     /// Graceful stop: claim nothing more, release the jobs claimed ahead, let running attempts
@@ -377,8 +432,14 @@ impl Worker {
     }
 
     async fn round_trip_now(&mut self) -> Result<(), sqlx::Error> {
-        let trip = self.send().await;
-        self.receive(trip)
+        let reconcile = self.wants.reconcile;
+        match self.send(Lane::Claim, reconcile) {
+            Some(trip) => {
+                let trip = trip.await;
+                self.receive(trip)
+            }
+            None => Ok(()),
+        }
     }
 
     fn hear(&mut self, event: Result<ListenerEvent, broadcast::error::RecvError>) {
@@ -416,8 +477,13 @@ impl Worker {
         }
     }
 
-    /// Builds the next round trip: reconcile if needed, record outcomes, claim up to the room.
-    fn send(&mut self) -> InFlight {
+    /// Builds the next round trip of a lane: on the claim lane, reconcile (when asked), record
+    /// outcomes, mark started jobs and claim up to the room; on the record lane, record
+    /// outcomes only.
+    /// Returns `None` when the lane has nothing to send (everything pending concerns jobs the
+    /// other lane's round trip is writing: they wait for it, so that the two never wait on each
+    /// other's row locks).
+    fn send(&mut self, lane: Lane, reconcile: bool) -> Option<InFlight> {
         let deposed = self
             .origin
             .leadership
@@ -427,7 +493,7 @@ impl Worker {
             // A deposed leader claims nothing; its outcomes are still recorded (guarded).
             self.wants.claim = false;
         }
-        let (limit, start) = if self.wants.claim && !self.wants.stopping {
+        let (limit, start) = if lane == Lane::Claim && self.wants.claim && !self.wants.stopping {
             self.room()
         } else {
             (0, 0)
@@ -437,20 +503,47 @@ impl Worker {
             // committed after its snapshot) makes a new one, which its answer must not erase.
             self.wants.claim = false;
         }
-        let records = std::mem::take(&mut self.attempts.records);
-        let mut started = std::mem::take(&mut self.attempts.started_ahead);
-        if !started.is_empty() && !records.is_empty() {
-            // An outcome of a job claimed ahead says that it started: marking it started
-            // first would only write one more row version.
-            let finished: std::collections::HashSet<i64> = records.iter().map(|r| r.id).collect();
-            started.retain(|id| !finished.contains(id));
+        let other = &self.in_flight[lane.other() as usize];
+        let (records, deferred): (Vec<Record>, Vec<Record>) =
+            std::mem::take(&mut self.attempts.records)
+                .into_iter()
+                .partition(|r| !other.contains(&r.id));
+        self.attempts.records = deferred;
+        if !self.attempts.started_ahead.is_empty() && !records.is_empty() {
+            // An outcome of a job claimed ahead says that it started: marking it started as
+            // well would only write one more row version.
+            let finished: HashSet<i64> = records.iter().map(|r| r.id).collect();
+            self.attempts
+                .started_ahead
+                .retain(|id| !finished.contains(id));
         }
-        let reconcile = std::mem::take(&mut self.wants.reconcile).then(|| self.attempts.held());
+        let mut started = match lane {
+            Lane::Claim => std::mem::take(&mut self.attempts.started_ahead),
+            Lane::Record => Vec::new(),
+        };
+        // (A mark of a job whose outcome the other lane is recording is moot.)
+        started.retain(|id| !other.contains(id));
+        if limit == 0 && records.is_empty() && started.is_empty() && !reconcile {
+            return None;
+        }
+        self.in_flight[lane as usize] = records
+            .iter()
+            .map(|r| r.id)
+            .chain(started.iter().copied())
+            .collect();
+        let reconcile = (reconcile && std::mem::take(&mut self.wants.reconcile)).then(|| {
+            // The jobs whose outcomes this trip records are still running in the database
+            // until it does: they are this worker's, not orphans to rescue.
+            let (mut ids, mut attempts) = self.attempts.held();
+            ids.extend(records.iter().map(|r| r.id));
+            attempts.extend(records.iter().map(|r| r.attempt));
+            (ids, attempts)
+        });
         let step = Step::new(self, &records, &started, limit, start);
-        let conn = self.conn.take();
+        let conn = self.conns[lane as usize].take();
         let pool = self.ctx.pool().clone();
         let bound = self.shared.statement_bound;
-        Box::pin(async move {
+        Some(Box::pin(async move {
             let began = Instant::now();
             let trip = timeout(bound, step.run(conn, &pool, reconcile)).await;
             let (reconciled, result, conn) = match trip {
@@ -465,6 +558,7 @@ impl Worker {
                 ),
             };
             RoundTrip {
+                lane,
                 records,
                 started,
                 limit,
@@ -473,7 +567,7 @@ impl Worker {
                 took: began.elapsed(),
                 conn,
             }
-        })
+        }))
     }
 
     /// Takes in what a round trip brought back.
@@ -488,7 +582,8 @@ impl Worker {
     }
 
     fn receive_rows(&mut self, trip: RoundTrip) -> Result<(), sqlx::Error> {
-        self.conn = trip.conn;
+        self.conns[trip.lane as usize] = trip.conn;
+        self.in_flight[trip.lane as usize].clear();
         if let Some(rows) = trip.reconciled {
             self.reconciled(rows)?;
         }
@@ -507,31 +602,37 @@ impl Worker {
             }
         };
         self.pace.0.add(trip.took.as_secs_f64());
-        let mut recorded: HashMap<i64, String> = HashMap::with_capacity(trip.records.len());
+        // Outcome rows come only for the outcomes not recorded as asked.
+        let mut exceptions: HashMap<i64, Option<JobState>> = HashMap::new();
         let mut ahead = Vec::new();
         let mut claimed = 0usize;
         for row in rows {
+            let state: String = row.try_get("state")?;
             if row.try_get::<bool, _>("claimed")? {
                 claimed += 1;
                 // Jobs the claim marked started go first; the ones claimed ahead wait.
-                if row.try_get::<String, _>("state")? == "ahead" {
+                if state == STEP_AHEAD {
                     ahead.push(row);
                 } else {
                     self.take(&row, true)?;
                 }
             } else {
-                recorded.insert(row.try_get("id")?, row.try_get("state")?);
+                exceptions.insert(row.try_get("id")?, JobState::parse(&state));
             }
         }
         for row in ahead {
             self.take(&row, false)?;
         }
         for record in &trip.records {
+            let recorded = match exceptions.get(&record.id) {
+                Some(instead) => *instead,
+                None => Some(record.outcome.recorded_as()),
+            };
             count(
                 &self.metrics,
                 self.ctx.metrics().tally(),
                 record,
-                recorded.get(&record.id).map(String::as_str),
+                recorded,
                 &self.spec.queue,
             );
         }

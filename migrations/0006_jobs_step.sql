@@ -1,0 +1,196 @@
+-- FORGE jobs: a leaner worker round trip (forge.jobs_step).
+--
+-- The same work as 0005's, with less of it per job: completions (nearly every outcome) are
+-- recorded by one guarded update with no lookups after it, rows are returned only for the
+-- outcomes that were not recorded as asked, and nothing is notified unless an outcome made
+-- a job available again. Claims and outcomes commit with synchronous_commit = on, whatever
+-- the database's default.
+--
+-- Outcome rows (claimed = false), only for the outcomes not recorded as asked:
+--   state = the state recorded instead (a retry that became 'cancelled' because a cancel was
+--           requested meanwhile). An outcome recorded as asked has no row: 'released' is
+--           recorded as 'available', the others as their own name; a 'completed' outcome of
+--           a job its handler completed in its own transaction counts as recorded.
+--   state = 'refused' when nothing was recorded: the job is no longer running this attempt
+--           on this node (it was rescued while this node seemed gone).
+-- Claimed rows (claimed = true): state 'running', or 'ahead' for jobs claimed ahead, not
+-- started yet.
+
+DROP FUNCTION forge.jobs_step(text, text, text, text, bigint, bigint, text[], integer, integer,
+                              bigint[], bigint[], integer[], text[], bigint[], jsonb[], integer);
+CREATE FUNCTION forge.jobs_step(
+    p_namespace text,
+    p_node      text,
+    p_queue     text,
+    p_role      text,
+    p_epoch     bigint,
+    p_tenure    bigint,
+    p_kinds     text[],
+    p_limit     integer,
+    p_start     integer,
+    p_started   bigint[],
+    p_ids       bigint[],
+    p_attempts  integer[],
+    p_states    text[],
+    p_delays_ms bigint[],
+    p_errors    jsonb[],
+    p_default_max_attempts integer
+) RETURNS TABLE (id bigint, claimed boolean, kind text, args jsonb, attempt integer,
+                 max_attempts integer, timeout_ms bigint, pickup_ms double precision, state text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_applied integer;
+    v_ids     bigint[];
+    v_states  text[];
+    v_due     timestamptz;
+    v_wake    text[];
+BEGIN
+    PERFORM set_config('synchronous_commit', 'on', true);
+
+    IF cardinality(p_started) > 0 THEN
+        -- (Primary-key lookups: 'running' compared as a column, so that the planner cannot
+        -- pick the partial index jobs_running, a scan of all this node's running entries.)
+        UPDATE forge.jobs j SET started_at = clock_timestamp()
+          FROM (SELECT s.id, 'running'::text AS running FROM unnest(p_started) AS s(id)) s
+         WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
+           AND j.started_at IS NULL;
+    END IF;
+
+    IF cardinality(p_ids) > 0 AND p_states <@ ARRAY['completed'] THEN
+        -- Only completions: one guarded update.
+        UPDATE forge.jobs j
+           SET state = 'completed', finished_at = clock_timestamp()
+          FROM (SELECT o.id, o.attempt, 'running'::text AS running
+                  FROM unnest(p_ids, p_attempts) AS o(id, attempt)) o
+         WHERE j.id = o.id AND j.attempt = o.attempt AND j.node_id = p_node
+           AND j.state = o.running;
+        GET DIAGNOSTICS v_applied = ROW_COUNT;
+        IF v_applied < cardinality(p_ids) THEN
+            -- Not all were recorded: report the ones taken away from this node (a job its
+            -- handler completed in its own transaction counts as recorded).
+            RETURN QUERY
+            SELECT o.id, false, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
+                   NULL::bigint, NULL::double precision, 'refused'::text
+              FROM unnest(p_ids, p_attempts) AS o(id, attempt)
+             WHERE NOT EXISTS (SELECT 1 FROM forge.jobs j
+                                WHERE j.id = o.id AND j.state = 'completed'
+                                  AND j.attempt = o.attempt AND j.node_id = p_node);
+        END IF;
+    ELSIF cardinality(p_ids) > 0 THEN
+        WITH o AS (
+            SELECT o.*, 'running'::text AS running
+              FROM unnest(p_ids, p_attempts, p_states, p_delays_ms, p_errors)
+                   AS o(id, attempt, state, delay_ms, error)
+        ), u AS (
+            UPDATE forge.jobs j
+               SET state = CASE
+                       WHEN o.state IN ('retryable', 'available', 'released') AND j.cancel_requested
+                           THEN 'cancelled'
+                       WHEN o.state = 'released' THEN 'available'
+                       ELSE o.state END,
+                   max_attempts = CASE WHEN o.state = 'released'
+                       THEN coalesce(j.max_attempts, p_default_max_attempts) + 1
+                       ELSE j.max_attempts END,
+                   run_at = CASE
+                       WHEN o.state = 'retryable'
+                           THEN clock_timestamp() + coalesce(o.delay_ms, 0) * interval '1 millisecond'
+                       WHEN o.state IN ('available', 'released') THEN clock_timestamp()
+                       ELSE j.run_at END,
+                   finished_at = CASE
+                       WHEN o.state IN ('completed', 'dead', 'cancelled')
+                         OR (o.state IN ('retryable', 'available', 'released') AND j.cancel_requested)
+                       THEN clock_timestamp() END,
+                   errors = CASE WHEN o.error IS NULL THEN j.errors
+                       ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                           'at', clock_timestamp(), 'attempt', j.attempt, 'node', p_node) || o.error)
+                       END
+              FROM o
+             WHERE j.id = o.id AND j.attempt = o.attempt AND j.node_id = p_node
+               AND j.state = o.running
+            RETURNING j.id, j.state, j.run_at, j.queue, j.role
+        )
+        SELECT array_agg(u.id), array_agg(u.state),
+               min(u.run_at) FILTER (WHERE u.state = 'retryable'),
+               array_agg(DISTINCT CASE WHEN u.role IS NULL THEN u.queue ELSE '@' || u.role END)
+                   FILTER (WHERE u.state = 'available')
+          INTO v_ids, v_states, v_due, v_wake
+          FROM u;
+        IF v_due IS NOT NULL THEN
+            PERFORM pg_notify('forge_jobs_due',
+                              p_namespace || ' ' || (extract(epoch FROM v_due) * 1000)::bigint);
+        END IF;
+        PERFORM pg_notify('forge_jobs', p_namespace || ' ' || w) FROM unnest(v_wake) AS w;
+        -- The exceptions: recorded otherwise than asked, or refused.
+        RETURN QUERY
+        SELECT o.id, false, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
+               NULL::bigint, NULL::double precision, coalesce(a.state, 'refused')
+          FROM unnest(p_ids, p_attempts, p_states) AS o(id, attempt, asked)
+          LEFT JOIN unnest(v_ids, v_states) AS a(id, state) ON a.id = o.id
+         WHERE CASE WHEN a.id IS NOT NULL
+                    THEN a.state <> CASE o.asked WHEN 'released' THEN 'available' ELSE o.asked END
+                    ELSE NOT (o.asked = 'completed' AND EXISTS (
+                             SELECT 1 FROM forge.jobs j
+                              WHERE j.id = o.id AND j.state = 'completed'
+                                AND j.attempt = o.attempt AND j.node_id = p_node))
+               END;
+    END IF;
+
+    IF p_limit <= 0 OR (p_role IS NOT NULL
+                        AND NOT forge.fence_holds(p_namespace, p_role, p_epoch, p_tenure))
+       OR (p_queue IS NOT NULL AND EXISTS (SELECT 1 FROM forge.queues q
+                                            WHERE q.namespace = p_namespace AND q.queue = p_queue)) THEN
+        -- Nothing to claim, deposed, or the queue is paused.
+        RETURN;
+    END IF;
+    -- Two branches, so that each matches its partial index (jobs_claim, jobs_claim_role) in
+    -- plpgsql's cached generic plan.
+    IF p_role IS NULL THEN
+        RETURN QUERY
+        WITH c AS (
+            SELECT j.id, j.priority, j.run_at FROM forge.jobs j
+             WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
+               AND j.role IS NULL AND j.kind = ANY (p_kinds)
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED
+        ), n AS (
+            SELECT c.id, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS rn FROM c
+        )
+        UPDATE forge.jobs j
+           SET state = 'running', attempt = j.attempt + 1, node_id = p_node, epoch = NULL,
+               tenure = NULL, attempted_at = clock_timestamp(),
+               started_at = CASE WHEN n.rn <= p_start THEN clock_timestamp() END
+          FROM n
+         WHERE j.id = n.id
+        RETURNING j.id, true, j.kind, j.args, j.attempt, j.max_attempts, j.timeout_ms,
+                  extract(epoch FROM j.attempted_at - j.run_at)::double precision * 1000,
+                  CASE WHEN j.started_at IS NULL THEN 'ahead' ELSE j.state END;
+    ELSE
+        RETURN QUERY
+        WITH c AS (
+            SELECT j.id, j.priority, j.run_at FROM forge.jobs j
+             WHERE j.namespace = p_namespace AND j.role = p_role
+               AND (p_queue IS NULL OR j.queue = p_queue)
+               AND NOT EXISTS (SELECT 1 FROM forge.queues q
+                                WHERE q.namespace = p_namespace AND q.queue = j.queue)
+               AND j.state = 'available' AND j.kind = ANY (p_kinds)
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED
+        ), n AS (
+            SELECT c.id, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS rn FROM c
+        )
+        UPDATE forge.jobs j
+           SET state = 'running', attempt = j.attempt + 1, node_id = p_node, epoch = p_epoch,
+               tenure = p_tenure, attempted_at = clock_timestamp(),
+               started_at = CASE WHEN n.rn <= p_start THEN clock_timestamp() END
+          FROM n
+         WHERE j.id = n.id
+        RETURNING j.id, true, j.kind, j.args, j.attempt, j.max_attempts, j.timeout_ms,
+                  extract(epoch FROM j.attempted_at - j.run_at)::double precision * 1000,
+                  CASE WHEN j.started_at IS NULL THEN 'ahead' ELSE j.state END;
+    END IF;
+END;
+$$;
