@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 use forge_rules::{Name, NameError, check_name};
 
@@ -172,7 +173,7 @@ fn derived_slot(name: &str) -> u16 {
 /// Keys are `prefix << 16 | slot`, where the 40-bit prefix is `0x464F524745` ("FORGE") for the
 /// default namespace `forge` and the low 40 bits of the FNV-1a hash of the name otherwise.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LockNamespace(String);
+pub struct LockNamespace(Arc<str>);
 
 impl LockNamespace {
     /// The default namespace, `forge`.
@@ -192,7 +193,7 @@ impl LockNamespace {
     }
 
     fn prefix(&self) -> u64 {
-        if self.0 == "forge" {
+        if &*self.0 == "forge" {
             0x46_4F52_4745
         } else {
             fnv1a(self.0.as_bytes()) & 0xFF_FFFF_FFFF
@@ -264,7 +265,7 @@ crate::sql_bigint_newtype!(Epoch);
 /// The identity of a node in the cluster (`FORGE_NODE_ID`, `[node] id`, `$HOSTNAME`, or
 /// generated).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct NodeId(String);
+pub struct NodeId(Arc<str>);
 
 impl NodeId {
     /// A node id: 1-128 printable ASCII characters without spaces.
@@ -276,7 +277,7 @@ impl NodeId {
     /// A random id such as `node-3f9a1c7e`, for nodes that have no configured id and no
     /// `$HOSTNAME`.
     pub fn generate() -> NodeId {
-        NodeId(format!("node-{:08x}", fastrand::u32(..)))
+        NodeId(format!("node-{:08x}", fastrand::u32(..)).into())
     }
 
     /// The id as a string.

@@ -446,26 +446,22 @@ fn failure(
 }
 
 /// Counts an outcome once the database has recorded it (`recorded` = the state written),
-/// or reports that it was refused: in the node's Prometheus metrics, and in its tally (the
-/// cluster's per-minute series).
+/// or reports that it was refused, in the node's Prometheus metrics; returns the cluster
+/// series it counts in (`forge.stats`), which the caller adds to its tally once per round trip.
 pub(super) fn count(
     metrics: &HashMap<&'static str, KindMetrics>,
-    tally: &forge_core::Tally,
     record: &Record,
     recorded: Option<JobState>,
     queue: &str,
-) {
+) -> Option<&'static str> {
     let Some(state) = recorded else {
         // A late result of an attempt whose job was rescued meanwhile (this node seemed
         // dead): the guard refused it, so the job is not completed twice.
         warn!(target: "forge::job", queue = %queue, job = record.kind, id = record.id,
               attempt = record.attempt, outcome = %record.outcome,
               "outcome not recorded: the job is no longer running this attempt on this node (it was rescued)");
-        return;
+        return None;
     };
-    if record.failed {
-        tally.add("jobs_failed", queue, 1.0);
-    }
     let series = match state {
         JobState::Completed => Some("jobs_completed"),
         JobState::Retryable => Some("jobs_retried"),
@@ -474,22 +470,19 @@ pub(super) fn count(
         JobState::Cancelled => Some("jobs_cancelled"),
         _ => None,
     };
-    if let Some(series) = series {
-        tally.add(series, queue, 1.0);
+    if let Some(m) = metrics.get(record.kind) {
+        if record.failed {
+            m.failed.increment(1);
+        }
+        match series {
+            Some("jobs_completed") => m.completed.increment(1),
+            Some("jobs_retried") => m.retried.increment(1),
+            Some("jobs_dead") => m.dead.increment(1),
+            Some("jobs_cancelled") => m.cancelled.increment(1),
+            _ => {}
+        }
     }
-    let Some(m) = metrics.get(record.kind) else {
-        return;
-    };
-    if record.failed {
-        m.failed.increment(1);
-    }
-    match series {
-        Some("jobs_completed") => m.completed.increment(1),
-        Some("jobs_retried") => m.retried.increment(1),
-        Some("jobs_dead") => m.dead.increment(1),
-        Some("jobs_cancelled") => m.cancelled.increment(1),
-        _ => {}
-    }
+    series
 }
 
 /// The outcome for a claimed row that cannot become an attempt (its arguments cannot be

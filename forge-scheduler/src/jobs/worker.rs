@@ -24,7 +24,7 @@
 //! not started (`started_at` is set when they start); a rescue does not count such an attempt,
 //! and on shutdown they are released at once.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -623,18 +623,23 @@ impl Worker {
         for row in ahead {
             self.take(&row, false)?;
         }
+        // The cluster series, added to the tally once per round trip rather than per job.
+        let mut series: BTreeMap<&'static str, f64> = BTreeMap::new();
         for record in &trip.records {
             let recorded = match exceptions.get(&record.id) {
                 Some(instead) => *instead,
                 None => Some(record.outcome.recorded_as()),
             };
-            count(
-                &self.metrics,
-                self.ctx.metrics().tally(),
-                record,
-                recorded,
-                &self.spec.queue,
-            );
+            if recorded.is_some() && record.failed {
+                *series.entry("jobs_failed").or_default() += 1.0;
+            }
+            if let Some(name) = count(&self.metrics, record, recorded, &self.spec.queue) {
+                *series.entry(name).or_default() += 1.0;
+            }
+        }
+        let tally = self.ctx.metrics().tally();
+        for (name, n) in series {
+            tally.add(name, &self.spec.queue, n);
         }
         if trip.limit > 0 && claimed == trip.limit {
             // All it asked for: more may be waiting, claim again as soon as there is room.
