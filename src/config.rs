@@ -157,12 +157,23 @@ impl Config {
     }
 }
 
+impl Config {
+    /// A copy to show (log, print, serve): every secret hidden - the database URL's password
+    /// (`***`) and the `[admin]` tokens (`<redacted>`). [`Display`](fmt::Display), `Debug` and
+    /// the admin API's `GET /api/cluster/config` show this.
+    pub fn redacted(&self) -> Config {
+        Config {
+            database: self.database.redacted(),
+            admin: self.admin.redacted(),
+            ..self.clone()
+        }
+    }
+}
+
 impl fmt::Display for Config {
-    /// The configuration as TOML (the database password redacted).
+    /// The configuration as TOML, its secrets hidden ([`Config::redacted`]).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut shown = self.clone();
-        shown.database.url = shown.database.url.as_deref().map(forge_core::redact_url);
-        match toml::to_string_pretty(&shown) {
+        match toml::to_string_pretty(&self.redacted()) {
             Ok(text) => f.write_str(&text),
             Err(_) => Err(fmt::Error),
         }
@@ -316,10 +327,28 @@ mod tests {
     fn debug_and_display_never_show_the_password() {
         let mut config = Config::default();
         config.database.url = Some("postgres://app:hunter2@db/app?password=hunter2".into());
-        for shown in [format!("{config:?}"), config.to_string()] {
-            assert!(!shown.contains("hunter2"), "{shown}");
-            assert!(shown.contains("***"), "{shown}");
+        config.admin.token = Some("write-secret-0123456789".into());
+        config.admin.read_token = Some("read-secret-9876543210".into());
+        config.validate().unwrap();
+        let redacted = config.redacted();
+        let serialized = serde_json::to_string(&redacted).unwrap();
+        for shown in [format!("{config:?}"), config.to_string(), serialized] {
+            for secret in ["hunter2", "write-secret", "read-secret"] {
+                assert!(!shown.contains(secret), "{secret} in {shown}");
+            }
+            assert!(shown.contains("app:***@db"), "{shown}");
+            assert_eq!(
+                shown.matches(forge_core::config::REDACTED).count(),
+                2,
+                "{shown}"
+            );
         }
+        // What is not a secret is shown as it is, and an unset token stays unset.
+        assert_eq!(redacted.admin.read_only, config.admin.read_only);
+        let mut open = config.clone();
+        open.admin.read_token = None;
+        assert_eq!(open.redacted().admin.read_token, None);
+        assert!(!open.to_string().contains("read_token"), "{open}");
     }
 
     /// The reference forge.toml sets every key to its default, and documents the optional

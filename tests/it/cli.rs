@@ -944,7 +944,8 @@ async fn config_check_accepts_a_good_file_and_names_the_line_of_a_broken_one() {
     std::fs::write(
         &good,
         config_toml("postgres://app:hunter2@db.internal:5432/app")
-            + "\n[cluster]\nlock_namespace = \"billing\"\n",
+            + "\n[cluster]\nlock_namespace = \"billing\"\n"
+            + "\n[admin]\nlisten = \"127.0.0.1:9465\"\ntoken = \"cli-config-secret-token-42\"\n",
     )
     .unwrap();
     let good = good.to_str().unwrap();
@@ -952,14 +953,25 @@ async fn config_check_accepts_a_good_file_and_names_the_line_of_a_broken_one() {
     assert!(run.stdout.contains(": ok"), "{}", run.stdout);
     assert!(run.stdout.contains("billing"), "{}", run.stdout);
     assert!(run.stdout.contains("app:***@db.internal"), "{}", run.stdout);
-    assert!(!run.stdout.contains("hunter2"), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("127.0.0.1:9465; writes need the token; reads open"),
+        "{}",
+        run.stdout
+    );
     let checked = forge_env(None, &[], &["config", "check", good, "--json"])
         .await
-        .ok()
-        .json();
+        .ok();
+    for shown in [&run.stdout, &checked.stdout] {
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("cli-config-secret"), "{shown}");
+    }
+    let checked = checked.json();
     assert_eq!(checked["ok"], true);
     assert_eq!(checked["namespace"], "billing");
     assert_eq!(checked["lease_duration_ms"], 2000);
+    assert_eq!(checked["admin"]["token"], "<redacted>", "{checked}");
+    assert_eq!(checked["admin"]["read_token"], Value::Null, "{checked}");
 
     let broken = dir.0.join("broken.toml");
     std::fs::write(
