@@ -324,6 +324,48 @@ mod tests {
     }
 
     #[test]
+    fn environment_overrides_the_admin_section() {
+        let file = "[admin]\nlisten = \"0.0.0.0:9465\"\ntoken = \"file-token-0123456789\"\n";
+        let env = |name: &str| match name {
+            "FORGE_ADMIN_LISTEN" => Some("127.0.0.1:9999".to_owned()),
+            "FORGE_ADMIN_TOKEN" => Some("env-token-0123456789".to_owned()),
+            _ => None,
+        };
+        let config = Config::parse(file, None, &env).unwrap();
+        assert_eq!(config.admin.listen, Some("127.0.0.1:9999".parse().unwrap()));
+        assert_eq!(config.admin.token.as_deref(), Some("env-token-0123456789"));
+
+        // `off` stops serving; an empty token leaves the file's.
+        let env = |name: &str| match name {
+            "FORGE_ADMIN_LISTEN" => Some("off".to_owned()),
+            "FORGE_ADMIN_TOKEN" => Some(String::new()),
+            _ => None,
+        };
+        let config = Config::parse(file, None, &env).unwrap();
+        assert_eq!(config.admin.listen, None);
+        assert_eq!(config.admin.token.as_deref(), Some("file-token-0123456789"));
+
+        // Without the variables the file stands.
+        let config = Config::parse(file, None, &no_env).unwrap();
+        assert_eq!(config.admin.listen, Some("0.0.0.0:9465".parse().unwrap()));
+
+        // Bad values are errors naming the variable or the key, never showing a token.
+        let env = |name: &str| (name == "FORGE_ADMIN_LISTEN").then(|| "nope".to_owned());
+        let msg = Config::parse("", None, &env).unwrap_err().to_string();
+        assert!(
+            msg.contains("FORGE_ADMIN_LISTEN") && msg.contains("host:port"),
+            "{msg}"
+        );
+        let env = |name: &str| (name == "FORGE_ADMIN_TOKEN").then(|| "short-secret".to_owned());
+        let msg = Config::parse("", None, &env).unwrap_err().to_string();
+        assert!(
+            msg.contains("admin.token") && msg.contains("at least 16 characters"),
+            "{msg}"
+        );
+        assert!(!msg.contains("short-secret"), "{msg}");
+    }
+
+    #[test]
     fn debug_and_display_never_show_the_password() {
         let mut config = Config::default();
         config.database.url = Some("postgres://app:hunter2@db/app?password=hunter2".into());

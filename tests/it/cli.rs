@@ -292,6 +292,45 @@ async fn status_leaders_nodes_and_events_show_the_running_cluster() {
         run.stderr
     );
 
+    // Connected through --config alone (no DATABASE_URL in the environment): the file's
+    // namespace has no cluster, `--namespace forge` reads this one.
+    let dir = ScratchDir::new("cli-config-connect");
+    let file = dir.0.join("forge.toml");
+    std::fs::write(
+        &file,
+        config_toml(url) + "\n[cluster]\nlock_namespace = \"billing\"\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let other = forge_env(None, &[], &["status", "--config", file, "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(other["namespace"], "billing", "{other}");
+    assert_eq!(other["nodes"]["active"], 0, "{other}");
+    let ours = forge_env(
+        None,
+        &[],
+        &["status", "--config", file, "--namespace", "forge", "--json"],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(ours["namespace"], "forge", "{ours}");
+    assert_eq!(ours["nodes"]["active"], 2, "{ours}");
+    let run = forge_env(
+        None,
+        &[],
+        &["nodes", "--config", file, "--namespace", "forge"],
+    )
+    .await
+    .ok();
+    assert!(
+        run.stdout.contains("cli-a") && run.stdout.contains("cli-b"),
+        "{}",
+        run.stdout
+    );
+
     b.shutdown().await;
     a.shutdown().await;
 }
