@@ -1139,6 +1139,73 @@ async fn doctor_passes_a_healthy_cluster_and_fails_on_a_leaderless_role_or_a_for
         );
     }
 
+    // A clock off by more than --max-clock-skew (default 5 s) is a problem, a skew over 1 s
+    // within it a warning. This host cannot be made to run late, so the database's clock is,
+    // for the command's sessions only: their search_path finds `skewed.clock_timestamp()`,
+    // the server's clock minus `forge_test.behind`, before pg_catalog's.
+    sqlx::raw_sql(
+        "CREATE SCHEMA skewed;
+         CREATE FUNCTION skewed.clock_timestamp() RETURNS timestamptz LANGUAGE sql VOLATILE
+           AS $$ SELECT pg_catalog.clock_timestamp() - current_setting('forge_test.behind')::interval $$;",
+    )
+    .execute(&mut foreign)
+    .await
+    .unwrap();
+    let behind = |offset: &str| {
+        let separator = if url.contains('?') { '&' } else { '?' };
+        format!(
+            "{url}{separator}options[search_path]=skewed,pg_catalog,public&options[forge_test.behind]={offset}"
+        )
+    };
+    let clock = |report: &Value| {
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "clock")
+            .cloned()
+            .unwrap_or_else(|| panic!("no clock check in {report}"))
+    };
+    let far = behind("10s");
+    let run = forge(&far, &["doctor"]).await.expect(1);
+    assert!(
+        run.stdout.contains("this host is 10.0")
+            && run.stdout.contains("ahead of the database")
+            && run.stdout.contains("more than --max-clock-skew 5.0"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("NOT HEALTHY: 1 problems"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("run NTP"), "{}", run.stdout);
+    let report = forge(&far, &["doctor", "--json"]).await.expect(1).json();
+    assert_eq!(clock(&report)["status"], "fail", "{report}");
+    let failed = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] != "ok")
+        .count();
+    assert_eq!(failed, 1, "only the clock: {report}");
+    // Within a larger bound, the same skew is a warning: exit 0, unless --strict.
+    let report = forge(&far, &["doctor", "--max-clock-skew", "30s", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(clock(&report)["status"], "warn", "{report}");
+    let near = behind("2s");
+    let report = forge(&near, &["doctor", "--json"]).await.ok().json();
+    assert_eq!(clock(&report)["status"], "warn", "{report}");
+    assert_eq!(report["ok"], true, "{report}");
+    forge(&near, &["doctor", "--strict"]).await.expect(1);
+    let run = forge(url, &["doctor", "--max-clock-skew", "soon"])
+        .await
+        .expect(2);
+    assert!(run.stderr.contains("--max-clock-skew"), "{}", run.stderr);
+
     // A role the configuration lists but nobody leads.
     let run = forge_env(
         Some(url),
