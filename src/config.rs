@@ -157,12 +157,23 @@ impl Config {
     }
 }
 
+impl Config {
+    /// A copy to show (log, print, serve): every secret hidden - the database URL's password
+    /// (`***`) and the `[admin]` tokens (`<redacted>`). [`Display`](fmt::Display), `Debug` and
+    /// the admin API's `GET /api/cluster/config` show this.
+    pub fn redacted(&self) -> Config {
+        Config {
+            database: self.database.redacted(),
+            admin: self.admin.redacted(),
+            ..self.clone()
+        }
+    }
+}
+
 impl fmt::Display for Config {
-    /// The configuration as TOML (the database password redacted).
+    /// The configuration as TOML, its secrets hidden ([`Config::redacted`]).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut shown = self.clone();
-        shown.database.url = shown.database.url.as_deref().map(forge_core::redact_url);
-        match toml::to_string_pretty(&shown) {
+        match toml::to_string_pretty(&self.redacted()) {
             Ok(text) => f.write_str(&text),
             Err(_) => Err(fmt::Error),
         }
@@ -313,13 +324,73 @@ mod tests {
     }
 
     #[test]
+    fn environment_overrides_the_admin_section() {
+        let file = "[admin]\nlisten = \"0.0.0.0:9465\"\ntoken = \"file-token-0123456789\"\n";
+        let env = |name: &str| match name {
+            "FORGE_ADMIN_LISTEN" => Some("127.0.0.1:9999".to_owned()),
+            "FORGE_ADMIN_TOKEN" => Some("env-token-0123456789".to_owned()),
+            _ => None,
+        };
+        let config = Config::parse(file, None, &env).unwrap();
+        assert_eq!(config.admin.listen, Some("127.0.0.1:9999".parse().unwrap()));
+        assert_eq!(config.admin.token.as_deref(), Some("env-token-0123456789"));
+
+        // `off` stops serving; an empty token leaves the file's.
+        let env = |name: &str| match name {
+            "FORGE_ADMIN_LISTEN" => Some("off".to_owned()),
+            "FORGE_ADMIN_TOKEN" => Some(String::new()),
+            _ => None,
+        };
+        let config = Config::parse(file, None, &env).unwrap();
+        assert_eq!(config.admin.listen, None);
+        assert_eq!(config.admin.token.as_deref(), Some("file-token-0123456789"));
+
+        // Without the variables the file stands.
+        let config = Config::parse(file, None, &no_env).unwrap();
+        assert_eq!(config.admin.listen, Some("0.0.0.0:9465".parse().unwrap()));
+
+        // Bad values are errors naming the variable or the key, never showing a token.
+        let env = |name: &str| (name == "FORGE_ADMIN_LISTEN").then(|| "nope".to_owned());
+        let msg = Config::parse("", None, &env).unwrap_err().to_string();
+        assert!(
+            msg.contains("FORGE_ADMIN_LISTEN") && msg.contains("host:port"),
+            "{msg}"
+        );
+        let env = |name: &str| (name == "FORGE_ADMIN_TOKEN").then(|| "short-secret".to_owned());
+        let msg = Config::parse("", None, &env).unwrap_err().to_string();
+        assert!(
+            msg.contains("admin.token") && msg.contains("at least 16 characters"),
+            "{msg}"
+        );
+        assert!(!msg.contains("short-secret"), "{msg}");
+    }
+
+    #[test]
     fn debug_and_display_never_show_the_password() {
         let mut config = Config::default();
         config.database.url = Some("postgres://app:hunter2@db/app?password=hunter2".into());
-        for shown in [format!("{config:?}"), config.to_string()] {
-            assert!(!shown.contains("hunter2"), "{shown}");
-            assert!(shown.contains("***"), "{shown}");
+        config.admin.token = Some("write-secret-0123456789".into());
+        config.admin.read_token = Some("read-secret-9876543210".into());
+        config.validate().unwrap();
+        let redacted = config.redacted();
+        let serialized = serde_json::to_string(&redacted).unwrap();
+        for shown in [format!("{config:?}"), config.to_string(), serialized] {
+            for secret in ["hunter2", "write-secret", "read-secret"] {
+                assert!(!shown.contains(secret), "{secret} in {shown}");
+            }
+            assert!(shown.contains("app:***@db"), "{shown}");
+            assert_eq!(
+                shown.matches(forge_core::config::REDACTED).count(),
+                2,
+                "{shown}"
+            );
         }
+        // What is not a secret is shown as it is, and an unset token stays unset.
+        assert_eq!(redacted.admin.read_only, config.admin.read_only);
+        let mut open = config.clone();
+        open.admin.read_token = None;
+        assert_eq!(open.redacted().admin.read_token, None);
+        assert!(!open.to_string().contains("read_token"), "{open}");
     }
 
     /// The reference forge.toml sets every key to its default, and documents the optional

@@ -348,7 +348,7 @@ impl Node {
             local = local.admin_url(url);
         }
         forge_admin::AdminState::new(self.cluster(), self.workload(), self.config.admin.clone())
-            .with_config(&*self.config)
+            .with_config(&self.config.redacted())
             .with_local_node(local)
     }
 

@@ -20,6 +20,14 @@ function nodeColour(node) {
   return `c${hash % 8}`;
 }
 
+/**
+ * The roles a node leads: what its last heartbeat said, while it is live. A node down or
+ * stopped leads nothing, whatever it last reported.
+ */
+function leadsOf(n) {
+  return n.state === 'active' || n.state === 'drifted' ? n.leads : [];
+}
+
 /** How a tenure began: first, failover (with its gap) or handoff (with its gap). */
 export function tenureStart(t) {
   if (t.failover) return 'failover';
@@ -127,7 +135,7 @@ export function overview(ctx) {
           nodes.nodes.filter((n) => n.state !== 'stopped').map((n) => ({
             attrs: { dataset: { node: n.node_id } },
             cells: [h('span', { class: `node ${nodeColour(n.node_id)}` }, n.node_id), badge(n.state),
-              n.leads.join(', ') || '-', `${fmtDuration(n.heartbeat_age_ms)} ago`],
+              leadsOf(n).join(', ') || '-', `${fmtDuration(n.heartbeat_age_ms)} ago`],
           })),
           { empty: 'No live node.', label: 'Live nodes' }));
 
@@ -177,7 +185,7 @@ function queueAction(ctx, q) {
   return button(q.paused ? 'Resume' : 'Pause', () => ctx.act(
     () => api(`api/queues/${encodeURIComponent(q.queue)}/${verb}`, { method: 'POST' }),
     () => `Queue ${q.queue} ${q.paused ? 'resumed' : 'paused'}.`,
-  ), { focus: `queue-${verb}-${q.queue}`, action: `${verb}-queue`, kind: 'write' });
+  ), { focus: `queue-toggle-${q.queue}`, action: `${verb}-queue`, kind: 'write' });
 }
 
 // --- Leadership --------------------------------------------------------------------------
@@ -414,10 +422,15 @@ export function nodes(ctx) {
           attrs: { dataset: { node: n.node_id, state: n.state } },
           cells: [
             h('span', { class: `node ${nodeColour(n.node_id)}` }, n.node_id),
-            badge(n.state),
-            n.roles.length ? n.roles.map((r, i) => [i ? ', ' : '', n.leads.includes(r) ? h('strong', { title: 'leads' }, `★ ${r}`) : r]) : '-',
-            h('span', { class: n.heartbeat_age_ms > 5000 && n.state === 'active' ? 'warn-text' : '' }, `${fmtDuration(n.heartbeat_age_ms)} ago`),
-            n.version || '-', n.hostname || '-', n.pid ?? '-', time(n.started_at),
+            h('span', { dataset: { field: 'state' } }, badge(n.state)),
+            h('span', { dataset: { field: 'roles' } },
+              n.roles.length ? n.roles.map((r, i) => [i ? ', ' : '', leadsOf(n).includes(r) ? h('strong', { title: 'leads' }, `★ ${r}`) : r]) : '-'),
+            h('span', {
+              class: n.heartbeat_age_ms > 5000 && n.state === 'active' ? 'warn-text' : '',
+              dataset: { field: 'heartbeat', ageMs: Math.round(n.heartbeat_age_ms) },
+            }, `${fmtDuration(n.heartbeat_age_ms)} ago`),
+            h('span', { dataset: { field: 'version' } }, n.version || '-'),
+            n.hostname || '-', n.pid ?? '-', time(n.started_at),
             json(n.queues) || '-',
             n.admin_url && /^https?:\/\//.test(n.admin_url) ? h('a', { href: n.admin_url, rel: 'noopener noreferrer' }, n.admin_url) : '-',
             n.down_reason ? `down: ${n.down_reason}` : n.stopped_at ? h('span', {}, 'stopped ', time(n.stopped_at)) : '',

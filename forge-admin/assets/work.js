@@ -22,7 +22,7 @@ function cronActions(ctx, c) {
     button(c.paused_at ? 'Resume' : 'Pause', () => ctx.act(
       () => api(`api/crons/${enc(c.name)}/${verb}`, { method: 'POST' }),
       () => `Cron ${c.name} ${c.paused_at ? 'resumed' : 'paused'}.`,
-    ), { focus: `cron-${verb}-${c.name}`, action: `${verb}-cron`, kind: 'write' }),
+    ), { focus: `cron-toggle-${c.name}`, action: `${verb}-cron`, kind: 'write' }),
     ' ',
     button('Trigger now', () => ctx.act(
       () => api(`api/crons/${enc(c.name)}/trigger`, { method: 'POST' }),

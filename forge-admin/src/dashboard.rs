@@ -174,6 +174,9 @@ async fn series(
 }
 
 #[cfg(test)]
+mod contrast;
+
+#[cfg(test)]
 mod tests {
     use axum::http::StatusCode;
 

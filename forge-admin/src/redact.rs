@@ -2,8 +2,8 @@
 
 use serde_json::Value;
 
-/// What replaces a secret.
-pub(crate) const REDACTED: &str = "<redacted>";
+/// What replaces a secret: the same as in `Debug` and `Display` of the configuration.
+pub(crate) use forge_core::config::REDACTED;
 
 /// Hides every secret of a serialized configuration: values of keys that name a secret
 /// (`token`, `password`, `secret`, `key` ...) are replaced, and every string that looks like a

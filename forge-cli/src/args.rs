@@ -75,9 +75,14 @@ pub(crate) enum Command {
     /// transaction pooler, pending migrations, foreign holders of FORGE's lock keys, roles
     /// without a leader, nodes down or drifted, clock skew.
     Doctor {
-        /// Treat warnings (nodes down or drifted, clock skew) as problems too.
+        /// Treat warnings (nodes down or drifted, clock skew over 1 s) as problems too.
         #[arg(long)]
         strict: bool,
+        /// The largest difference between this host's clock and the database's that passes:
+        /// beyond it the clock check fails (exit 1); over 1 s within it is a warning. A host
+        /// behind the database runs its crons late by as much.
+        #[arg(long, default_value = "5s", value_parser = duration, value_name = "DURATION")]
+        max_clock_skew: Duration,
     },
     /// Prometheus alert rules.
     Alerts {

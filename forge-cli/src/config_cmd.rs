@@ -31,6 +31,26 @@ pub(crate) fn check(file: &Path, env: bool, json: bool) -> Outcome {
         None => "not in the file (nodes take DATABASE_URL)".to_owned(),
     };
     let election = &config.cluster.leader_election;
+    // The tokens are secrets: shown only as set (`<redacted>`) or not.
+    let admin = config.admin.redacted();
+    let access = match (&admin.listen, &admin.token, &admin.read_token) {
+        (None, ..) => "not served ([admin] listen unset)".to_owned(),
+        (Some(listen), token, read) => format!(
+            "{listen}; writes {}; reads {}",
+            if admin.read_only {
+                "refused (read_only)"
+            } else if token.is_some() {
+                "need the token"
+            } else {
+                "refused (no token)"
+            },
+            if read.is_some() {
+                "need the read token"
+            } else {
+                "open"
+            }
+        ),
+    };
     if json {
         out::print_json(&json!({
             "file": file.display().to_string(),
@@ -41,6 +61,7 @@ pub(crate) fn check(file: &Path, env: bool, json: bool) -> Outcome {
             "queues": config.jobs.queues,
             "lease_duration_ms": election.lease_duration.as_millis() as u64,
             "refresh_interval_ms": election.refresh_interval.as_millis() as u64,
+            "admin": admin,
         }));
         return Ok(0);
     }
@@ -50,6 +71,7 @@ pub(crate) fn check(file: &Path, env: bool, json: bool) -> Outcome {
         ("namespace", config.cluster.lock_namespace.clone()),
         ("roles", out::list(&config.node.roles)),
         ("queues", out::list(&queues)),
+        ("admin", access),
         (
             "lease",
             format!(

@@ -2,6 +2,7 @@
 //! wrong, so that a deploy can wait for it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use forge::inspect::NodeState;
@@ -14,7 +15,7 @@ use crate::ctx::{Ctx, Settings};
 use crate::fail::{Fail, Outcome, PROBLEM};
 use crate::out::{self, Table};
 
-/// Clock skew beyond this is a warning.
+/// Clock skew beyond this is a warning (beyond `--max-clock-skew`, a problem).
 const SKEW_WARN_MS: f64 = 1000.0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -133,7 +134,12 @@ impl Report {
     }
 }
 
-pub(crate) async fn run(settings: Settings, strict: bool, json: bool) -> Outcome {
+pub(crate) async fn run(
+    settings: Settings,
+    strict: bool,
+    max_clock_skew: Duration,
+    json: bool,
+) -> Outcome {
     let mut report = Report::default();
     let ctx = match Ctx::connect(settings).await {
         Ok(ctx) => ctx,
@@ -168,7 +174,7 @@ pub(crate) async fn run(settings: Settings, strict: bool, json: bool) -> Outcome
             report.add(check, Level::Skip, "FORGE's schema is not in place");
         }
     }
-    clock(&ctx, &mut report).await;
+    clock(&ctx, &mut report, max_clock_skew).await;
     report.print(json, strict);
     Ok(if report.ok(strict) { 0 } else { PROBLEM })
 }
@@ -495,7 +501,9 @@ async fn lock_keys(
     Ok(())
 }
 
-async fn clock(ctx: &Ctx, report: &mut Report) {
+/// This host's clock against the database's: a problem beyond `max_skew`, a warning over 1 s.
+/// The skew is measured at the middle of one round trip (so it is known within half of it).
+async fn clock(ctx: &Ctx, report: &mut Report, max_skew: Duration) {
     let sent = Utc::now();
     let db: Result<DateTime<Utc>, _> = sqlx::query_scalar("SELECT clock_timestamp()")
         .fetch_one(&ctx.pool)
@@ -512,13 +520,17 @@ async fn clock(ctx: &Ctx, report: &mut Report) {
                 if skew >= 0.0 { "ahead of" } else { "behind" },
                 out::ms(round_trip)
             );
-            if skew.abs() > SKEW_WARN_MS {
+            let max_ms = max_skew.as_secs_f64() * 1000.0;
+            let hint = "leases and claims run on the database's clock, but cron schedules and logs on the host's: a host behind the database runs its crons late by as much (one ahead has its claims refused until they are due); run NTP (chrony) on every host";
+            if skew.abs() > max_ms {
                 report.hint(
                     "clock",
-                    Level::Warn,
-                    detail,
-                    "leases and ticks run on the database's clock, but logs and local deadlines do not: run NTP (chrony) on every host",
+                    Level::Fail,
+                    format!("{detail}: more than --max-clock-skew {}", out::ms(max_ms)),
+                    hint,
                 );
+            } else if skew.abs() > SKEW_WARN_MS {
+                report.hint("clock", Level::Warn, detail, hint);
             } else {
                 report.add("clock", Level::Ok, detail);
             }

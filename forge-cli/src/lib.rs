@@ -92,8 +92,12 @@ async fn dispatch(cli: Cli) -> Outcome {
         _ => {}
     }
     let settings = Settings::load(&cli)?;
-    if let Command::Doctor { strict } = &cli.command {
-        return doctor::run(settings, *strict, json).await;
+    if let Command::Doctor {
+        strict,
+        max_clock_skew,
+    } = &cli.command
+    {
+        return doctor::run(settings, *strict, *max_clock_skew, json).await;
     }
     let ctx = Ctx::connect(settings).await?;
     match &cli.command {

@@ -131,7 +131,7 @@ impl Default for DatabaseConfig {
 impl fmt::Debug for DatabaseConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DatabaseConfig")
-            .field("url", &self.url.as_deref().map(crate::error::redact_url))
+            .field("url", &self.redacted().url)
             .field("max_connections", &self.max_connections)
             .field("connect_timeout", &self.connect_timeout)
             .field("migrate", &self.migrate)
@@ -140,6 +140,14 @@ impl fmt::Debug for DatabaseConfig {
 }
 
 impl DatabaseConfig {
+    /// A copy to show: the URL's password replaced with `***` ([`redact_url`](crate::redact_url)).
+    pub fn redacted(&self) -> DatabaseConfig {
+        DatabaseConfig {
+            url: self.url.as_deref().map(crate::error::redact_url),
+            ..self.clone()
+        }
+    }
+
     /// The database URL, or an error that says how to provide one.
     pub fn url(&self) -> Result<&str> {
         self.url.as_deref().ok_or_else(|| Error::Config {
@@ -485,19 +493,35 @@ pub struct AdminConfig {
     pub read_only: bool,
 }
 
+/// What a secret (a token) is shown as wherever a configuration is shown: `Debug`, the
+/// facade's `Display` of the whole configuration, the admin API's configuration endpoint.
+pub const REDACTED: &str = "<redacted>";
+
+// The tokens are secrets: never print them.
 impl fmt::Debug for AdminConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let secret = |s: &Option<String>| s.as_ref().map(|_| "<redacted>");
+        let shown = self.redacted();
         f.debug_struct("AdminConfig")
-            .field("listen", &self.listen)
-            .field("token", &secret(&self.token))
-            .field("read_token", &secret(&self.read_token))
-            .field("read_only", &self.read_only)
+            .field("listen", &shown.listen)
+            .field("token", &shown.token)
+            .field("read_token", &shown.read_token)
+            .field("read_only", &shown.read_only)
             .finish()
     }
 }
 
 impl AdminConfig {
+    /// A copy to show: each token that is set is replaced with [`REDACTED`] (an unset one
+    /// stays unset, so the copy still says whether writes and reads need a token).
+    pub fn redacted(&self) -> AdminConfig {
+        let hide = |token: &Option<String>| token.as_ref().map(|_| REDACTED.to_owned());
+        AdminConfig {
+            token: hide(&self.token),
+            read_token: hide(&self.read_token),
+            ..self.clone()
+        }
+    }
+
     /// Applies `FORGE_ADMIN_LISTEN` and `FORGE_ADMIN_TOKEN`.
     pub fn apply_env(&mut self, env: &dyn Env) -> Result<()> {
         if let Some(listen) = env.var("FORGE_ADMIN_LISTEN") {

@@ -395,7 +395,10 @@ impl Workload {
     }
 
     /// Applies `apply` to the jobs matching `filter` (and in `states`), a batch of ids per
-    /// transaction, until none is left; one audit record with the filter and the count.
+    /// transaction, until none is left. Each batch records its own audit event (the filter,
+    /// the batch's number and how many jobs it changed) in its transaction, so whatever a
+    /// failure part-way leaves committed is in the audit trail, and nothing else is; an action
+    /// that matches nothing records one event with a count of 0.
     async fn bulk<F>(
         &self,
         filter: &JobFilter,
@@ -415,9 +418,15 @@ impl Workload {
             .filter(|s| filter.states.is_empty() || filter.states.contains(s))
             .map(|s| s.as_str())
             .collect();
+        let shown_filter = serde_json::json!({
+            "states": wanted,
+            "queue": filter.queue,
+            "kind": filter.kind,
+            "args": filter.args,
+        });
         let mut total = 0u64;
         let mut after = 0i64;
-        loop {
+        for batch in 1u64.. {
             let mut tx = self.pool.begin().await?;
             let ids: Vec<i64> = sqlx::query_scalar(
                 "SELECT id FROM forge.jobs
@@ -438,27 +447,28 @@ impl Workload {
             .bind(BULK_BATCH)
             .fetch_all(&mut *tx)
             .await?;
-            let Some(&last) = ids.last() else {
-                break;
-            };
-            after = last;
             let full = ids.len() as i64 == BULK_BATCH;
-            total += apply((&mut *tx, &self.namespace), ids).await?;
+            let count = match ids.last() {
+                Some(&last) => {
+                    after = last;
+                    apply((&mut *tx, &self.namespace), ids).await?
+                }
+                // Nothing (more) matches: the action is on record already, or records 0.
+                None if batch > 1 => break,
+                None => 0,
+            };
+            let detail = serde_json::json!({
+                "count": count,
+                "batch": batch,
+                "filter": shown_filter,
+            });
+            audit(&mut *tx, &self.namespace, action, "jobs", by, detail).await?;
             tx.commit().await?;
+            total += count;
             if !full {
                 break;
             }
         }
-        let detail = serde_json::json!({
-            "count": total,
-            "filter": {
-                "states": wanted,
-                "queue": filter.queue,
-                "kind": filter.kind,
-                "args": filter.args,
-            },
-        });
-        audit(&self.pool, &self.namespace, action, "jobs", by, detail).await?;
         Ok(total)
     }
 

@@ -417,3 +417,122 @@ async fn a_paused_queue_is_not_claimed_until_resumed() {
     assert_eq!(actions, ["pause_queue", "resume_queue"]);
     node.shutdown().await;
 }
+
+/// The `admin_action` events of `action`, oldest first: (count, batch) of each.
+async fn bulk_events(pool: &PgPool, action: &str) -> Vec<(i64, i64)> {
+    sqlx::query_as(
+        "SELECT (detail->>'count')::bigint, (detail->>'batch')::bigint FROM forge.events
+          WHERE kind = 'admin_action' AND detail->>'action' = $1 AND detail->>'by' = 'op'
+          ORDER BY id",
+    )
+    .bind(action)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// How many jobs of the `bulk` queue are in each state.
+async fn bulk_states(pool: &PgPool) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "SELECT state, count(*) FROM forge.jobs WHERE queue = 'bulk' GROUP BY state ORDER BY state",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_action_records_each_batch_with_its_count_in_the_batch_transaction() {
+    let (_db, pool) = setup().await;
+    // No node: the retried jobs stay available for the test to count.
+    let workload = Workload::new(pool.clone(), LockNamespace::default());
+    // 2,500 dead jobs (three batches of at most 1,000); job 1,500 (in the second batch) cannot
+    // be made available while a trigger refuses it.
+    sqlx::query(
+        "INSERT INTO forge.jobs (namespace, queue, kind, args, state, run_at, attempt,
+                                 max_attempts, finished_at)
+         SELECT 'forge', 'bulk', 'bulk_probe', jsonb_build_object('n', n, 'poison', n = 1500),
+                'dead', now(), 1, 1, now()
+           FROM generate_series(1, 2500) AS n",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::raw_sql(
+        "CREATE FUNCTION public.refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'job % refused by the test', NEW.id; END $$;
+         CREATE TRIGGER refuse_poison BEFORE UPDATE ON forge.jobs FOR EACH ROW
+           WHEN (NEW.args @> '{\"poison\": true}' AND NEW.state = 'available')
+           EXECUTE FUNCTION public.refuse_poison();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let filter = JobFilter {
+        states: vec![JobState::Dead],
+        queue: Some("bulk".to_owned()),
+        ..JobFilter::default()
+    };
+
+    // Failing part-way: the first batch is committed with its audit event, the second rolled
+    // back with its own; nothing changed is missing from the trail.
+    let err = workload.retry_jobs(&filter, "op").await.unwrap_err();
+    assert!(err.to_string().contains("refused by the test"), "{err}");
+    assert_eq!(
+        bulk_states(&pool).await,
+        [("available".to_owned(), 1000), ("dead".to_owned(), 1500)]
+    );
+    assert_eq!(bulk_events(&pool, "retry_jobs").await, [(1000, 1)]);
+
+    // Without the trigger, the rest: two more batches, each on record with its count.
+    sqlx::raw_sql("DROP TRIGGER refuse_poison ON forge.jobs")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(workload.retry_jobs(&filter, "op").await.unwrap(), 1500);
+    assert_eq!(
+        bulk_states(&pool).await,
+        [("available".to_owned(), 2500)],
+        "every job was retried"
+    );
+    let with_room: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM forge.jobs WHERE queue = 'bulk' AND max_attempts > attempt",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(with_room, 2500, "each retried job has room for an attempt");
+    let events = bulk_events(&pool, "retry_jobs").await;
+    assert_eq!(events, [(1000, 1), (1000, 1), (500, 2)]);
+    assert_eq!(events.iter().map(|(count, _)| count).sum::<i64>(), 2500);
+    let filter_shown: serde_json::Value = sqlx::query_scalar(
+        "SELECT detail->'filter' FROM forge.events
+          WHERE kind = 'admin_action' AND detail->>'action' = 'retry_jobs' ORDER BY id DESC LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(filter_shown["queue"], "bulk", "{filter_shown}");
+    assert_eq!(filter_shown["states"], serde_json::json!(["dead"]));
+
+    // Deleting them all: three batches again; an action matching nothing is on record too.
+    assert_eq!(
+        workload.delete_jobs(&filter_all(), "op").await.unwrap(),
+        2500
+    );
+    assert_eq!(
+        bulk_events(&pool, "delete_jobs").await,
+        [(1000, 1), (1000, 2), (500, 3)]
+    );
+    assert!(bulk_states(&pool).await.is_empty());
+    assert_eq!(workload.cancel_jobs(&filter_all(), "op").await.unwrap(), 0);
+    assert_eq!(bulk_events(&pool, "cancel_jobs").await, [(0, 1)]);
+}
+
+/// Every job of the `bulk` queue.
+fn filter_all() -> JobFilter {
+    JobFilter {
+        queue: Some("bulk".to_owned()),
+        ..JobFilter::default()
+    }
+}

@@ -292,6 +292,45 @@ async fn status_leaders_nodes_and_events_show_the_running_cluster() {
         run.stderr
     );
 
+    // Connected through --config alone (no DATABASE_URL in the environment): the file's
+    // namespace has no cluster, `--namespace forge` reads this one.
+    let dir = ScratchDir::new("cli-config-connect");
+    let file = dir.0.join("forge.toml");
+    std::fs::write(
+        &file,
+        config_toml(url) + "\n[cluster]\nlock_namespace = \"billing\"\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let other = forge_env(None, &[], &["status", "--config", file, "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(other["namespace"], "billing", "{other}");
+    assert_eq!(other["nodes"]["active"], 0, "{other}");
+    let ours = forge_env(
+        None,
+        &[],
+        &["status", "--config", file, "--namespace", "forge", "--json"],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(ours["namespace"], "forge", "{ours}");
+    assert_eq!(ours["nodes"]["active"], 2, "{ours}");
+    let run = forge_env(
+        None,
+        &[],
+        &["nodes", "--config", file, "--namespace", "forge"],
+    )
+    .await
+    .ok();
+    assert!(
+        run.stdout.contains("cli-a") && run.stdout.contains("cli-b"),
+        "{}",
+        run.stdout
+    );
+
     b.shutdown().await;
     a.shutdown().await;
 }
@@ -944,7 +983,8 @@ async fn config_check_accepts_a_good_file_and_names_the_line_of_a_broken_one() {
     std::fs::write(
         &good,
         config_toml("postgres://app:hunter2@db.internal:5432/app")
-            + "\n[cluster]\nlock_namespace = \"billing\"\n",
+            + "\n[cluster]\nlock_namespace = \"billing\"\n"
+            + "\n[admin]\nlisten = \"127.0.0.1:9465\"\ntoken = \"cli-config-secret-token-42\"\n",
     )
     .unwrap();
     let good = good.to_str().unwrap();
@@ -952,14 +992,25 @@ async fn config_check_accepts_a_good_file_and_names_the_line_of_a_broken_one() {
     assert!(run.stdout.contains(": ok"), "{}", run.stdout);
     assert!(run.stdout.contains("billing"), "{}", run.stdout);
     assert!(run.stdout.contains("app:***@db.internal"), "{}", run.stdout);
-    assert!(!run.stdout.contains("hunter2"), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("127.0.0.1:9465; writes need the token; reads open"),
+        "{}",
+        run.stdout
+    );
     let checked = forge_env(None, &[], &["config", "check", good, "--json"])
         .await
-        .ok()
-        .json();
+        .ok();
+    for shown in [&run.stdout, &checked.stdout] {
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("cli-config-secret"), "{shown}");
+    }
+    let checked = checked.json();
     assert_eq!(checked["ok"], true);
     assert_eq!(checked["namespace"], "billing");
     assert_eq!(checked["lease_duration_ms"], 2000);
+    assert_eq!(checked["admin"]["token"], "<redacted>", "{checked}");
+    assert_eq!(checked["admin"]["read_token"], Value::Null, "{checked}");
 
     let broken = dir.0.join("broken.toml");
     std::fs::write(
@@ -1087,6 +1138,73 @@ async fn doctor_passes_a_healthy_cluster_and_fails_on_a_leaderless_role_or_a_for
             "{check}: {report}"
         );
     }
+
+    // A clock off by more than --max-clock-skew (default 5 s) is a problem, a skew over 1 s
+    // within it a warning. This host cannot be made to run late, so the database's clock is,
+    // for the command's sessions only: their search_path finds `skewed.clock_timestamp()`,
+    // the server's clock minus `forge_test.behind`, before pg_catalog's.
+    sqlx::raw_sql(
+        "CREATE SCHEMA skewed;
+         CREATE FUNCTION skewed.clock_timestamp() RETURNS timestamptz LANGUAGE sql VOLATILE
+           AS $$ SELECT pg_catalog.clock_timestamp() - current_setting('forge_test.behind')::interval $$;",
+    )
+    .execute(&mut foreign)
+    .await
+    .unwrap();
+    let behind = |offset: &str| {
+        let separator = if url.contains('?') { '&' } else { '?' };
+        format!(
+            "{url}{separator}options[search_path]=skewed,pg_catalog,public&options[forge_test.behind]={offset}"
+        )
+    };
+    let clock = |report: &Value| {
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "clock")
+            .cloned()
+            .unwrap_or_else(|| panic!("no clock check in {report}"))
+    };
+    let far = behind("10s");
+    let run = forge(&far, &["doctor"]).await.expect(1);
+    assert!(
+        run.stdout.contains("this host is 10.0")
+            && run.stdout.contains("ahead of the database")
+            && run.stdout.contains("more than --max-clock-skew 5.0"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("NOT HEALTHY: 1 problems"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("run NTP"), "{}", run.stdout);
+    let report = forge(&far, &["doctor", "--json"]).await.expect(1).json();
+    assert_eq!(clock(&report)["status"], "fail", "{report}");
+    let failed = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] != "ok")
+        .count();
+    assert_eq!(failed, 1, "only the clock: {report}");
+    // Within a larger bound, the same skew is a warning: exit 0, unless --strict.
+    let report = forge(&far, &["doctor", "--max-clock-skew", "30s", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(clock(&report)["status"], "warn", "{report}");
+    let near = behind("2s");
+    let report = forge(&near, &["doctor", "--json"]).await.ok().json();
+    assert_eq!(clock(&report)["status"], "warn", "{report}");
+    assert_eq!(report["ok"], true, "{report}");
+    forge(&near, &["doctor", "--strict"]).await.expect(1);
+    let run = forge(url, &["doctor", "--max-clock-skew", "soon"])
+        .await
+        .expect(2);
+    assert!(run.stderr.contains("--max-clock-skew"), "{}", run.stderr);
 
     // A role the configuration lists but nobody leads.
     let run = forge_env(

@@ -1,28 +1,37 @@
 //! The dashboard in a real browser: headless Chromium driven over WebDriver (chromedriver,
 //! through `fantoccini`), against a real cluster on a real PostgreSQL. Every page loads
 //! without a console error; each role's leader appears; a SIGKILLed leader process is
-//! replaced and the failover (with its gap) shows on the page within seconds; a dead job is
-//! retried from the page and completes; read-only mode hides the actions; screenshots are
-//! written to `target/dashboard-screenshots/`.
+//! replaced and the failover (with its gap) shows on the page within seconds, and a step-down
+//! asked for from the page shows as a graceful handoff, told apart from it; the Nodes page
+//! shows each node's state, roles, heartbeat age and version; a dead job is retried from the
+//! page and completes; a cron's list and page show its recent ticks, and pause (by keyboard),
+//! resume and trigger now from the page take effect; the charts draw the aggregator's points;
+//! every action is a keyboard-operable button with a visible focus outline; read-only mode
+//! hides the actions; screenshots are written to `target/dashboard-screenshots/`.
 //!
 //! Needs `/usr/bin/chromium` and `/usr/bin/chromedriver` (Debian packages `chromium` and
 //! `chromium-driver`; `.ci/run` installs them), or `FORGE_CHROMIUM` / `FORGE_CHROMEDRIVER`
-//! naming other paths. Without them the tests fail, saying so.
+//! naming other paths. Without them a test fails, saying what to install, when `CI=true` or
+//! `FORGE_REQUIRE_TOOLS` is set (as `.ci/run` does); elsewhere it checks nothing and says so
+//! on stderr ([`tools_present`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use fantoccini::actions::{InputSource, KeyAction, KeyActions};
+use fantoccini::key::Key;
 use fantoccini::wd::WebDriverCompatibleCommand;
 use fantoccini::{Client, ClientBuilder, Locator};
+use forge::cron::CronJob;
 use forge::inspect::{Cluster, Workload};
 use forge::jobs::{JobState, NewJob};
-use forge::{Config, LockNamespace};
+use forge::{Config, CronContext, LockNamespace, Schedule};
 use forge_testkit::{NodeProcess, wait_for};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::jobs::{Behave, job_config, plain, setup, wait_state};
+use crate::jobs::{Behave, plain, served_job_config, setup, wait_state};
 use crate::support::*;
 
 const TOKEN: &str = "dashboard-test-token-5f1c2a";
@@ -248,6 +257,92 @@ impl Browser {
             .unwrap_or_else(|e| panic!("click {selector}: {e}"));
     }
 
+    /// Presses and releases `key` on whatever has the focus, as a keyboard does.
+    async fn press(&self, key: Key) {
+        let value: char = key.into();
+        let keys = KeyActions::new("keyboard".to_owned())
+            .then(KeyAction::Down { value })
+            .then(KeyAction::Up { value });
+        self.client
+            .perform_actions(keys)
+            .await
+            .unwrap_or_else(|e| panic!("press {key:?}: {e}"));
+    }
+
+    /// Moves the focus with Tab, from the start of the page's content, until the element
+    /// `selector` has it; returns how many presses that took and the focused element's label
+    /// and focus style. Panics when Tab never reaches it.
+    async fn tab_to(&self, selector: &str) -> (usize, Value) {
+        self.client
+            .execute("document.getElementById('main').focus();", vec![])
+            .await
+            .expect("focus the page's content");
+        for presses in 1..=60 {
+            self.press(Key::Tab).await;
+            let focused = self
+                .client
+                .execute(FOCUSED, vec![json!(selector)])
+                .await
+                .expect("the focused element");
+            if !focused.is_null() {
+                return (presses, focused);
+            }
+        }
+        self.screenshot(&format!("failed-tab-to-{}", slug(selector)))
+            .await;
+        panic!("60 presses of Tab never reached {selector}");
+    }
+
+    /// Types the admin token into the dialog the page opened for it, and saves it.
+    async fn give_token(&self) {
+        self.wait_js(
+            "the token dialog",
+            SOON,
+            "return document.querySelector('#token-dialog').open;",
+            vec![],
+        )
+        .await;
+        self.client
+            .find(Locator::Css("#token-input"))
+            .await
+            .unwrap()
+            .send_keys(TOKEN)
+            .await
+            .unwrap();
+        self.click("#token-save").await;
+    }
+
+    /// Every action control on the page (`[data-action]`: pause, retry, step-down, ...) is a
+    /// visible, enabled `<button>` in the Tab order, so Tab reaches it and Enter and Space
+    /// operate it; returns the actions found.
+    async fn assert_actions_are_keyboard_buttons(&self, page: &str) -> Vec<String> {
+        let controls = self
+            .client
+            .execute(
+                "return [...document.querySelectorAll('#page [data-action]')].map((a) => ({
+                   action: a.dataset.action, tag: a.tagName, tabIndex: a.tabIndex,
+                   disabled: Boolean(a.disabled), shown: a.getClientRects().length > 0 }));",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let controls = controls.as_array().cloned().unwrap_or_default();
+        assert!(!controls.is_empty(), "no action on the {page} page");
+        for control in &controls {
+            assert!(
+                control["tag"] == "BUTTON"
+                    && control["tabIndex"] == 0
+                    && control["disabled"] == false
+                    && control["shown"] == true,
+                "an action on the {page} page that the keyboard cannot reach or operate: {control}"
+            );
+        }
+        controls
+            .iter()
+            .map(|c| c["action"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
     /// The console's errors (level SEVERE) since the last call: uncaught exceptions, failed
     /// requests, CSP violations.
     async fn console_errors(&self) -> Vec<String> {
@@ -341,6 +436,14 @@ async fn serve(pool: &PgPool, configure: impl FnOnce(&mut Config)) -> (String, S
     (format!("http://{addr}/"), StopServer(Some(stop)))
 }
 
+/// The focused element when it matches `arguments[0]`: its label, whether the browser shows
+/// its focus (`:focus-visible`, as after a key press) and its outline.
+const FOCUSED: &str = "const el = document.activeElement;
+     if (!el || !el.matches(arguments[0])) return null;
+     const style = getComputedStyle(el);
+     return { label: el.textContent, visible: el.matches(':focus-visible'),
+              outline: style.outlineStyle, width: style.outlineWidth };";
+
 /// Stops a server of [`serve`] when dropped.
 struct StopServer(Option<tokio::sync::oneshot::Sender<()>>);
 
@@ -396,7 +499,7 @@ async fn wait_overview_leaders(browser: &Browser, pool: &PgPool) -> BTreeMap<Str
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_dashboard_shows_every_page_and_a_sigkilled_leaders_failover() {
+async fn the_dashboard_shows_every_page_a_sigkilled_leaders_failover_a_handoff_and_the_nodes() {
     if !browser_present() {
         return;
     }
@@ -554,6 +657,168 @@ async fn the_dashboard_shows_every_page_and_a_sigkilled_leaders_failover() {
     browser
         .assert_no_console_errors("on the Overview and Events pages after the failover")
         .await;
+
+    // A graceful handoff, asked for from the Overview of a server that takes writes (the
+    // token typed in once): the Leadership page shows it as a handoff, told apart from the
+    // failover above.
+    let (writable, _writable_server) = serve(&pool, |c| {
+        c.admin.token = Some(TOKEN.to_owned());
+    })
+    .await;
+    let (from, old_epoch) = wait_for(
+        "log_compactor led by a live node",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            match current_leaders(&pool).await.remove("log_compactor") {
+                Some((node, epoch)) if node != victim => Ok((node, epoch)),
+                other => Err(format!("log_compactor: {other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    browser.open(&format!("{writable}#/overview")).await;
+    browser.wait_loaded("overview").await;
+    let step_down = "#page tr[data-role=log_compactor] button[data-action=step-down]";
+    browser
+        .wait_js(
+            "the step-down button of log_compactor",
+            PAGE_DEADLINE,
+            "return document.querySelector(arguments[0]) !== null;",
+            vec![json!(step_down)],
+        )
+        .await;
+    assert!(
+        browser
+            .assert_actions_are_keyboard_buttons("overview")
+            .await
+            .contains(&"step-down".to_owned())
+    );
+    browser.click(step_down).await;
+    browser
+        .wait_js(
+            "the step-down confirmation",
+            SOON,
+            "const d = document.querySelector('dialog.confirm'); return d && d.open;",
+            vec![],
+        )
+        .await;
+    browser.click("#confirm-yes").await;
+    browser.give_token().await;
+    browser.open(&format!("{writable}#/leadership")).await;
+    let seen = browser
+        .wait_js(
+            "the handoff of log_compactor and the failover of the scheduler on the Leadership page",
+            PAGE_DEADLINE,
+            "const [epoch, from, failedOver] = arguments;
+             const row = (role, e) => document.querySelector(
+               `#page[data-page=leadership] tr.tenure-row[data-role=${role}][data-epoch=\"${e}\"]`);
+             const handoff = row('log_compactor', epoch + 1);
+             const released = row('log_compactor', epoch);
+             const failover = row('scheduler', failedOver);
+             if (!handoff || !released || !failover || handoff.dataset.node === from) return null;
+             const marker = (role, kind) =>
+               document.querySelector(`.lane[data-role=${role}] .marker.${kind}`) !== null;
+             return { start: handoff.dataset.start, node: handoff.dataset.node,
+                      gap: handoff.querySelector('[data-field=gap]')?.textContent,
+                      released: released.textContent, failoverStart: failover.dataset.start,
+                      handoffMarker: marker('log_compactor', 'handoff'),
+                      failoverMarker: marker('scheduler', 'failover'),
+                      handoffs: document.querySelectorAll(
+                        '.lane[data-role=log_compactor] .marker.handoff').length };",
+            vec![json!(old_epoch), json!(from), json!(epoch + 1)],
+        )
+        .await;
+    assert_eq!(seen["start"], "handoff", "{seen}");
+    assert_eq!(seen["failoverStart"], "failover", "{seen}");
+    assert!(
+        seen["handoffMarker"] == true && seen["failoverMarker"] == true,
+        "{seen}"
+    );
+    assert_eq!(seen["handoffs"], 1, "one handoff in the lane: {seen}");
+    assert!(
+        seen["gap"].as_str().is_some_and(|g| g.ends_with(" gap")),
+        "{seen}"
+    );
+    assert!(
+        seen["released"].as_str().unwrap().contains("released"),
+        "{seen}"
+    );
+    let taker = seen["node"].as_str().unwrap().to_owned();
+    let history = events(&pool, "log_compactor").await;
+    assert!(
+        history.contains(&(old_epoch, from.clone(), "released".to_owned(), false))
+            && history.contains(&(old_epoch + 1, taker.clone(), "elected".to_owned(), false)),
+        "{from} released epoch {old_epoch} and {taker} was elected, no failover: {history:?}"
+    );
+    browser.screenshot("leadership-after-handoff").await;
+
+    // The Nodes page: each node's state (the killed one down), roles, heartbeat age and
+    // version, as membership has them.
+    let versions: BTreeMap<String, String> =
+        sqlx::query_as("SELECT node_id, version FROM forge.nodes")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    browser.open(&format!("{base}#/nodes")).await;
+    browser.wait_loaded("nodes").await;
+    let rows = browser
+        .wait_js(
+            "the killed node down and the others active on the Nodes page",
+            PAGE_DEADLINE,
+            "const victim = arguments[0];
+             const rows = [...document.querySelectorAll('#page[data-page=nodes] tr[data-node]')];
+             const field = (r, f) => r.querySelector(`[data-field=${f}]`);
+             const shown = rows.map((r) => ({
+               node: r.dataset.node, state: field(r, 'state').textContent.trim(),
+               roles: field(r, 'roles').textContent, heartbeat: field(r, 'heartbeat').textContent,
+               leads: r.querySelectorAll('[data-field=roles] strong').length,
+               ageMs: Number(field(r, 'heartbeat').dataset.ageMs),
+               version: field(r, 'version').textContent }));
+             const ok = shown.length === 3
+               && shown.every((n) => n.state === (n.node === victim ? 'down' : 'active'));
+             return ok ? shown : null;",
+            vec![json!(victim)],
+        )
+        .await;
+    for row in rows.as_array().unwrap() {
+        let node = row["node"].as_str().unwrap();
+        for role in ALL {
+            assert!(
+                row["roles"].as_str().unwrap().contains(role),
+                "{node} lists its roles: {row}"
+            );
+        }
+        assert_eq!(
+            row["version"].as_str(),
+            versions.get(node).map(String::as_str),
+            "{row}"
+        );
+        assert!(
+            row["version"].as_str().unwrap().starts_with("forge "),
+            "{row}"
+        );
+        let heartbeat = row["heartbeat"].as_str().unwrap();
+        assert!(
+            heartbeat.ends_with(" ago") && heartbeat.starts_with(|c: char| c.is_ascii_digit()),
+            "{row}"
+        );
+        let age_ms = row["ageMs"].as_f64().unwrap();
+        if row["state"] == "active" {
+            // Active means a heartbeat within drift_after (1.5 s here).
+            assert!((0.0..=1500.0).contains(&age_ms), "{row}");
+        } else {
+            assert!(age_ms > 500.0, "the killed node's heartbeat stopped: {row}");
+            assert_eq!(row["leads"], 0, "a node down leads nothing: {row}");
+        }
+    }
+    browser.screenshot("nodes-after-failover").await;
+    browser
+        .assert_no_console_errors("while stepping down and on the Nodes page")
+        .await;
     browser.close().await;
     for probe in &probes {
         let _ = probe.process.terminate();
@@ -561,19 +826,25 @@ async fn the_dashboard_shows_every_page_and_a_sigkilled_leaders_failover() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_job_is_retried_from_the_dashboard_and_completes() {
+async fn jobs_and_a_cron_are_operated_from_the_dashboard_by_mouse_and_keyboard_and_charted() {
     if !browser_present() {
         return;
     }
     let (db, pool) = setup().await;
-    // The node itself serves the dashboard at `/` on [admin] listen, with a token.
-    let mut config = job_config(db.url(), "web-1");
-    config.jobs.queues = [("work".to_owned(), 2)].into_iter().collect();
-    config.admin.listen = Some("127.0.0.1:0".parse().unwrap());
+    // The node itself serves the dashboard at `/` on [admin] listen, with a token. It runs a
+    // cron every second, and leads the metrics aggregator with a 1 s rollup, so the charts
+    // have points within seconds.
+    let mut config = served_job_config(db.url(), "web-1", true);
     config.admin.token = Some(TOKEN.to_owned());
+    let every_second = CronJob::new(
+        "every_second",
+        Schedule::parse("* * * * * *").unwrap(),
+        |_ctx: CronContext| async move { Ok::<_, forge::CronError>(()) },
+    );
     let node = forge::Node::builder(config)
         .auto_register(false)
         .job(plain)
+        .cron(every_second)
         .start()
         .await
         .expect("node starts");
@@ -632,23 +903,7 @@ async fn a_dead_job_is_retried_from_the_dashboard_and_completes() {
 
     // Retry: the page asks for the token first (none in this tab yet), then retries.
     browser.click("#page button[data-action=retry]").await;
-    browser
-        .wait_js(
-            "the token dialog",
-            SOON,
-            "return document.querySelector('#token-dialog').open;",
-            vec![],
-        )
-        .await;
-    browser
-        .client
-        .find(Locator::Css("#token-input"))
-        .await
-        .unwrap()
-        .send_keys(TOKEN)
-        .await
-        .unwrap();
-    browser.click("#token-save").await;
+    browser.give_token().await;
     browser
         .wait_js(
             "the retried job to complete on the page",
@@ -733,9 +988,18 @@ async fn a_dead_job_is_retried_from_the_dashboard_and_completes() {
             vec![],
         )
         .await;
+    assert!(
+        browser
+            .assert_actions_are_keyboard_buttons("jobs")
+            .await
+            .contains(&"bulk-retry".to_owned())
+    );
     browser
         .assert_no_console_errors("during the bulk retry")
         .await;
+
+    crons_from_the_page(&browser, &base, &pool).await;
+    charts_with_points(&browser, &base).await;
 
     // The other pages of a node with a queue and a finished job load cleanly too.
     for page in PAGES {
@@ -762,4 +1026,212 @@ async fn a_dead_job_is_retried_from_the_dashboard_and_completes() {
     browser.assert_no_console_errors("on every page").await;
     browser.close().await;
     node.shutdown().await;
+}
+
+/// Waits until PostgreSQL says the cron `every_second` is paused (or not).
+async fn wait_paused(pool: &PgPool, paused: bool, what: &str) {
+    forge_testkit::wait_until(what, SOON, Duration::from_millis(20), || async {
+        let now: bool = sqlx::query_scalar(
+            "SELECT paused_at IS NOT NULL FROM forge.crons WHERE name = 'every_second'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        (now == paused).then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+/// The Crons page and the page of the cron `every_second` (the token already given): its
+/// recent ticks as the ledger has them; keyboard: Tab reaches its pause button, which shows
+/// the focus outline, Enter pauses (ticks are skipped), Space resumes; trigger now runs a
+/// manual tick.
+async fn crons_from_the_page(browser: &Browser, base: &str, pool: &PgPool) {
+    browser.open(&format!("{base}#/crons")).await;
+    browser.wait_loaded("crons").await;
+    browser
+        .wait_js(
+            "the cron, its schedule and its last run in the list",
+            PAGE_DEADLINE,
+            "const row = document.querySelector('#page tr[data-cron=every_second]');
+             return row && row.textContent.includes('* * * * * *')
+               && row.textContent.includes('succeeded');",
+            vec![],
+        )
+        .await;
+    assert!(
+        browser
+            .assert_actions_are_keyboard_buttons("crons")
+            .await
+            .contains(&"pause-cron".to_owned())
+    );
+    browser.screenshot("crons").await;
+    browser
+        .click("#page tr[data-cron=every_second] a[href]")
+        .await;
+    browser.wait_loaded("crons").await;
+    let ticks = browser
+        .wait_js(
+            "the cron's recent ticks",
+            PAGE_DEADLINE,
+            "const rows = [...document.querySelectorAll('#page tr[data-tick][data-state=succeeded]')];
+             return rows.length >= 2 ? rows.map((r) => r.dataset.tick) : null;",
+            vec![],
+        )
+        .await;
+    // The page's ticks are the ledger's.
+    for tick in ticks.as_array().unwrap().iter().take(3) {
+        let at = chrono::DateTime::parse_from_rfc3339(tick.as_str().unwrap()).unwrap();
+        let state: String = sqlx::query_scalar(
+            "SELECT state FROM forge.cron_ticks WHERE cron = 'every_second' AND scheduled_at = $1",
+        )
+        .bind(at)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(state, "succeeded", "tick {at}");
+    }
+    browser.screenshot("cron").await;
+    browser.assert_actions_are_keyboard_buttons("cron").await;
+
+    // Keyboard only: Tab to Pause (focus visible), Enter.
+    let (presses, focused) = browser.tab_to("#page button[data-action=pause-cron]").await;
+    assert_eq!(focused["label"], "Pause", "{focused}");
+    assert!(
+        focused["visible"] == true && focused["outline"] == "solid" && focused["width"] == "3px",
+        "the focused button shows the focus outline: {focused}"
+    );
+    eprintln!("Tab reached the cron's pause button in {presses} presses");
+    browser.press(Key::Enter).await;
+    wait_paused(pool, true, "Enter to pause the cron").await;
+    // The page says so, keeps the focus on the button (now Resume), and its ticks are skipped.
+    browser
+        .wait_js(
+            "the paused cron, its skipped ticks and the focus on Resume",
+            PAGE_DEADLINE,
+            "const status = [...document.querySelectorAll('#page .facts dd')]
+               .some((d) => d.textContent.includes('paused'));
+             const skipped = document.querySelector('#page tr[data-tick][data-state=skipped]');
+             const focused = document.activeElement;
+             return status && skipped && focused.matches('button[data-action=resume-cron]')
+               && focused.textContent === 'Resume';",
+            vec![],
+        )
+        .await;
+    let skipped: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM forge.cron_ticks
+          WHERE cron = 'every_second' AND state = 'skipped' AND error = 'paused'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(skipped >= 1, "ticks skipped while paused");
+    browser.screenshot("cron-paused").await;
+    browser.press(Key::Space).await;
+    wait_paused(pool, false, "Space to resume the cron").await;
+    browser
+        .wait_js(
+            "the focus back on Pause",
+            PAGE_DEADLINE,
+            "const focused = document.activeElement;
+             return focused.matches('button[data-action=pause-cron]') && focused.textContent === 'Pause';",
+            vec![],
+        )
+        .await;
+
+    // Trigger now: a manual tick runs on the leader and shows among the ticks.
+    browser
+        .click("#page button[data-action=trigger-cron]")
+        .await;
+    let manual = wait_for(
+        "the triggered tick in the ledger",
+        PAGE_DEADLINE,
+        Duration::from_millis(20),
+        || async {
+            let manual: Vec<(chrono::DateTime<chrono::Utc>, String)> = sqlx::query_as(
+                "SELECT scheduled_at, state FROM forge.cron_ticks
+                  WHERE cron = 'every_second' AND manual",
+            )
+            .fetch_all(pool)
+            .await
+            .unwrap();
+            let requested: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+                "SELECT trigger_requested_at FROM forge.crons WHERE name = 'every_second'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            match manual.as_slice() {
+                [(at, state)] if state == "succeeded" => Ok(*at),
+                _ => Err(format!(
+                    "manual ticks {manual:?}, request pending {requested:?}"
+                )),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    browser
+        .wait_js(
+            "the manual tick on the page",
+            PAGE_DEADLINE,
+            "return [...document.querySelectorAll('#page tr[data-tick]')]
+               .some((r) => new Date(r.dataset.tick).getTime() === arguments[0]
+                 && r.textContent.includes('manual'));",
+            vec![json!(manual.timestamp_millis())],
+        )
+        .await;
+    let audited: Vec<String> = sqlx::query_scalar(
+        "SELECT detail->>'action' FROM forge.events
+          WHERE kind = 'admin_action' AND detail->>'subject' = 'every_second' ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, ["pause_cron", "resume_cron", "trigger_cron"]);
+    browser
+        .assert_no_console_errors("while operating the cron")
+        .await;
+}
+
+/// The Charts page draws the aggregator's points: the cron's runs per second and the jobs
+/// completed on `work` (three: the retried job and the two of the bulk retry; the figures
+/// table may count fewer, never more, while the aggregator can lose a heartbeat's increments:
+/// see the series test in `admin`).
+async fn charts_with_points(browser: &Browser, base: &str) {
+    browser.open(&format!("{base}#/charts")).await;
+    browser.wait_loaded("charts").await;
+    let drawn = browser
+        .wait_js(
+            "the cron runs and the completed jobs in the charts",
+            PAGE_DEADLINE,
+            "const chart = (key) => document.querySelector(`#page [data-chart=${key}]`);
+             const draw = (c) => c && {
+               points: [...c.querySelectorAll('svg .series polyline')]
+                 .map((p) => p.getAttribute('points').trim().split(' ').length),
+               circles: c.querySelectorAll('svg .series circle').length,
+               legend: [...c.querySelectorAll('ul.legend li')].map((li) => li.textContent),
+               figures: [...c.querySelectorAll('details tbody tr')]
+                 .map((tr) => [...tr.cells].map((td) => td.textContent)) };
+             const runs = draw(chart('cron-runs'));
+             const done = draw(chart('throughput'));
+             if (!runs || !done || !runs.points.length || runs.points[0] < 2) return null;
+             const work = done.figures.find((row) => row[0] === 'work');
+             const sum = work ? Number(work[3]) : 0;
+             return sum >= 1 && sum <= 3 ? { runs, done } : null;",
+            vec![],
+        )
+        .await;
+    // Each chart has a line named after its label, drawn through its points.
+    for (chart, line, points) in [("runs", "every_second", 2), ("done", "work", 1)] {
+        let legend = drawn[chart]["legend"].as_array();
+        assert!(
+            legend.is_some_and(|l| l.iter().any(|name| name == line))
+                && drawn[chart]["circles"].as_u64() >= Some(points),
+            "{chart}: a line {line} through {points} points or more: {drawn}"
+        );
+    }
+    browser.screenshot("charts").await;
+    browser.assert_no_console_errors("on the Charts page").await;
 }

@@ -32,6 +32,20 @@ pub(crate) fn job_config(url: &str, node: &str) -> Config {
     config
 }
 
+/// [`job_config`] for a node that works the `work` queue (2 at once) and serves the admin API
+/// on a free port of 127.0.0.1; with `charted`, it also leads the metrics aggregator with a
+/// 1 s rollup, so that the cluster series have points within seconds.
+pub(crate) fn served_job_config(url: &str, node: &str, charted: bool) -> Config {
+    let mut config = job_config(url, node);
+    config.jobs.queues = [("work".to_owned(), 2)].into_iter().collect();
+    config.admin.listen = Some("127.0.0.1:0".parse().unwrap());
+    if charted {
+        config.node.roles = vec!["scheduler".into(), "metrics_aggregator".into()];
+        config.metrics.rollup_interval = Duration::from_secs(1);
+    }
+    config
+}
+
 /// A fresh database with FORGE's schema and the `job_runs` table.
 pub(crate) async fn setup() -> (TestDatabase, PgPool) {
     let db = fresh_db().await;

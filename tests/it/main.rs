@@ -19,7 +19,8 @@
 //! * `cli`: the `forge` command as a process against a real cluster: every command, tables
 //!   and JSON, doctor, migrations, bad input and exit codes.
 //! * `dashboard`: the dashboard in headless Chromium (WebDriver): every page, each role's
-//!   leader, a SIGKILLed leader's failover on the page, a dead job retried from the page.
+//!   leader, a SIGKILLed leader's failover and a step-down's handoff on the page, the nodes,
+//!   a dead job retried, a cron operated by mouse and keyboard, the charts' points.
 //! * `exactly_once`: transactional completion, catch-up, failed claims and outcomes, lost
 //!   replies, refused fences, a clock that runs ahead.
 
