@@ -30,6 +30,11 @@ pub const MIGRATIONS: &[MigrationSource] = &[
         "cluster",
         include_str!("../../migrations/0004_cluster.sql"),
     ),
+    (
+        7,
+        "stats_rollup",
+        include_str!("../../migrations/0007_stats_rollup.sql"),
+    ),
 ];
 
 /// The parsed connection options for `database`, with `application_name` set (PostgreSQL
