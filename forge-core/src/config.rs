@@ -419,6 +419,12 @@ pub struct LeaderElectionConfig {
     /// drains, so no other node leads the role before the handover.
     #[serde(with = "duration")]
     pub drain_timeout: Duration,
+    /// How many followers of a role wait inside its lock (standbys: one of them takes over
+    /// the instant the leader's session ends). The other followers are reserves: they hold no
+    /// connection for the role and campaign again when their node session's heartbeat finds
+    /// a standby missing (within `[cluster.membership] heartbeat_interval`). Fewer waiting
+    /// sessions mean fewer connections and idle statements; at least 1.
+    pub standbys: u32,
 }
 
 impl Default for LeaderElectionConfig {
@@ -429,6 +435,7 @@ impl Default for LeaderElectionConfig {
             refresh_interval: Duration::from_secs(5),
             lock_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(10),
+            standbys: 2,
         }
     }
 }
@@ -452,6 +459,12 @@ impl LeaderElectionConfig {
             at.check_duration(&key(name), value, Duration::from_millis(100))?;
         }
         at.check_duration(&key("drain_timeout"), self.drain_timeout, Duration::ZERO)?;
+        if self.standbys == 0 {
+            return Err(at.error(
+                &key("standbys"),
+                "must be at least 1: with no follower waiting inside the lock, a crashed leader would be replaced only after the next heartbeat".into(),
+            ));
+        }
         if self.lease_duration < Duration::from_secs(1) {
             return Err(at.error(
                 &key("lease_duration"),

@@ -35,6 +35,11 @@ pub const MIGRATIONS: &[MigrationSource] = &[
         "stats_rollup",
         include_str!("../../migrations/0007_stats_rollup.sql"),
     ),
+    (
+        8,
+        "standbys",
+        include_str!("../../migrations/0008_standbys.sql"),
+    ),
 ];
 
 /// The parsed connection options for `database`, with `application_name` set (PostgreSQL
@@ -214,9 +219,16 @@ pub(crate) async fn connect_once(
 pub(crate) fn pool(database: &DatabaseConfig, options: PgConnectOptions) -> PgPool {
     PgPoolOptions::new()
         .max_connections(database.max_connections)
+        .min_connections(0)
+        // An idle node gives its pool connections back (leader duties run on the roles' lock
+        // sessions, job workers release theirs after a second without work).
+        .idle_timeout(POOL_IDLE_TIMEOUT)
         .acquire_timeout(database.connect_timeout)
         .connect_lazy_with(options)
 }
+
+/// How long a pool connection may stay idle before the pool closes it.
+const POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Refuses transaction-mode poolers. Over a direct connection a session keeps one backend pid
 /// for its life, and two concurrent sessions never share a backend. Behind PgBouncer in

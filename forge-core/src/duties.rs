@@ -16,9 +16,19 @@ use tokio::time::{sleep, timeout};
 use tracing::{debug, warn};
 
 use crate::error::Error;
-use crate::inspect::NodeState;
+use crate::inspect::{NODES_SQL, NodeState};
 use crate::leadership::Leadership;
 use crate::metrics::defs;
+
+/// Whether a duty's error says this tenure is over (the fence refused it, or the leader's
+/// session is gone).
+pub(crate) fn is_fenced(err: &Error) -> bool {
+    match err {
+        Error::Fenced { .. } => true,
+        Error::Database(err) => Error::is_fence_refusal(err),
+        _ => false,
+    }
+}
 
 /// Rows a pruner deletes per statement.
 const PRUNE_BATCH: i32 = 10_000;
@@ -62,14 +72,19 @@ async fn prune_table(leadership: &Leadership, pruner: &Pruner) -> bool {
         if leadership.is_draining() {
             return false;
         }
-        let deleted = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql.as_str()))
-            .bind(&token.namespace)
-            .bind(&token.role)
-            .bind(token.epoch)
-            .bind(token.tenure)
-            .bind(pruner.retention.as_millis().min(i64::MAX as u128) as i64)
-            .bind(PRUNE_BATCH)
-            .fetch_one(leadership.pool());
+        let deleted = async {
+            let mut session = leadership.session().await?;
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql.as_str()))
+                .bind(&token.namespace)
+                .bind(&token.role)
+                .bind(token.epoch)
+                .bind(token.tenure)
+                .bind(pruner.retention.as_millis().min(i64::MAX as u128) as i64)
+                .bind(PRUNE_BATCH)
+                .fetch_one(&mut *session)
+                .await
+                .map_err(Error::from)
+        };
         match timeout(leadership.lease_duration(), deleted).await {
             Ok(Ok(deleted)) => {
                 counter.increment(deleted.max(0) as u64);
@@ -80,7 +95,7 @@ async fn prune_table(leadership: &Leadership, pruner: &Pruner) -> bool {
                     return true;
                 }
             }
-            Ok(Err(err)) if Error::is_fence_refusal(&err) => return false,
+            Ok(Err(err)) if is_fenced(&err) => return false,
             Ok(Err(err)) => {
                 warn!(target: "forge::compactor", table = pruner.table, error = %err, "pruning failed; trying again at the next pass");
                 return true;
@@ -142,19 +157,24 @@ pub(crate) async fn aggregate(leadership: Leadership, how: Aggregation) {
 /// when fenced.
 async fn rollup(leadership: &Leadership, at: DateTime<Utc>) -> bool {
     let token = leadership.fence_token();
-    let rolled = sqlx::query_scalar::<_, i64>("SELECT forge.stats_rollup($1, $2, $3, $4, $5)")
-        .bind(&token.namespace)
-        .bind(&token.role)
-        .bind(token.epoch)
-        .bind(token.tenure)
-        .bind(at)
-        .fetch_one(leadership.pool());
+    let rolled = async {
+        let mut session = leadership.session().await?;
+        sqlx::query_scalar::<_, i64>("SELECT forge.stats_rollup($1, $2, $3, $4, $5)")
+            .bind(&token.namespace)
+            .bind(&token.role)
+            .bind(token.epoch)
+            .bind(token.tenure)
+            .bind(at)
+            .fetch_one(&mut *session)
+            .await
+            .map_err(Error::from)
+    };
     match timeout(leadership.lease_duration(), rolled).await {
         Ok(Ok(rows)) => {
             debug!(target: "forge::aggregator", %at, rows, "rolled the nodes' counters up");
             true
         }
-        Ok(Err(err)) if Error::is_fence_refusal(&err) => false,
+        Ok(Err(err)) if is_fenced(&err) => false,
         Ok(Err(err)) => {
             warn!(target: "forge::aggregator", %at, error = %err, "rolling the nodes' counters up failed; this interval's figures go to the next");
             true
@@ -194,14 +214,17 @@ impl NodeGauges {
     }
 
     async fn report(&self, leadership: &Leadership, drift_after: Duration) {
-        let counts = crate::inspect::Cluster::new(
-            leadership.pool().clone(),
-            leadership.namespace().clone(),
-            drift_after,
-        )
-        .node_counts()
-        .await;
-        match counts {
+        let counts = async {
+            let mut session = leadership.session().await?;
+            let sql = format!("SELECT state, count(*) FROM ({NODES_SQL}) n GROUP BY state");
+            let rows: Vec<(NodeState, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(leadership.namespace())
+                .bind(drift_after.as_millis().min(i64::MAX as u128) as i64)
+                .fetch_all(&mut *session)
+                .await?;
+            Ok::<_, Error>(rows.into_iter().collect::<BTreeMap<_, _>>())
+        };
+        match counts.await {
             Ok(counts) => {
                 for (state, gauge) in &self.0 {
                     gauge.set(counts.get(state).copied().unwrap_or(0) as f64);

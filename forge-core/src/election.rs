@@ -15,6 +15,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ use chrono::{DateTime, Utc};
 use metrics::{Counter, Gauge, Histogram};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::{Connection, PgConnection, Row};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{Notify, broadcast, watch};
 use tokio::task::JoinSet;
 use tokio::time::error::Elapsed;
 use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
@@ -32,7 +33,7 @@ use tracing::{debug, error, info, warn};
 use crate::config::LeaderElectionConfig;
 use crate::db;
 use crate::error::{Error, Result};
-use crate::leadership::{Leadership, Tenure, TenureParts};
+use crate::leadership::{Leadership, SharedSession, Tenure, TenureParts};
 use crate::membership::{LEADER_CHANNEL, ListenerEvent};
 use crate::metrics::{Metrics, defs};
 use crate::role::{Epoch, LockKey, LockNamespace, NodeId, Role};
@@ -112,11 +113,16 @@ enum Heard {
     Nothing,
 }
 
-/// Shared between the campaign task and the node's public API.
+/// Shared between the campaign task, the node session and the node's public API.
 pub(crate) struct RoleHandle {
     pub(crate) role: Role,
     pub(crate) state: watch::Sender<RoleState>,
     pub(crate) current: Mutex<Option<Leadership>>,
+    /// Set while this node is a reserve for the role: a follower that waits outside the lock
+    /// (enough standbys wait inside it). The node session's heartbeat then checks whether
+    /// the role still has its standbys, and wakes the campaign with `wake` when it does not.
+    pub(crate) reserve: AtomicBool,
+    pub(crate) wake: Arc<Notify>,
 }
 
 impl RoleHandle {
@@ -125,6 +131,8 @@ impl RoleHandle {
             role,
             state: watch::Sender::new(RoleState::Connecting { last_error: None }),
             current: Mutex::new(None),
+            reserve: AtomicBool::new(false),
+            wake: Arc::new(Notify::new()),
         }
     }
 
@@ -209,6 +217,8 @@ enum SessionEnd {
     /// Handed over on an operator's request: campaign again after a pause that lets a
     /// follower win.
     SteppedDown,
+    /// Enough standbys wait inside the lock: wait outside it, as a reserve.
+    Reserve,
 }
 
 /// How holding a leadership ended.
@@ -234,6 +244,8 @@ struct CampaignRow {
     holder_pid: Option<i32>,
     holder_application: Option<String>,
     fenced_pid: Option<i32>,
+    /// Not granted, and not waiting: enough standbys wait inside the lock.
+    reserve: bool,
 }
 
 impl CampaignRow {
@@ -250,6 +262,7 @@ impl CampaignRow {
             holder_pid: row.try_get("holder_pid")?,
             holder_application: row.try_get("holder_application")?,
             fenced_pid: row.try_get("fenced_pid")?,
+            reserve: row.try_get("reserve")?,
         })
     }
 }
@@ -261,6 +274,7 @@ struct CallArgs {
     key: LockKey,
     node: NodeId,
     lease_ms: i64,
+    standbys: i32,
 }
 
 /// Calls `forge.campaign` once.
@@ -269,13 +283,14 @@ async fn campaign_call(
     args: &CallArgs,
     wait: bool,
 ) -> Result<CampaignRow, sqlx::Error> {
-    let row = sqlx::query("SELECT * FROM forge.campaign($1, $2, $3, $4, $5, $6)")
+    let row = sqlx::query("SELECT * FROM forge.campaign($1, $2, $3, $4, $5, $6, $7)")
         .bind(&args.namespace)
         .bind(&args.role)
         .bind(args.key.0)
         .bind(&args.node)
         .bind(args.lease_ms)
         .bind(wait)
+        .bind(args.standbys)
         .fetch_one(&mut *conn)
         .await?;
     CampaignRow::from_row(&row)
@@ -334,6 +349,12 @@ impl Campaign {
                     match self.session(conn, &metrics).await {
                         SessionEnd::Shutdown => break,
                         SessionEnd::Broken => metrics.reconnects.increment(1),
+                        SessionEnd::Reserve => {
+                            if !self.wait_as_reserve(&metrics).await {
+                                break;
+                            }
+                            continue;
+                        }
                         SessionEnd::SteppedDown => {
                             // Followers poll every check_interval (or wait in the lock): stay
                             // out long enough for one of them to win.
@@ -369,6 +390,33 @@ impl Campaign {
         debug!(target: "forge::leader", role = %self.role(), node = %self.node_id, "campaign stopped");
     }
 
+    /// Waits outside the lock until the node session's heartbeat finds the role short of
+    /// standbys, or the node session comes back after an outage. While the node session is
+    /// down (nobody checks), it campaigns again every `lock_timeout`. Keeps the follower's
+    /// view of the leader current. False on shutdown.
+    async fn wait_as_reserve(&mut self, metrics: &RoleMetrics) -> bool {
+        self.handle.reserve.store(true, Ordering::Relaxed);
+        debug!(target: "forge::leader", role = %self.role(), node = %self.node_id,
+               standbys = self.election.standbys, "enough standbys wait inside the lock; waiting outside it");
+        let mut deaf_until: Option<Instant> = None;
+        let woken = loop {
+            tokio::select! {
+                _ = self.handle.wake.notified() => break true,
+                _ = async { sleep_until(deaf_until.expect("guarded")).await }, if deaf_until.is_some() => break true,
+                _ = self.shutdown.cancelled() => break false,
+                event = self.events.recv() => match event {
+                    Ok(ListenerEvent::Restored) => break true,
+                    Ok(ListenerEvent::Lost) => {
+                        deaf_until.get_or_insert_with(|| Instant::now() + self.election.lock_timeout);
+                    }
+                    event => self.follower_event(event, metrics),
+                },
+            }
+        };
+        self.handle.reserve.store(false, Ordering::Relaxed);
+        woken
+    }
+
     async fn open_session(&self) -> Result<(PgConnection, i32)> {
         let bound = self.election.check_interval.max(Duration::from_secs(2));
         let mut conn = db::connect_once(&self.lock_options, bound).await?;
@@ -388,6 +436,7 @@ impl Campaign {
             key: self.key,
             node: self.node_id.clone(),
             lease_ms: self.election.lease_duration.as_millis() as i64,
+            standbys: self.election.standbys.min(i32::MAX as u32) as i32,
         }
     }
 
@@ -455,6 +504,10 @@ impl Campaign {
                 return self.lead(conn, row, sent_at, metrics).await;
             }
             self.observe_follower(&row, metrics);
+            if row.reserve {
+                close(conn).await;
+                return SessionEnd::Reserve;
+            }
             idle_conn = Some(conn);
         }
     }
@@ -608,15 +661,16 @@ impl Campaign {
                 return SessionEnd::Broken;
             }
         };
-        let leadership = self.begin_tenure(&row, sent_at, metrics);
+        let session: SharedSession = Arc::new(tokio::sync::Mutex::new(Some(conn)));
+        let leadership = self.begin_tenure(&row, sent_at, metrics, session.clone());
         let mut tasks = self.start_tasks(&leadership);
-        match self.hold(&mut conn, &leadership, metrics).await {
+        match self.hold(&session, &leadership, metrics).await {
             Hold::Shutdown => {
-                self.hand_over(conn, leadership, tasks, metrics, "shutdown")
+                self.hand_over(&session, leadership, tasks, metrics, "shutdown")
                     .await
             }
             Hold::StepDown => {
-                self.hand_over(conn, leadership, tasks, metrics, "step_down")
+                self.hand_over(&session, leadership, tasks, metrics, "step_down")
                     .await;
                 SessionEnd::SteppedDown
             }
@@ -632,10 +686,9 @@ impl Campaign {
                 stop_tasks(&mut tasks).await;
                 self.record_loss(epoch, leadership.tenure_id(), reason);
                 // Closing the session releases the lock if this node still holds it.
-                if reason == "deadline" {
-                    drop(conn);
-                } else {
-                    close(conn).await;
+                match take_session(&session).await {
+                    Some(conn) if reason != "deadline" => close(conn).await,
+                    _ => {}
                 }
                 SessionEnd::Broken
             }
@@ -702,6 +755,7 @@ impl Campaign {
         row: &CampaignRow,
         sent_at: Instant,
         metrics: &RoleMetrics,
+        session: SharedSession,
     ) -> Leadership {
         let epoch = Epoch(row.epoch.unwrap_or_default());
         let since = row.leader_since.unwrap_or_else(Utc::now);
@@ -720,6 +774,7 @@ impl Campaign {
                 pool: self.pool.clone(),
                 metrics: self.metrics.clone(),
             },
+            session,
             deadline,
         ));
         metrics.is_leader.set(1.0);
@@ -738,7 +793,7 @@ impl Campaign {
     /// Renews the lease until the node shuts down or the leadership is lost.
     async fn hold(
         &mut self,
-        conn: &mut PgConnection,
+        session: &SharedSession,
         leadership: &Leadership,
         metrics: &RoleMetrics,
     ) -> Hold {
@@ -768,7 +823,7 @@ impl Campaign {
                     _ => {}
                 },
                 _ = sleep_until(last_sent + refresh) => {
-                    match self.renew_lease(conn, leadership).await {
+                    match self.renew_lease(session, leadership).await {
                         Ok(sent) => {
                             last_sent = sent;
                             metrics.tenure.set(acquired.elapsed().as_secs_f64());
@@ -780,24 +835,35 @@ impl Campaign {
         }
     }
 
-    /// One renewal, bounded by the local deadline; extends the deadline on success and returns
-    /// when the renewal was sent.
+    /// One renewal on the lock session (after the duty statement running on it, if any),
+    /// bounded by the local deadline; extends the deadline on success and returns when the
+    /// renewal was sent.
     async fn renew_lease(
         &self,
-        conn: &mut PgConnection,
+        session: &SharedSession,
         leadership: &Leadership,
     ) -> std::result::Result<Instant, &'static str> {
-        let send = Instant::now();
         let deadline = leadership.tenure().deadline();
-        let renewal = self.renew(conn, leadership.epoch(), leadership.tenure_id());
+        let renewal = async {
+            let mut conn = session.lock().await;
+            let send = Instant::now();
+            let renewed = match conn.as_mut() {
+                Some(conn) => {
+                    self.renew(conn, leadership.epoch(), leadership.tenure_id())
+                        .await
+                }
+                None => Ok(false),
+            };
+            renewed.map(|renewed| (renewed, send))
+        };
         match timeout_at(deadline, renewal).await {
-            Ok(Ok(true)) => {
+            Ok(Ok((true, send))) => {
                 leadership
                     .tenure()
                     .extend_to(send + self.election.lease_duration - self.election.safety_margin());
                 Ok(send)
             }
-            Ok(Ok(false)) => Err("deposed"),
+            Ok(Ok((false, _))) => Err("deposed"),
             Ok(Err(err)) => {
                 warn!(target: "forge::leader", role = %self.role(), node = %self.node_id,
                       epoch = leadership.epoch().0, error = %err, "lease renewal failed");
@@ -865,7 +931,7 @@ impl Campaign {
     /// lease (so no other node can lead while the old work runs), release, close.
     async fn hand_over(
         &mut self,
-        mut conn: PgConnection,
+        session: &SharedSession,
         leadership: Leadership,
         mut tasks: JoinSet<()>,
         metrics: &RoleMetrics,
@@ -874,7 +940,7 @@ impl Campaign {
         let started = Instant::now();
         let epoch = leadership.epoch();
         leadership.tenure().draining.cancel();
-        let drained = self.drain(&mut conn, &leadership, &mut tasks).await;
+        let drained = self.drain(session, &leadership, &mut tasks).await;
         if let Err(why) = drained {
             warn!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = epoch.0,
                   drain_timeout = ?self.election.drain_timeout, why, "leader-only work did not finish; cancelling it");
@@ -882,6 +948,12 @@ impl Campaign {
         leadership.tenure().lost.cancel();
         stop_tasks(&mut tasks).await;
         self.handle.set_current(None);
+        let Some(mut conn) = take_session(session).await else {
+            metrics.lost(reason);
+            warn!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = epoch.0,
+                  "the lock session was still in use at handoff; closing it without a release");
+            return SessionEnd::Shutdown;
+        };
         let released = if leadership.deadline_passed() {
             Ok(Ok(false))
         } else {
@@ -912,7 +984,7 @@ impl Campaign {
     /// work must stop at once, since another node may take over.
     async fn drain(
         &mut self,
-        conn: &mut PgConnection,
+        session: &SharedSession,
         leadership: &Leadership,
         tasks: &mut JoinSet<()>,
     ) -> std::result::Result<(), &'static str> {
@@ -934,7 +1006,7 @@ impl Campaign {
                     _ => {}
                 },
                 _ = sleep_until(next_renewal) => {
-                    if self.renew_lease(conn, leadership).await.is_err() {
+                    if self.renew_lease(session, leadership).await.is_err() {
                         return Err("the lease could not be renewed while draining");
                     }
                     next_renewal = Instant::now() + refresh;
@@ -949,6 +1021,17 @@ impl Campaign {
 async fn stop_tasks(tasks: &mut JoinSet<()>) {
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
+}
+
+/// Takes the lock session back from the tenure at its end (its leader tasks are stopped, so
+/// no duty holds it). `None` if it is gone, or still held after a while (a
+/// [`LeaderSession`](crate::LeaderSession) kept outside the leader tasks): the connection is
+/// then dropped with the last reference to it.
+async fn take_session(session: &SharedSession) -> Option<PgConnection> {
+    match timeout(Duration::from_secs(2), session.lock()).await {
+        Ok(mut conn) => conn.take(),
+        Err(_) => None,
+    }
 }
 
 /// Closes a connection politely, but never waits long for a dead peer.

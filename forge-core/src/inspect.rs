@@ -547,7 +547,8 @@ impl Cluster {
 
 /// The nodes with their state: stopped, down (marked by the scheduler leader), drifted
 /// (marked, or silent for drift_after), else active. `$1` namespace, `$2` drift ms.
-const NODES_SQL: &str = "SELECT node_id, hostname, pid, version, started_at, heartbeat_at,
+pub(crate) const NODES_SQL: &str =
+    "SELECT node_id, hostname, pid, version, started_at, heartbeat_at,
         extract(epoch FROM clock_timestamp() - heartbeat_at)::float8 * 1000 AS age_ms,
         roles, leads, queues, admin_url, stopped_at, down_at, down_reason,
         CASE WHEN stopped_at IS NOT NULL THEN 'stopped'

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -37,9 +38,15 @@ pub struct Leadership {
     tenure: Arc<Tenure>,
 }
 
+/// The role's lock session, shared by the campaign (renewals, release) and the leader's
+/// duties ([`Leadership::session`]) for the tenure; the campaign takes it back at its end.
+pub(crate) type SharedSession = Arc<Mutex<Option<PgConnection>>>;
+
 pub(crate) struct Tenure {
     /// Whose tenure it is and what it may use.
     pub(crate) who: TenureParts,
+    /// The lock session (see [`SharedSession`]).
+    pub(crate) session: SharedSession,
     /// Cancelled when the leadership is over (lost, or released after a handoff).
     pub(crate) lost: CancellationToken,
     /// Cancelled when the node asks leader-only work to wind down before a handoff.
@@ -65,9 +72,10 @@ pub(crate) struct TenureParts {
 }
 
 impl Tenure {
-    pub(crate) fn new(who: TenureParts, deadline: Instant) -> Tenure {
+    pub(crate) fn new(who: TenureParts, session: SharedSession, deadline: Instant) -> Tenure {
         let tenure = Tenure {
             who,
+            session,
             lost: CancellationToken::new(),
             draining: CancellationToken::new(),
             deadline_nanos: AtomicU64::new(0),
@@ -136,6 +144,23 @@ impl Leadership {
     /// The node's pool, for the leader's own queries.
     pub fn pool(&self) -> &PgPool {
         &self.tenure.who.pool
+    }
+
+    /// The role's own lock session, for short leader-only statements (the built-in roles'
+    /// duties run here): it opens no connection, so an idle leader holds none beyond its
+    /// lock sessions and node session. The lease is renewed on this session between your
+    /// statements, so keep each one short: the session bounds statements and lock waits to a
+    /// sixth of the lease (`statement_timeout`, `lock_timeout`), and a statement that holds it
+    /// past the leader's deadline costs the leadership. Use it from leader tasks only (they
+    /// are stopped before the tenure ends); for long or user work, use
+    /// [`Leadership::fenced_transaction`] on the pool. Fails with [`Error::Fenced`] once the
+    /// leadership is over.
+    pub async fn session(&self) -> Result<LeaderSession> {
+        self.check_local()?;
+        let guard = self.tenure.session.clone().lock_owned().await;
+        OwnedMutexGuard::try_map(guard, Option::as_mut)
+            .map(LeaderSession)
+            .map_err(|_| self.fenced())
     }
 
     /// Whether this node may still act as leader: the leadership was not lost and its local
@@ -230,6 +255,24 @@ impl Leadership {
     /// Whether the local deadline has passed (a frozen or cut-off leader).
     pub(crate) fn deadline_passed(&self) -> bool {
         Instant::now() >= self.tenure.deadline()
+    }
+}
+
+/// Exclusive use of a leader's lock session ([`Leadership::session`]); derefs to the
+/// connection. Drop it as soon as the statement is done: the lease renews on this session.
+pub struct LeaderSession(OwnedMappedMutexGuard<Option<PgConnection>, PgConnection>);
+
+impl std::ops::Deref for LeaderSession {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for LeaderSession {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.0
     }
 }
 

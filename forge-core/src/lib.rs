@@ -44,7 +44,7 @@ pub use db::{MIGRATIONS, MIGRATIONS_TABLE, MigrationSource, migrator};
 pub use election::{LeaderInfo, RoleState};
 pub use error::{Error, Result, redact_url};
 pub use fence::FenceToken;
-pub use leadership::Leadership;
+pub use leadership::{LeaderSession, Leadership};
 pub use membership::{ListenerEvent, NODES_CHANNEL};
 pub use metrics::{Metrics, Tally};
 pub use role::{Epoch, LockKey, LockNamespace, NodeId, Role};

@@ -24,7 +24,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Row};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{Notify, broadcast, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -88,6 +88,9 @@ pub(crate) struct Membership {
     pub(crate) events: broadcast::Sender<ListenerEvent>,
     /// The roles this node leads right now, for the heartbeat.
     pub(crate) leading: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
+    /// The roles this node waits for outside their lock (a reserve), with the signal that
+    /// wakes their campaign: the heartbeat checks whether they still have their standbys.
+    pub(crate) reserves: Arc<dyn Fn() -> Vec<(LockKey, Arc<Notify>)> + Send + Sync>,
     pub(crate) metrics: Metrics,
     /// The backend (pid, start) of this node's last node session: after a half-open
     /// connection it may live on in the server, holding the node's lock.
@@ -420,16 +423,39 @@ impl Membership {
         }
     }
 
+    /// One heartbeat; for the roles this node is a reserve of, in the same statement, which of
+    /// them lack standbys (their campaigns are woken to take a standby's place).
     async fn heartbeat(&self, session: &mut Session) -> std::result::Result<bool, sqlx::Error> {
         let leading = (self.leading)();
-        sqlx::query_scalar("SELECT forge.node_heartbeat($1, $2, $3, $4, $5)")
-            .bind(&self.namespace)
-            .bind(&self.node_id)
-            .bind(self.incarnation)
-            .bind(&leading)
-            .bind(self.metrics.tally().snapshot())
-            .fetch_one(&mut session.listener)
-            .await
+        let reserves = (self.reserves)();
+        let beat = |sql| {
+            sqlx::query(sql)
+                .bind(&self.namespace)
+                .bind(&self.node_id)
+                .bind(self.incarnation)
+                .bind(&leading)
+                .bind(self.metrics.tally().snapshot())
+        };
+        if reserves.is_empty() {
+            let row = beat("SELECT forge.node_heartbeat($1, $2, $3, $4, $5)")
+                .fetch_one(&mut session.listener)
+                .await?;
+            return row.try_get(0);
+        }
+        let keys: Vec<i64> = reserves.iter().map(|(key, _)| key.0).collect();
+        let row =
+            beat("SELECT forge.node_heartbeat($1, $2, $3, $4, $5), forge.standbys_wanted($6, $7)")
+                .bind(&keys)
+                .bind(self.election.standbys.min(i32::MAX as u32) as i32)
+                .fetch_one(&mut session.listener)
+                .await?;
+        let wanted: Vec<i64> = row.try_get(1)?;
+        for (key, wake) in reserves {
+            if wanted.contains(&key.0) {
+                wake.notify_one();
+            }
+        }
+        row.try_get(0)
     }
 
     /// Drops a broken session without waiting on it (it may never answer again).
@@ -478,17 +504,22 @@ pub(crate) async fn watch(leadership: Leadership, config: MembershipConfig) {
     let grace = config.heartbeat_interval.max(Duration::from_secs(1));
     loop {
         let token = leadership.fence_token();
-        let changes = sqlx::query_as::<_, (String, String, String)>(
-            "SELECT node_id, change, reason FROM forge.nodes_watch($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(&token.namespace)
-        .bind(&token.role)
-        .bind(token.epoch)
-        .bind(token.tenure)
-        .bind(ms(config.drift_after))
-        .bind(ms(config.down_after))
-        .bind(ms(grace))
-        .fetch_all(leadership.pool());
+        let changes = async {
+            let mut session = leadership.session().await?;
+            sqlx::query_as::<_, (String, String, String)>(
+                "SELECT node_id, change, reason FROM forge.nodes_watch($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(&token.namespace)
+            .bind(&token.role)
+            .bind(token.epoch)
+            .bind(token.tenure)
+            .bind(ms(config.drift_after))
+            .bind(ms(config.down_after))
+            .bind(ms(grace))
+            .fetch_all(&mut *session)
+            .await
+            .map_err(Error::from)
+        };
         let changes = tokio::select! {
             changes = timeout(config.heartbeat_interval.max(Duration::from_secs(5)), changes) => changes,
             _ = leadership.stopping() => return,
@@ -500,7 +531,7 @@ pub(crate) async fn watch(leadership: Leadership, config: MembershipConfig) {
                           by = %leadership.node_id(), "membership changed");
                 }
             }
-            Ok(Err(err)) if Error::is_fence_refusal(&err) => return,
+            Ok(Err(err)) if crate::duties::is_fenced(&err) => return,
             Ok(Err(err)) => {
                 debug!(target: "forge::node", error = %err, "membership watch failed; retrying")
             }

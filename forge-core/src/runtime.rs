@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::leadership::Leadership;
 use crate::membership::{self, Fault, LEADER_CHANNEL, ListenerEvent, Membership, NodeInfo};
 use crate::metrics::{MetricDef, Metrics, defs};
-use crate::role::{LockNamespace, NodeId, Role};
+use crate::role::{LockKey, LockNamespace, NodeId, Role};
 
 /// Work that plugs into a node: the crons, the job queue, the built-in roles' duties, or your
 /// own. A component is installed once, before the node connects, and describes everything it
@@ -471,6 +471,17 @@ impl Assembly {
                 .map(|h| h.role.name().to_owned())
                 .collect::<Vec<_>>()
         });
+        let waiting: Vec<(LockKey, Arc<RoleHandle>)> = handles
+            .iter()
+            .map(|h| (h.role.lock_key(&self.namespace), h.clone()))
+            .collect();
+        let reserves = Arc::new(move || {
+            waiting
+                .iter()
+                .filter(|(_, h)| h.reserve.load(std::sync::atomic::Ordering::Relaxed))
+                .map(|(key, h)| (*key, h.wake.clone()))
+                .collect::<Vec<_>>()
+        });
         let queues: serde_json::Map<String, serde_json::Value> = self
             .queues
             .iter()
@@ -494,6 +505,7 @@ impl Assembly {
             channels: self.channels.clone(),
             events: events.clone(),
             leading,
+            reserves,
             metrics: metrics.clone(),
             last_session: std::sync::Mutex::new(None),
             fault,

@@ -451,3 +451,110 @@ async fn a_follower_that_waited_longer_than_the_lease_keeps_the_leadership_it_wi
     assert!(b.leadership(&Role::SCHEDULER).unwrap().is_valid());
     b.shutdown().await;
 }
+
+/// The lock sessions of `role` in this database: (node id, waiting for the lock).
+async fn lock_sessions(pool: &sqlx::PgPool, role: &Role) -> Vec<(String, bool)> {
+    let key = role.lock_key(&forge::LockNamespace::default()).0;
+    sqlx::query_as(
+        "SELECT split_part(a.application_name, ':', 3),
+                EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory'
+                           AND NOT l.granted AND l.objsubid = 1
+                           AND l.classid = (($1 >> 32) & 4294967295)::oid
+                           AND l.objid = ($1 & 4294967295)::oid)
+           FROM pg_stat_activity a
+          WHERE a.application_name LIKE 'forge:' || $2 || ':%' AND a.datname = current_database()
+          ORDER BY 1",
+    )
+    .bind(key)
+    .bind(role.name())
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_standbys_wait_in_the_lock_and_a_reserve_takes_a_missing_standbys_place() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let billing = Role::new("billing").unwrap();
+    let mut nodes = Vec::new();
+    for id in ["a", "b", "c", "d", "e"] {
+        let mut config = config(db.url(), id);
+        config.node.roles = vec!["billing".into()];
+        config.cluster.leader_election.standbys = 1;
+        let node = Node::builder(config)
+            .auto_register(false)
+            .leader_task(billing.clone(), "idle", |leadership| async move {
+                leadership.stopping().await;
+            })
+            .start()
+            .await
+            .unwrap();
+        nodes.push(node);
+    }
+    // Five nodes, one leader, one standby: two lock sessions for the role, one of them waiting.
+    // The three reserves hold none (and still know the leader).
+    let settled = |pool: sqlx::PgPool, billing: Role| async move {
+        wait_until(
+            "one leader and one standby, no other lock session",
+            SOON,
+            Duration::from_millis(20),
+            || async {
+                let sessions = lock_sessions(&pool, &billing).await;
+                let waiting: Vec<String> = sessions
+                    .iter()
+                    .filter(|(_, w)| *w)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                (sessions.len() == 2 && waiting.len() == 1).then(|| waiting[0].clone())
+            },
+        )
+        .await
+        .unwrap()
+    };
+    let standby = settled(pool.clone(), billing.clone()).await;
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let (leader, _) = wait_single_leader(&refs, &billing).await;
+    let leader_id = nodes[leader].id().to_string();
+    for node in nodes.iter().filter(|n| n.id().as_str() != leader_id) {
+        let mut watch = node.watch_role(&billing).unwrap();
+        tokio::time::timeout(
+            SOON,
+            watch.wait_for(
+                |s| matches!(s, RoleState::Follower { leader: Some(l) } if l.node_id == leader_id),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} does not know the leader: {:?}",
+                node.id(),
+                node.role_state(&billing)
+            )
+        })
+        .unwrap();
+    }
+
+    // The leader leaves: the standby takes over at once, and a reserve takes the standby's
+    // place (its node session's heartbeat finds the role short of a standby).
+    let leaving = nodes.remove(leader);
+    leaving.shutdown().await;
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let (new_leader, _) = wait_single_leader(&refs, &billing).await;
+    assert_eq!(
+        nodes[new_leader].id().as_str(),
+        standby,
+        "the standby took over"
+    );
+    let next_standby = settled(pool.clone(), billing.clone()).await;
+    assert_ne!(next_standby, standby);
+    assert_ne!(next_standby, leader_id);
+
+    // The standby dies (its lock session ends): a reserve - or the same node, reconnecting -
+    // waits in its place; never more than one.
+    terminate_lock_session(&pool, &billing, &next_standby).await;
+    settled(pool.clone(), billing.clone()).await;
+    for node in &nodes {
+        node.shutdown().await;
+    }
+}
