@@ -7,6 +7,7 @@
 //! cargo run --release --example bench_jobs -- --database-url postgres://...   # an existing server
 //! cargo run --release --example bench_jobs -- --only throughput   # or latency, idle, limit
 //! cargo run --release --example bench_jobs -- --only throughput --nodes 1 --jobs 200000
+//! cargo run --release --example bench_jobs -- --extra-config $'[jobs.queues]\ndefault = 32'
 //! ```
 //!
 //! By default it starts its own throwaway PostgreSQL (forge-testkit: fsync on, full_page_writes
@@ -85,6 +86,7 @@ async fn main() -> ExitCode {
         only: value("--only"),
         nodes: value("--nodes").and_then(|n| n.parse().ok()),
         jobs: value("--jobs").and_then(|n| n.parse().ok()),
+        extra_config: value("--extra-config").unwrap_or_default(),
     };
     match bench(options).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -136,12 +138,15 @@ struct Options {
     nodes: Option<usize>,
     /// Jobs inserted before a throughput or limit run (default 20,000).
     jobs: Option<usize>,
+    /// TOML added to the nodes' forge.toml (other timings than the defaults).
+    extra_config: String,
     database_url: Option<String>,
     pg_log: Option<PathBuf>,
 }
 
 struct Bench {
     server: PgServer,
+    extra_config: String,
     exe: PathBuf,
     dir: PathBuf,
     next_id: usize,
@@ -162,7 +167,14 @@ impl Bench {
             .shutdown()
             .await;
         let path = self.dir.join(format!("{}.toml", db.name()));
-        std::fs::write(&path, format!("[database]\nurl = \"{}\"\n", db.url()))?;
+        std::fs::write(
+            &path,
+            format!(
+                "[database]\nurl = \"{}\"\n{}\n",
+                db.url(),
+                self.extra_config
+            ),
+        )?;
         Ok((db, pool, path))
     }
 
@@ -321,7 +333,7 @@ async fn limit(
                 let n = ids.len();
                 let rows: Vec<(i64, bool, Option<i32>)> = sqlx::query_as(
                     "SELECT id, claimed, attempt FROM forge.jobs_step('forge', $1, 'default', NULL, NULL, NULL,
-                        ARRAY['noop'], $2, $2, '{}', $3, $4, $5, $6, $7, 20)",
+                        ARRAY['noop'], $2, $2, '{}', $3, $4, $5, $6, $7, 20, NULL, NULL, NULL)",
                 )
                 .bind(&node)
                 .bind(batch)
@@ -500,6 +512,7 @@ async fn bench(options: Options) -> Result<(), BoxError> {
     std::fs::create_dir_all(&dir)?;
     let mut bench = Bench {
         server,
+        extra_config: options.extra_config.clone(),
         exe: std::env::current_exe()?,
         dir,
         next_id: 0,

@@ -34,9 +34,13 @@ CREATE FUNCTION forge.jobs_step(
     p_states    text[],
     p_delays_ms bigint[],
     p_errors    jsonb[],
-    p_default_max_attempts integer
+    p_default_max_attempts integer,
+    p_after_priority smallint,
+    p_after_run_at   timestamptz,
+    p_after_id       bigint
 ) RETURNS TABLE (id bigint, claimed boolean, kind text, args jsonb, attempt integer,
-                 max_attempts integer, timeout_ms bigint, pickup_ms double precision, state text)
+                 max_attempts integer, timeout_ms bigint, pickup_ms double precision, state text,
+                 priority smallint, run_at timestamptz)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -72,7 +76,8 @@ BEGIN
             -- handler completed in its own transaction counts as recorded).
             RETURN QUERY
             SELECT o.id, false, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
-                   NULL::bigint, NULL::double precision, 'refused'::text
+                   NULL::bigint, NULL::double precision, 'refused'::text, NULL::smallint,
+                   NULL::timestamptz
               FROM unnest(p_ids, p_attempts) AS o(id, attempt)
              WHERE NOT EXISTS (SELECT 1 FROM forge.jobs j
                                 WHERE j.id = o.id AND j.state = 'completed'
@@ -125,7 +130,8 @@ BEGIN
         -- The exceptions: recorded otherwise than asked, or refused.
         RETURN QUERY
         SELECT o.id, false, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
-               NULL::bigint, NULL::double precision, coalesce(a.state, 'refused')
+               NULL::bigint, NULL::double precision, coalesce(a.state, 'refused'), NULL::smallint,
+               NULL::timestamptz
           FROM unnest(p_ids, p_attempts, p_states) AS o(id, attempt, asked)
           LEFT JOIN unnest(v_ids, v_states) AS a(id, state) ON a.id = o.id
          WHERE CASE WHEN a.id IS NOT NULL
@@ -144,9 +150,46 @@ BEGIN
         -- Nothing to claim, deposed, or the queue is paused.
         RETURN;
     END IF;
-    -- Two branches, so that each matches its partial index (jobs_claim, jobs_claim_role) in
-    -- plpgsql's cached generic plan.
-    IF p_role IS NULL THEN
+    -- One claim of a queue (or a role's queue) at a time in the cluster. Claims running side
+    -- by side would each walk the rows the other just took: SKIP LOCKED skips the rows
+    -- locked now, but a row claimed and committed after this statement's snapshot is
+    -- re-checked (EvalPlanQual) and dropped one by one, which costs more than waiting a few
+    -- milliseconds for the other claim to commit. The claim below takes its snapshot after
+    -- this lock, so it sees the other's claim. (Two-int advisory keys: another key space
+    -- than the roles' bigint keys.)
+    PERFORM pg_advisory_xact_lock(hashtext('forge.jobs_claim'),
+                                  hashtext(p_namespace || ' ' || coalesce(p_queue, '@' || p_role)));
+    -- Three branches, so that each matches its partial index (jobs_claim, jobs_claim_role) in
+    -- plpgsql's cached generic plan. A queue worker may pass its floor: the claim order's
+    -- position of the last job it claimed. The claim then starts after it, instead of walking
+    -- the index entries of the jobs claimed before (dead, but not removable while any
+    -- snapshot may still see them: a standby waiting in its lock holds one for up to
+    -- lock_timeout). The worker claims from the head now and then, and whenever a claim
+    -- from its floor comes back short, for jobs that sort before it (a higher priority, a
+    -- promoted scheduled job, a job another claimer had locked).
+    IF p_role IS NULL AND p_after_id IS NOT NULL THEN
+        RETURN QUERY
+        WITH c AS (
+            SELECT j.id, j.priority, j.run_at FROM forge.jobs j
+             WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
+               AND j.role IS NULL AND j.kind = ANY (p_kinds)
+               AND (j.priority, j.run_at, j.id) > (p_after_priority, p_after_run_at, p_after_id)
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED
+        ), n AS (
+            SELECT c.id, row_number() OVER (ORDER BY c.priority, c.run_at, c.id) AS rn FROM c
+        )
+        UPDATE forge.jobs j
+           SET state = 'running', attempt = j.attempt + 1, node_id = p_node, epoch = NULL,
+               tenure = NULL, attempted_at = clock_timestamp(),
+               started_at = CASE WHEN n.rn <= p_start THEN clock_timestamp() END
+          FROM n
+         WHERE j.id = n.id
+        RETURNING j.id, true, j.kind, j.args, j.attempt, j.max_attempts, j.timeout_ms,
+                  extract(epoch FROM j.attempted_at - j.run_at)::double precision * 1000,
+                  CASE WHEN j.started_at IS NULL THEN 'ahead' ELSE j.state END, j.priority, j.run_at;
+    ELSIF p_role IS NULL THEN
         RETURN QUERY
         WITH c AS (
             SELECT j.id, j.priority, j.run_at FROM forge.jobs j
@@ -166,7 +209,7 @@ BEGIN
          WHERE j.id = n.id
         RETURNING j.id, true, j.kind, j.args, j.attempt, j.max_attempts, j.timeout_ms,
                   extract(epoch FROM j.attempted_at - j.run_at)::double precision * 1000,
-                  CASE WHEN j.started_at IS NULL THEN 'ahead' ELSE j.state END;
+                  CASE WHEN j.started_at IS NULL THEN 'ahead' ELSE j.state END, j.priority, j.run_at;
     ELSE
         RETURN QUERY
         WITH c AS (
@@ -190,7 +233,7 @@ BEGIN
          WHERE j.id = n.id
         RETURNING j.id, true, j.kind, j.args, j.attempt, j.max_attempts, j.timeout_ms,
                   extract(epoch FROM j.attempted_at - j.run_at)::double precision * 1000,
-                  CASE WHEN j.started_at IS NULL THEN 'ahead' ELSE j.state END;
+                  CASE WHEN j.started_at IS NULL THEN 'ahead' ELSE j.state END, j.priority, j.run_at;
     END IF;
 END;
 $$;

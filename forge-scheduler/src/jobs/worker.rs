@@ -48,6 +48,19 @@ const CONNECTION_LINGER: Duration = Duration::from_secs(1);
 /// At most this many times the concurrency is claimed ahead of free slots.
 const CLAIM_AHEAD_MAX: usize = 32;
 
+/// How long a worker claims from its floor before it claims from the head of its queue again
+/// (jobs that sort before its floor - a higher priority, a promoted scheduled job - wait at
+/// most this long behind a backlog).
+const FLOOR_RESCAN: Duration = Duration::from_millis(100);
+
+/// A position in the claim order: (priority, run_at, id) of the last job a worker claimed.
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+struct Floor {
+    priority: i16,
+    run_at: chrono::DateTime<chrono::Utc>,
+    id: i64,
+}
+
 /// The state `forge.jobs_step` gives a job it claimed ahead (not started yet).
 const STEP_AHEAD: &str = "ahead";
 
@@ -175,6 +188,9 @@ struct Worker {
     conns: [Option<PoolConnection<Postgres>>; 2],
     /// The jobs each lane's round trip in flight writes (outcomes, started marks).
     in_flight: [HashSet<i64>; 2],
+    /// Where the next claim may start (see `forge.jobs_step`), and until when: `None` after a
+    /// claim that came back short (the queue's end was reached) or past `FLOOR_RESCAN`.
+    floor: Option<(Floor, Instant)>,
 }
 
 impl Drop for Worker {
@@ -235,6 +251,7 @@ impl Worker {
             pace: (Average::default(), Average::default()),
             conns: [None, None],
             in_flight: [HashSet::new(), HashSet::new()],
+            floor: None,
         }
     }
 
@@ -539,7 +556,16 @@ impl Worker {
             attempts.extend(records.iter().map(|r| r.attempt));
             (ids, attempts)
         });
-        let step = Step::new(self, &records, &started, limit, start);
+        let mut step = Step::new(self, &records, &started, limit, start);
+        if limit > 0 && self.spec.role.is_none() {
+            step.after = self
+                .floor
+                .filter(|(_, until)| Instant::now() < *until)
+                .map(|(floor, _)| floor);
+            if step.after.is_none() {
+                self.floor = None;
+            }
+        }
         let conn = self.conns[lane as usize].take();
         let pool = self.ctx.pool().clone();
         let bound = self.shared.statement_bound;
@@ -606,10 +632,19 @@ impl Worker {
         let mut exceptions: HashMap<i64, Option<JobState>> = HashMap::new();
         let mut ahead = Vec::new();
         let mut claimed = 0usize;
+        let mut highest: Option<Floor> = None;
         for row in rows {
             let state: String = row.try_get("state")?;
             if row.try_get::<bool, _>("claimed")? {
                 claimed += 1;
+                let position = Floor {
+                    priority: row.try_get("priority")?,
+                    run_at: row.try_get("run_at")?,
+                    id: row.try_get("id")?,
+                };
+                if highest.is_none_or(|h| position > h) {
+                    highest = Some(position);
+                }
                 // Jobs the claim marked started go first; the ones claimed ahead wait.
                 if state == STEP_AHEAD {
                     ahead.push(row);
@@ -644,6 +679,16 @@ impl Worker {
         if trip.limit > 0 && claimed == trip.limit {
             // All it asked for: more may be waiting, claim again as soon as there is room.
             self.wants.claim = true;
+            if let Some(highest) = highest {
+                let until = match self.floor {
+                    Some((_, until)) => until,
+                    None => Instant::now() + FLOOR_RESCAN,
+                };
+                self.floor = Some((highest, until));
+            }
+        } else if trip.limit > 0 {
+            // The end of the queue (from the floor): look from the head next time.
+            self.floor = None;
         }
         Ok(())
     }
@@ -754,6 +799,8 @@ struct Step {
     delays: Vec<Option<i64>>,
     errors: Vec<Option<serde_json::Value>>,
     default_max: i32,
+    /// Claim after this position of the claim order (priority, run_at, id), or from the head.
+    after: Option<Floor>,
 }
 
 impl Step {
@@ -785,6 +832,7 @@ impl Step {
             delays: records.iter().map(|r| r.delay_ms).collect(),
             errors: records.iter().map(|r| r.error.clone()).collect(),
             default_max: worker.shared.default_max_attempts(),
+            after: None,
         }
     }
 
@@ -852,7 +900,7 @@ impl Step {
 
     async fn step(&self, conn: &mut PoolConnection<Postgres>) -> Result<Vec<PgRow>, sqlx::Error> {
         sqlx::query(
-            "SELECT * FROM forge.jobs_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+            "SELECT * FROM forge.jobs_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
         )
         .bind(&self.namespace)
         .bind(&self.node)
@@ -870,6 +918,9 @@ impl Step {
         .bind(&self.delays)
         .bind(&self.errors)
         .bind(self.default_max)
+        .bind(self.after.map(|f| f.priority))
+        .bind(self.after.map(|f| f.run_at))
+        .bind(self.after.map(|f| f.id))
         .fetch_all(&mut **conn)
         .await
     }
