@@ -62,11 +62,8 @@ pub(super) async fn claim(
     } else {
         sqlx::query("SELECT * FROM forge.tick_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)")
     };
-    let query = query
-        .bind(&token.namespace)
-        .bind(&token.role)
-        .bind(token.epoch)
-        .bind(token.tenure)
+    let query = token
+        .bind(query)
         .bind(leadership.node_id())
         .bind(&cron.name)
         .bind(tick);
@@ -99,20 +96,17 @@ pub(super) async fn claim_many(
     let ticks: Vec<DateTime<Utc>> = requests.iter().map(|r| r.tick).collect();
     let states: Vec<&str> = requests.iter().map(|r| r.state.as_str()).collect();
     let notes: Vec<Option<&str>> = requests.iter().map(|r| r.note).collect();
-    let rows = sqlx::query(
-        "SELECT * FROM forge.tick_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9) ORDER BY idx",
-    )
-    .bind(&token.namespace)
-    .bind(&token.role)
-    .bind(token.epoch)
-    .bind(token.tenure)
-    .bind(leadership.node_id())
-    .bind(&crons)
-    .bind(&ticks)
-    .bind(&states)
-    .bind(&notes)
-    .fetch_all(leadership.pool())
-    .await?;
+    let rows = token
+        .bind(sqlx::query(
+            "SELECT * FROM forge.tick_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9) ORDER BY idx",
+        ))
+        .bind(leadership.node_id())
+        .bind(&crons)
+        .bind(&ticks)
+        .bind(&states)
+        .bind(&notes)
+        .fetch_all(leadership.pool())
+        .await?;
     if rows.len() != requests.len() {
         return Err(sqlx::Error::Protocol(format!(
             "forge.tick_claim_many answered {} rows for {} ticks",
@@ -181,11 +175,10 @@ pub(super) async fn complete(
     tx: &mut Transaction<'_, Postgres>,
 ) -> Result<()> {
     let token = leadership.fence_token();
-    sqlx::query("SELECT forge.tick_complete($1, $2, $3, $4, $5, $6)")
-        .bind(&token.namespace)
-        .bind(&token.role)
-        .bind(token.epoch)
-        .bind(token.tenure)
+    token
+        .bind(sqlx::query(
+            "SELECT forge.tick_complete($1, $2, $3, $4, $5, $6)",
+        ))
         .bind(cron)
         .bind(tick)
         .execute(&mut **tx)
@@ -211,17 +204,17 @@ pub(super) async fn reclaim(
     rerun: bool,
 ) -> Result<Option<i32>, sqlx::Error> {
     let token = leadership.fence_token();
-    sqlx::query_scalar("SELECT forge.tick_reclaim($1, $2, $3, $4, $5, $6, $7, $8)")
-        .bind(&token.namespace)
-        .bind(&token.role)
-        .bind(token.epoch)
-        .bind(token.tenure)
+    token
+        .bind(sqlx::query(
+            "SELECT forge.tick_reclaim($1, $2, $3, $4, $5, $6, $7, $8)",
+        ))
         .bind(leadership.node_id())
         .bind(&cron.name)
         .bind(tick)
         .bind(rerun)
         .fetch_one(leadership.pool())
-        .await
+        .await?
+        .try_get(0)
 }
 
 /// Where a cron resumes in a new tenure.

@@ -157,11 +157,10 @@ async fn sample(
         values.push(*n);
     }
     let token = leadership.fence_token();
-    let written = sqlx::query("SELECT forge.stats_sample($1, $2, $3, $4, $5, $6, $7, $8)")
-        .bind(&token.namespace)
-        .bind(&token.role)
-        .bind(token.epoch)
-        .bind(token.tenure)
+    let written = token
+        .bind(sqlx::query(
+            "SELECT forge.stats_sample($1, $2, $3, $4, $5, $6, $7, $8)",
+        ))
         .bind(bucket)
         .bind(&series)
         .bind(&labels)

@@ -183,11 +183,10 @@ impl Maintenance {
     async fn pass(&mut self) -> Option<Instant> {
         let token = self.leadership.fence_token();
         self.last_promote = Some(Instant::now());
-        let rows = sqlx::query("SELECT * FROM forge.jobs_maintain($1, $2, $3, $4, $5, $6)")
-            .bind(&token.namespace)
-            .bind(&token.role)
-            .bind(token.epoch)
-            .bind(token.tenure)
+        let rows = token
+            .bind(sqlx::query(
+                "SELECT * FROM forge.jobs_maintain($1, $2, $3, $4, $5, $6)",
+            ))
             .bind(self.shared.default_max_attempts())
             .bind(BATCH)
             .fetch_all(&self.pool);
