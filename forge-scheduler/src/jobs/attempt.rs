@@ -20,6 +20,7 @@ use super::{
 use crate::config::fmt_duration;
 use crate::metrics::{
     JOB_CANCELLED, JOB_COMPLETED, JOB_DEAD, JOB_DURATION, JOB_FAILED, JOB_PICKUP, JOB_RETRIED,
+    Series,
 };
 
 /// How many cancel requests for jobs not (yet) known to the worker are remembered: a cancel
@@ -112,6 +113,17 @@ impl KindMetrics {
             cancelled: metrics.counter(&JOB_CANCELLED, &labels),
             duration: metrics.histogram(&JOB_DURATION, &labels),
             pickup: metrics.histogram(&JOB_PICKUP, &labels),
+        }
+    }
+
+    /// The Prometheus counter of a kind that counts like `series`, if any.
+    fn counter(&self, series: Series) -> Option<&Counter> {
+        match series {
+            Series::JobsCompleted => Some(&self.completed),
+            Series::JobsRetried => Some(&self.retried),
+            Series::JobsDead => Some(&self.dead),
+            Series::JobsCancelled => Some(&self.cancelled),
+            _ => None,
         }
     }
 }
@@ -446,8 +458,9 @@ fn failure(
 }
 
 /// Counts an outcome once the database has recorded it (`recorded` = the state written),
-/// or reports that it was refused, in the node's Prometheus metrics; returns the cluster
-/// series it counts in (`forge.stats`), which the caller adds to its tally once per round trip.
+/// or reports that it was refused, in the node's Prometheus metrics; returns the name of the
+/// cluster series it counts in (`forge.stats`, a [`Series`]), which the caller adds to its
+/// tally once per round trip.
 pub(super) fn count(
     metrics: &HashMap<&'static str, KindMetrics>,
     record: &Record,
@@ -463,26 +476,22 @@ pub(super) fn count(
         return None;
     };
     let series = match state {
-        JobState::Completed => Some("jobs_completed"),
-        JobState::Retryable => Some("jobs_retried"),
-        JobState::Available if record.failed => Some("jobs_retried"),
-        JobState::Dead => Some("jobs_dead"),
-        JobState::Cancelled => Some("jobs_cancelled"),
+        JobState::Completed => Some(Series::JobsCompleted),
+        JobState::Retryable => Some(Series::JobsRetried),
+        JobState::Available if record.failed => Some(Series::JobsRetried),
+        JobState::Dead => Some(Series::JobsDead),
+        JobState::Cancelled => Some(Series::JobsCancelled),
         _ => None,
     };
     if let Some(m) = metrics.get(record.kind) {
         if record.failed {
             m.failed.increment(1);
         }
-        match series {
-            Some("jobs_completed") => m.completed.increment(1),
-            Some("jobs_retried") => m.retried.increment(1),
-            Some("jobs_dead") => m.dead.increment(1),
-            Some("jobs_cancelled") => m.cancelled.increment(1),
-            _ => {}
+        if let Some(counter) = series.and_then(|series| m.counter(series)) {
+            counter.increment(1);
         }
     }
-    series
+    series.map(Series::as_str)
 }
 
 /// The outcome for a claimed row that cannot become an attempt (its arguments cannot be

@@ -19,7 +19,7 @@ use super::shared::{
 };
 use super::{JobRegistry, JobType, figures, maintenance, validate_queue, worker};
 use crate::config::{JobsConfig, invalid};
-use crate::metrics::{JOB_METRICS, export_job};
+use crate::metrics::{JOB_FIGURES, JOB_SERIES};
 
 /// The job queue of a node, as a [`Component`]. The `forge` facade's `NodeBuilder` builds it
 /// from the registered jobs.
@@ -131,7 +131,8 @@ impl Component for JobQueue {
         // The tables' upkeep runs whether or not this node has job types: any node may lead
         // the log_compactor and metrics_aggregator roles.
         node.migrations(crate::MIGRATIONS)
-            .describe_metrics(JOB_METRICS)
+            .describe_metrics(JOB_SERIES)
+            .describe_metrics(JOB_FIGURES)
             .prune(
                 "jobs_finished",
                 "prune_finished_jobs",
@@ -193,6 +194,13 @@ impl Component for JobQueue {
             });
         }
         Ok(())
+    }
+}
+
+/// Exports the counters and histograms of a job kind on a queue at 0 from the start.
+fn export_job(node: &mut Assembly, queue: &str, kind: &str) {
+    for def in JOB_SERIES {
+        node.export_series(None, def, &[("queue", queue), ("kind", kind)]);
     }
 }
 
