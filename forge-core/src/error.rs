@@ -158,10 +158,20 @@ pub enum Error {
     },
 
     /// A value given to a read model or an action is not valid (a queue or role name, a
-    /// filter): the caller's input, not the cluster, is wrong.
+    /// filter, a job's options when it is enqueued): the caller's input, not the cluster, is
+    /// wrong.
     #[error("{message}")]
     InvalidInput {
         /// What is wrong and what to do.
+        message: String,
+    },
+
+    /// Concurrent changes to the same rows kept an action from finishing (a job that kept
+    /// moving between waiting and running while it was cancelled, a unique job's twin that
+    /// vanished while it was enqueued). Doing it again usually succeeds.
+    #[error("{message}")]
+    Conflict {
+        /// What raced with what, and what to do.
         message: String,
     },
 
