@@ -217,6 +217,16 @@ pub(super) async fn reclaim(
         .try_get(0)
 }
 
+forge_core::sql_enum! {
+    /// What a row of [`load`]'s second statement is about.
+    enum Found {
+        /// A tick an earlier tenure left running.
+        Interrupted = "interrupted",
+        /// A cron of the role that this binary lacks.
+        Unknown = "unknown",
+    }
+}
+
 /// Where a cron resumes in a new tenure.
 #[derive(Default)]
 pub(super) struct Resume {
@@ -301,11 +311,11 @@ pub(super) async fn load(
         entry.frontier = row.try_get("frontier")?;
     }
     let rows = sqlx::query(
-        "SELECT 'interrupted' AS kind, cron AS name, scheduled_at, attempt, epoch, NULL AS seen_by
+        "SELECT $5 AS found, cron AS name, scheduled_at, attempt, epoch, NULL AS seen_by
            FROM forge.cron_ticks
-          WHERE namespace = $1 AND role = $2 AND state = 'running' AND tenure <> $3
+          WHERE namespace = $1 AND role = $2 AND state = $6 AND tenure <> $3
          UNION ALL
-         SELECT 'unknown', name, NULL, NULL, NULL, last_seen_by
+         SELECT $7, name, NULL, NULL, NULL, last_seen_by
            FROM forge.crons
           WHERE namespace = $1 AND role = $2 AND NOT (name = ANY($4))
           ORDER BY 3",
@@ -314,13 +324,15 @@ pub(super) async fn load(
     .bind(role)
     .bind(leadership.tenure_id())
     .bind(&names)
+    .bind(Found::Interrupted)
+    .bind(TickState::Running)
+    .bind(Found::Unknown)
     .fetch_all(leadership.pool())
     .await?;
     let mut unknown = Vec::new();
     for row in rows {
-        let kind: String = row.try_get("kind")?;
         let name: String = row.try_get("name")?;
-        if kind == "unknown" {
+        if row.try_get::<Found, _>("found")? == Found::Unknown {
             let seen_by: Option<String> = row.try_get("seen_by")?;
             unknown.push((name, seen_by.unwrap_or_default()));
         } else {

@@ -13,7 +13,7 @@ use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, sleep};
 use tracing::{debug, error, warn};
 
-use super::shared::Outcome;
+use super::shared::{AttemptReason, Outcome};
 use super::{
     CancelReason, CancelSignal, FailAction, JobContext, JobError, JobId, JobState, JobType,
 };
@@ -85,8 +85,8 @@ impl Record {
         }
     }
 
-    fn because(mut self, reason: &str, error: impl Into<String>) -> Record {
-        self.error = Some(json!({"reason": reason, "error": error.into()}));
+    fn because(mut self, reason: AttemptReason, error: impl Into<String>) -> Record {
+        self.error = Some(json!({"reason": reason.as_str(), "error": error.into()}));
         self
     }
 }
@@ -191,7 +191,7 @@ impl Attempts {
                 self.records.push(
                     Record::new(claimed.id, claimed.attempt, claimed.ty.kind, Outcome::Released)
                         .because(
-                            "released",
+                            AttemptReason::Released,
                             "claimed but not started before its node shut down (the attempt does not count against max_attempts)",
                         ),
                 );
@@ -287,7 +287,7 @@ impl Attempts {
             if reason == CancelReason::Requested {
                 self.records.push(
                     Record::new(id, claimed.attempt, claimed.ty.kind, Outcome::Cancelled)
-                        .because("cancelled", "cancelled before it started"),
+                        .because(AttemptReason::Cancelled, "cancelled before it started"),
                 );
             }
         } else if reason == CancelReason::Requested {
@@ -370,16 +370,16 @@ fn outcome_of(
         }
         AttemptResult::Done(Err(err)) => {
             let reason = if err.action() == FailAction::Discard {
-                "discard"
+                AttemptReason::Discard
             } else {
-                "error"
+                AttemptReason::Error
             };
             failure(running, id, reason, err.message(), err.action(), origin)
         }
         AttemptResult::Panicked(message) => failure(
             running,
             id,
-            "panic",
+            AttemptReason::Panic,
             &format!("panicked: {message}"),
             FailAction::Retry,
             origin,
@@ -387,7 +387,7 @@ fn outcome_of(
         AttemptResult::TimedOut(limit) => failure(
             running,
             id,
-            "timeout",
+            AttemptReason::Timeout,
             &format!("timed out after {}", fmt_duration(limit)),
             FailAction::Retry,
             origin,
@@ -395,14 +395,14 @@ fn outcome_of(
         AttemptResult::Interrupted(CancelReason::TimedOut) => failure(
             running,
             id,
-            "timeout",
+            AttemptReason::Timeout,
             "timed out",
             FailAction::Retry,
             origin,
         ),
         AttemptResult::Interrupted(CancelReason::Requested) => {
             debug!(target: "forge::job", queue = %origin.queue, job = kind, id, attempt = running.attempt, "cancelled while running");
-            record(Outcome::Cancelled).because("cancelled", "cancelled while running")
+            record(Outcome::Cancelled).because(AttemptReason::Cancelled, "cancelled while running")
         }
         // The job is no longer this node's: nothing to record.
         AttemptResult::Interrupted(CancelReason::Rescued) => return None,
@@ -413,7 +413,7 @@ fn outcome_of(
                 "its node shut down"
             };
             record(Outcome::Released).because(
-                "released",
+                AttemptReason::Released,
                 format!("interrupted: {why} (the attempt does not count against max_attempts)"),
             )
         }
@@ -424,7 +424,7 @@ fn outcome_of(
 fn failure(
     running: &Running,
     id: i64,
-    reason: &'static str,
+    reason: AttemptReason,
     message: &str,
     action: FailAction,
     origin: &Origin,
@@ -435,7 +435,7 @@ fn failure(
     base.failed = true;
     if action == FailAction::Discard || attempt >= running.max_attempts {
         error!(target: "forge::job", queue = %origin.queue, job = kind, id, attempt,
-               max_attempts = running.max_attempts, reason, error = %message, "attempt failed; dead-lettering the job");
+               max_attempts = running.max_attempts, reason = %reason, error = %message, "attempt failed; dead-lettering the job");
         return base;
     }
     let delay = match action {
@@ -443,7 +443,7 @@ fn failure(
         _ => running.ty.options.backoff.delay(attempt),
     };
     warn!(target: "forge::job", queue = %origin.queue, job = kind, id, attempt,
-          max_attempts = running.max_attempts, reason, error = %message,
+          max_attempts = running.max_attempts, reason = %reason, error = %message,
           retry_in_ms = delay.as_millis() as u64, "attempt failed; will retry");
     let delay_ms = delay.as_millis().min(i64::MAX as u128) as i64;
     Record {
@@ -505,9 +505,9 @@ pub(super) fn unusable(
 ) -> Record {
     let mut record = Record::new(id, attempt, kind, outcome).because(
         if outcome == Outcome::Dead {
-            "undecodable"
+            AttemptReason::Undecodable
         } else {
-            "released"
+            AttemptReason::Released
         },
         why,
     );

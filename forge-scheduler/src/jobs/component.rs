@@ -17,7 +17,7 @@ use tracing::{info, warn};
 use super::shared::{
     CHANNEL_AVAILABLE, CHANNEL_CANCEL, CHANNEL_DUE, Shared, WorkerSpec, record_rescue,
 };
-use super::{JobRegistry, JobType, figures, maintenance, validate_queue, worker};
+use super::{JobRegistry, JobState, JobType, figures, maintenance, validate_queue, worker};
 use crate::config::{JobsConfig, invalid};
 use crate::metrics::{JOB_FIGURES, JOB_SERIES};
 
@@ -245,10 +245,10 @@ async fn rescue_own(shared: &Shared, ctx: &NodeContext) -> Result<(), sqlx::Erro
         let id: i64 = row.try_get("id")?;
         let queue: String = row.try_get("queue")?;
         let kind: String = row.try_get("kind")?;
-        let state: String = row.try_get("state")?;
+        let state: JobState = row.try_get("state")?;
         warn!(target: "forge::job", queue = %queue, job = %kind, id, state = %state,
               "rescued a job this node's previous run left running");
-        record_rescue(ctx.metrics(), &queue, &kind, &state, 1);
+        record_rescue(ctx.metrics(), &queue, &kind, state, 1);
     }
     Ok(())
 }
