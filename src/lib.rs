@@ -148,5 +148,6 @@ pub use forge_core::sql::check_values as sql_check_values;
 
 #[doc(hidden)]
 pub mod __private {
+    pub use forge_core::{Error, Result};
     pub use forge_scheduler::__private::*;
 }
