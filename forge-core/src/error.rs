@@ -125,7 +125,9 @@ pub enum Error {
         why: String,
     },
 
-    /// A cron expression or time zone could not be parsed.
+    /// A cron expression or time zone could not be parsed (`Schedule::parse`, `#[cron]`
+    /// definitions built at run time). This is why the core depends on `forge-cron`: the one
+    /// error type of FORGE converts from it.
     #[error(transparent)]
     Schedule(#[from] forge_cron::ScheduleError),
 
@@ -150,7 +152,8 @@ pub enum Error {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 
-    /// A cron or job definition cannot be used (duplicate name, invalid schedule, ...).
+    /// A definition installed on the node cannot be used: a cron, a job type, a component's
+    /// settings (a duplicate name, an invalid schedule, a duration out of range, ...).
     #[error("{message}")]
     Registration {
         /// What is wrong and what to do.
