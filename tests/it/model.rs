@@ -312,21 +312,22 @@ async fn a_deposed_compactor_cannot_prune() {
             .await
             .unwrap()
     };
-    let a = Node::builder(config("a"))
-        .auto_register(false)
-        .start()
-        .await
-        .unwrap();
-    wait_single_leader(&[&a], &Role::LOG_COMPACTOR).await;
-    let deposed = tenure(pool.clone()).await;
+    // The node and the tenure of the compactor it leads.
+    let lead = |id: &'static str| {
+        let (config, pool) = (config(id), pool.clone());
+        async move {
+            let node = Node::builder(config)
+                .auto_register(false)
+                .start()
+                .await
+                .unwrap();
+            wait_single_leader(&[&node], &Role::LOG_COMPACTOR).await;
+            (node, tenure(pool).await)
+        }
+    };
+    let (a, deposed) = lead("a").await;
     a.shutdown().await;
-    let b = Node::builder(config("b"))
-        .auto_register(false)
-        .start()
-        .await
-        .unwrap();
-    wait_single_leader(&[&b], &Role::LOG_COMPACTOR).await;
-    let current = tenure(pool.clone()).await;
+    let (b, current) = lead("b").await;
     assert!(
         current.epoch > deposed.epoch,
         "{current:?} after {deposed:?}"
