@@ -148,5 +148,30 @@ pub use forge_core::sql::check_values as sql_check_values;
 
 #[doc(hidden)]
 pub mod __private {
+    pub use forge_core::{Error, Result};
     pub use forge_scheduler::__private::*;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Error, Schedule};
+
+    /// `?` on a schedule parsed at run time gives a `forge::Error` that keeps the typed error.
+    #[test]
+    fn a_schedule_error_converts_into_a_forge_error() {
+        fn parse(expression: &str) -> crate::Result<Schedule> {
+            Ok(Schedule::parse(expression)?)
+        }
+        let err = parse("0 25 * * *").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("hour 25 is out of range (valid: 0-23)"),
+            "{err}"
+        );
+        let Error::Schedule(schedule) = err else {
+            panic!("not Error::Schedule: {err:?}");
+        };
+        assert!(schedule.to_string().contains("0 25 * * *"), "{schedule}");
+        assert!(parse("0 9 * * 1-5").is_ok());
+    }
 }

@@ -128,7 +128,7 @@ impl From<forge_core::Error> for ApiError {
         use forge_core::Error;
         match &err {
             Error::Database(db) | Error::Connect { source: db, .. } => from_sqlx(db, &err),
-            Error::Fenced { .. } | Error::NotRunning { .. } | Error::Registration { .. } => {
+            Error::Fenced { .. } | Error::NotRunning { .. } | Error::Conflict { .. } => {
                 ApiError::conflict(err.to_string())
             }
             Error::InvalidInput { message } => ApiError::bad_request(message.clone()),

@@ -109,6 +109,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::work::JobAction;
+
 pub use axum;
 pub use error::{ApiError, ApiResult};
 
@@ -288,14 +290,17 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/crons", get(work::crons))
         .route("/api/crons/{name}", get(work::cron))
         .route("/api/crons/{name}/ticks", get(work::ticks))
-        .route("/api/crons/{name}/pause", post(work::pause_cron))
-        .route("/api/crons/{name}/resume", post(work::resume_cron))
+        .route("/api/crons/{name}/pause", work::cron_paused(true))
+        .route("/api/crons/{name}/resume", work::cron_paused(false))
         .route("/api/crons/{name}/trigger", post(work::trigger_cron))
         .route("/api/jobs", get(work::jobs))
         .route("/api/jobs/bulk/{action}", post(work::bulk))
-        .route("/api/jobs/{id}", get(work::job).delete(work::delete_job))
-        .route("/api/jobs/{id}/retry", post(work::retry_job))
-        .route("/api/jobs/{id}/cancel", post(work::cancel_job))
+        .route(
+            "/api/jobs/{id}",
+            get(work::job).merge(work::job_action(JobAction::Delete)),
+        )
+        .route("/api/jobs/{id}/retry", work::job_action(JobAction::Retry))
+        .route("/api/jobs/{id}/cancel", work::job_action(JobAction::Cancel))
         .route("/api/queues", get(work::queues))
         .route("/api/queues/{queue}/pause", post(work::pause_queue))
         .route("/api/queues/{queue}/resume", post(work::resume_queue))

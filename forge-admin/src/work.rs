@@ -3,6 +3,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, delete, post};
 use axum::{Extension, Json};
 use forge_core::inspect::Change;
 use forge_scheduler::inspect::JobFilter;
@@ -96,20 +97,13 @@ async fn set_cron_paused(
     Ok(Json(json!({ "cron": name, "paused": paused })))
 }
 
-pub(crate) async fn pause_cron(
-    State(state): State<AdminState>,
-    Extension(Actor(by)): Extension<Actor>,
-    ApiPath(name): ApiPath<String>,
-) -> ApiResult<Json<Value>> {
-    set_cron_paused(state, by, name, true).await
-}
-
-pub(crate) async fn resume_cron(
-    State(state): State<AdminState>,
-    Extension(Actor(by)): Extension<Actor>,
-    ApiPath(name): ApiPath<String>,
-) -> ApiResult<Json<Value>> {
-    set_cron_paused(state, by, name, false).await
+/// `POST /api/crons/{name}/pause` (`paused`) or `POST /api/crons/{name}/resume`.
+pub(crate) fn cron_paused(paused: bool) -> MethodRouter<AdminState> {
+    post(
+        move |State(state): State<AdminState>,
+              Extension(Actor(by)): Extension<Actor>,
+              ApiPath(name): ApiPath<String>| set_cron_paused(state, by, name, paused),
+    )
 }
 
 pub(crate) async fn trigger_cron(
@@ -202,8 +196,9 @@ pub(crate) async fn job(
     }
 }
 
+/// What an operator does to jobs.
 #[derive(Clone, Copy)]
-enum JobAction {
+pub(crate) enum JobAction {
     Retry,
     Cancel,
     Delete,
@@ -271,28 +266,16 @@ async fn one_job(
     })))
 }
 
-pub(crate) async fn retry_job(
-    State(state): State<AdminState>,
-    Extension(Actor(by)): Extension<Actor>,
-    ApiPath(id): ApiPath<i64>,
-) -> ApiResult<Json<Value>> {
-    one_job(state, by, id, JobAction::Retry).await
-}
-
-pub(crate) async fn cancel_job(
-    State(state): State<AdminState>,
-    Extension(Actor(by)): Extension<Actor>,
-    ApiPath(id): ApiPath<i64>,
-) -> ApiResult<Json<Value>> {
-    one_job(state, by, id, JobAction::Cancel).await
-}
-
-pub(crate) async fn delete_job(
-    State(state): State<AdminState>,
-    Extension(Actor(by)): Extension<Actor>,
-    ApiPath(id): ApiPath<i64>,
-) -> ApiResult<Json<Value>> {
-    one_job(state, by, id, JobAction::Delete).await
+/// One job's action: `POST /api/jobs/{id}/retry`, `POST /api/jobs/{id}/cancel`,
+/// `DELETE /api/jobs/{id}`.
+pub(crate) fn job_action(action: JobAction) -> MethodRouter<AdminState> {
+    let handler = move |State(state): State<AdminState>,
+                        Extension(Actor(by)): Extension<Actor>,
+                        ApiPath(id): ApiPath<i64>| one_job(state, by, id, action);
+    match action {
+        JobAction::Retry | JobAction::Cancel => post(handler),
+        JobAction::Delete => delete(handler),
+    }
 }
 
 /// `"dead,retryable"` or `["dead", "retryable"]`.

@@ -125,7 +125,9 @@ pub enum Error {
         why: String,
     },
 
-    /// A cron expression or time zone could not be parsed.
+    /// A cron expression or time zone could not be parsed (`Schedule::parse`, `#[cron]`
+    /// definitions built at run time). This is why the core depends on `forge-cron`: the one
+    /// error type of FORGE converts from it.
     #[error(transparent)]
     Schedule(#[from] forge_cron::ScheduleError),
 
@@ -150,7 +152,8 @@ pub enum Error {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 
-    /// A cron or job definition cannot be used (duplicate name, invalid schedule, ...).
+    /// A definition installed on the node cannot be used: a cron, a job type, a component's
+    /// settings (a duplicate name, an invalid schedule, a duration out of range, ...).
     #[error("{message}")]
     Registration {
         /// What is wrong and what to do.
@@ -158,10 +161,20 @@ pub enum Error {
     },
 
     /// A value given to a read model or an action is not valid (a queue or role name, a
-    /// filter): the caller's input, not the cluster, is wrong.
+    /// filter, a job's options when it is enqueued): the caller's input, not the cluster, is
+    /// wrong.
     #[error("{message}")]
     InvalidInput {
         /// What is wrong and what to do.
+        message: String,
+    },
+
+    /// Concurrent changes to the same rows kept an action from finishing (a job that kept
+    /// moving between waiting and running while it was cancelled, a unique job's twin that
+    /// vanished while it was enqueued). Doing it again usually succeeds.
+    #[error("{message}")]
+    Conflict {
+        /// What raced with what, and what to do.
         message: String,
     },
 

@@ -11,6 +11,8 @@
 //! same function.
 
 use sqlx::PgConnection;
+use sqlx::postgres::{PgArguments, Postgres};
+use sqlx::query::Query;
 
 use crate::error::{Error, Result};
 use crate::role::{Epoch, LockNamespace, Role};
@@ -50,15 +52,32 @@ impl FenceToken {
     /// Fails with [`Error::Fenced`] when a newer leadership exists, the lease expired or was
     /// released, or the tenure's lock session is gone from this server.
     pub async fn check(&self, conn: &mut PgConnection) -> Result<()> {
-        sqlx::query("SELECT forge.fence($1, $2, $3, $4)")
-            .bind(&self.namespace)
-            .bind(&self.role)
-            .bind(self.epoch)
-            .bind(self.tenure)
+        self.bind(sqlx::query("SELECT forge.fence($1, $2, $3, $4)"))
             .execute(&mut *conn)
             .await
             .map_err(|err| self.map_error(err))?;
         Ok(())
+    }
+
+    /// Binds this tenure as the next four parameters of `query` - namespace, role, epoch,
+    /// tenure, the order in which `forge.fence` and every fenced FORGE function take them:
+    ///
+    /// ```
+    /// # fn demo(token: &forge_core::FenceToken) {
+    /// let query = token
+    ///     .bind(sqlx::query("SELECT forge.fence($1, $2, $3, $4), $5"))
+    ///     .bind("and the statement's own parameters after them");
+    /// # }
+    /// ```
+    pub fn bind<'q>(
+        &self,
+        query: Query<'q, Postgres, PgArguments>,
+    ) -> Query<'q, Postgres, PgArguments> {
+        query
+            .bind(self.namespace.as_str())
+            .bind(self.role.as_str())
+            .bind(self.epoch)
+            .bind(self.tenure)
     }
 
     /// A database error as [`Error::Fenced`] when it is the fence's refusal.

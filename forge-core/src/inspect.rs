@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{PgPool, Postgres, Row};
 
 use crate::error::Result;
 use crate::role::{Epoch, LockNamespace, Role};
@@ -290,6 +291,31 @@ pub enum Change {
     Refused(String),
 }
 
+/// Every row of `query`, each read by `from_row`: a read model's list.
+#[doc(hidden)]
+pub async fn fetch_views<T>(
+    query: Query<'_, Postgres, PgArguments>,
+    pool: &PgPool,
+    from_row: fn(&PgRow) -> Result<T>,
+) -> Result<Vec<T>> {
+    query.fetch_all(pool).await?.iter().map(from_row).collect()
+}
+
+/// The row of `query`, if any, read by `from_row`: a read model's single item.
+#[doc(hidden)]
+pub async fn fetch_view<T>(
+    query: Query<'_, Postgres, PgArguments>,
+    pool: &PgPool,
+    from_row: fn(&PgRow) -> Result<T>,
+) -> Result<Option<T>> {
+    query
+        .fetch_optional(pool)
+        .await?
+        .as_ref()
+        .map(from_row)
+        .transpose()
+}
+
 /// Records an operator's write in the events history (kind `admin_action`), on `executor`: a
 /// transaction makes the record part of the write.
 pub async fn audit<'e, E>(
@@ -482,23 +508,22 @@ impl Cluster {
 
     /// Every node the cluster knows (until forgotten), with its state.
     pub async fn nodes(&self) -> Result<Vec<NodeView>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("{NODES_SQL} ORDER BY node_id")))
-            .bind(&self.namespace)
-            .bind(self.drift_ms())
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(node_from_row).collect()
+        let nodes = self.nodes_query("ORDER BY node_id");
+        fetch_views(nodes, &self.pool, node_from_row).await
     }
 
     /// One node.
     pub async fn node(&self, node_id: &str) -> Result<Option<NodeView>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("{NODES_SQL} AND node_id = $3")))
+        let node = self.nodes_query("AND node_id = $3").bind(node_id);
+        fetch_view(node, &self.pool, node_from_row).await
+    }
+
+    /// [`NODES_SQL`] and `tail`, with the base query's parameters bound (the tail's are `$3`
+    /// onwards).
+    fn nodes_query(&self, tail: &str) -> Query<'static, Postgres, PgArguments> {
+        sqlx::query(sqlx::AssertSqlSafe(format!("{NODES_SQL} {tail}")))
             .bind(&self.namespace)
             .bind(self.drift_ms())
-            .bind(node_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(node_from_row).transpose()
     }
 
     /// How many nodes are in each state.

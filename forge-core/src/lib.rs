@@ -9,7 +9,8 @@
 //! (two live nodes never share one), LISTENs, and heartbeats its membership row. See
 //! ARCHITECTURE.md for the mechanism and its invariants.
 //!
-//! This crate knows nothing of crons or jobs: they plug into a node as [`Component`]s. Users
+//! Crons and jobs plug into a node as [`Component`]s; this crate's mechanisms know nothing of
+//! them (its [`Error`] is FORGE's one error type, so it has the variants they report). Users
 //! depend on the `forge` facade, whose `Node` assembles everything:
 //!
 //! ```no_run

@@ -113,8 +113,8 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
             #item
             #(#cfgs)*
             impl ::forge::__private::Cron for #ident {
-                fn cron_job(&self) -> ::forge::Result<::forge::__private::CronJob> {
-                    ::core::result::Result::Err(::forge::Error::Registration {
+                fn cron_job(&self) -> ::forge::__private::Result<::forge::__private::CronJob> {
+                    ::core::result::Result::Err(::forge::__private::Error::Registration {
                         message: ::std::string::String::from("#[cron] reported a compile error"),
                     })
                 }
@@ -171,7 +171,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
 
         #(#cfgs)*
         impl ::forge::__private::Cron for #ident {
-            fn cron_job(&self) -> ::forge::Result<::forge::__private::CronJob> {
+            fn cron_job(&self) -> ::forge::__private::Result<::forge::__private::CronJob> {
                 ::forge::__private::CronJob::__from_macro(
                     #name,
                     #expression,

@@ -242,3 +242,46 @@ fn with_error(item: proc_macro2::TokenStream, err: syn::Error) -> proc_macro2::T
     tokens.extend(err.into_compile_error());
     tokens
 }
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    /// What the attributes expand to refers to FORGE only through `::forge::__private`, the
+    /// one module that may change whenever the macros do.
+    #[test]
+    fn generated_code_names_only_the_private_module() {
+        let expansions = [
+            crate::cron::expand(
+                quote!("0 * * * *", catch_up = "all", timeout = "30s"),
+                quote!(
+                    async fn tick(ctx: forge::CronContext) {}
+                ),
+            ),
+            // A cron with a compile error still expands to a `Cron`.
+            crate::cron::expand(
+                quote!("not a schedule"),
+                quote!(
+                    async fn broken() {}
+                ),
+            ),
+            crate::job::expand(
+                quote!(queue = "mailers", max_attempts = 5, timeout = "30s"),
+                quote!(
+                    async fn mail(args: String) {}
+                ),
+            ),
+        ];
+        for expansion in expansions {
+            let text = expansion.unwrap().to_string();
+            assert!(text.contains(":: forge :: __private ::"), "{text}");
+            for (at, _) in text.match_indices(":: forge ::") {
+                assert!(
+                    text[at..].starts_with(":: forge :: __private ::"),
+                    "{}",
+                    &text[at..]
+                );
+            }
+        }
+    }
+}

@@ -4,12 +4,13 @@
 //! ([`forge_core::inspect`]); shared by the admin API, the CLI and the dashboard.
 
 use chrono::{DateTime, TimeDelta, Utc};
-use forge_core::inspect::{Change, Page, PageRequest, audit};
+use forge_core::inspect::{Change, Page, PageRequest, audit, fetch_view, fetch_views};
 use forge_core::{LockNamespace, Result};
 use forge_cron::Schedule;
 use serde::Serialize;
-use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{PgPool, Postgres, Row};
 
 use crate::cron::TickState;
 use crate::jobs::{CancelOutcome, JobId, JobInfo, JobState};
@@ -121,21 +122,24 @@ impl Workload {
 
     /// Every cron the cluster knows, by name.
     pub async fn crons(&self) -> Result<Vec<CronView>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("{CRONS_SQL} ORDER BY c.name")))
-            .bind(&self.namespace)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(cron_from_row).collect()
+        fetch_views(
+            self.crons_query("ORDER BY c.name"),
+            &self.pool,
+            cron_from_row,
+        )
+        .await
     }
 
     /// One cron.
     pub async fn cron(&self, name: &str) -> Result<Option<CronView>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("{CRONS_SQL} AND c.name = $2")))
-            .bind(&self.namespace)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(cron_from_row).transpose()
+        let cron = self.crons_query("AND c.name = $2").bind(name);
+        fetch_view(cron, &self.pool, cron_from_row).await
+    }
+
+    /// [`CRONS_SQL`] and `tail`, with the namespace bound (the tail's parameters are `$2`
+    /// onwards).
+    fn crons_query(&self, tail: &str) -> Query<'static, Postgres, PgArguments> {
+        sqlx::query(sqlx::AssertSqlSafe(format!("{CRONS_SQL} {tail}"))).bind(&self.namespace)
     }
 
     /// A cron's ticks, newest first; the cursor is the tick's instant in microseconds.
@@ -503,14 +507,12 @@ impl Workload {
 
     /// One job, with each failed, interrupted or rescued attempt's error.
     pub async fn job(&self, id: JobId) -> Result<Option<JobInfo>> {
-        let row = sqlx::query(
+        let job = sqlx::query(
             "SELECT *, args::text AS args_text FROM forge.jobs WHERE namespace = $1 AND id = $2",
         )
         .bind(&self.namespace)
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.as_ref().map(JobInfo::from_row).transpose()
+        .bind(id);
+        fetch_view(job, &self.pool, JobInfo::from_row).await
     }
 
     /// Every queue with unfinished or dead jobs, or paused, by name.

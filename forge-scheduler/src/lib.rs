@@ -10,6 +10,8 @@ pub mod cron;
 pub mod inspect;
 pub mod jobs;
 mod metrics;
+#[cfg(test)]
+mod sql_source;
 
 #[doc(hidden)]
 pub mod __private;

@@ -1,9 +1,8 @@
-//! The scheduler's metrics: crons and jobs. Names are spelled here only.
+//! The scheduler's metrics (crons and jobs) and the cluster series it publishes. Names are
+//! spelled here only; this module depends on no other of the crate, so `cron` and `jobs` both
+//! use it and it uses neither.
 
 use forge_core::metrics::MetricDef;
-use forge_core::{Assembly, Role};
-
-use crate::cron::TickState;
 
 /// `forge_cron_lag_seconds{cron, role}`
 pub(crate) const CRON_LAG: MetricDef = MetricDef::histogram(
@@ -99,25 +98,9 @@ pub(crate) const CRON_METRICS: &[&MetricDef] = &[
     &CRON_UNKNOWN,
 ];
 
-/// Every metric of the jobs.
-pub(crate) const JOB_METRICS: &[&MetricDef] = &[
-    &JOB_ENQUEUED,
-    &JOB_COMPLETED,
-    &JOB_FAILED,
-    &JOB_RETRIED,
-    &JOB_DEAD,
-    &JOB_CANCELLED,
-    &JOB_RESCUED,
-    &JOB_DURATION,
-    &JOB_PICKUP,
-    &JOB_QUEUE_DEPTH,
-    &JOB_OLDEST_AGE,
-    &JOB_DEAD_JOBS,
-];
-
 /// The counters and histograms of a (queue, job kind), all exported at 0 from the node's
 /// start.
-const JOB_SERIES: &[&MetricDef] = &[
+pub(crate) const JOB_SERIES: &[&MetricDef] = &[
     &JOB_ENQUEUED,
     &JOB_COMPLETED,
     &JOB_FAILED,
@@ -129,37 +112,71 @@ const JOB_SERIES: &[&MetricDef] = &[
     &JOB_PICKUP,
 ];
 
-/// Exports a cron's counters and histograms at 0 from the start (runs by outcome, missed
-/// ticks, lag, duration) on nodes that campaign for its role: Prometheus sees a first
-/// failure, a first missed tick, a first late run.
-pub(crate) fn export_cron(node: &mut Assembly, cron: &str, role: &Role) {
-    for outcome in TickState::ALL {
-        if *outcome != TickState::Running {
-            let labels = [
-                ("cron", cron),
-                ("role", role.name()),
-                ("outcome", outcome.as_str()),
-            ];
-            node.export_series(Some(role), &CRON_RUNS, &labels);
-        }
-    }
-    for def in [&CRON_MISSED, &CRON_LAG, &CRON_DURATION] {
-        node.export_series(Some(role), def, &[("cron", cron), ("role", role.name())]);
-    }
-}
+/// The queue figures, reported by the `metrics_aggregator` leader only.
+pub(crate) const JOB_FIGURES: &[&MetricDef] = &[&JOB_QUEUE_DEPTH, &JOB_OLDEST_AGE, &JOB_DEAD_JOBS];
 
-/// Exports the counters and histograms of a job kind on a queue at 0 from the start.
-pub(crate) fn export_job(node: &mut Assembly, queue: &str, kind: &str) {
-    for def in JOB_SERIES {
-        node.export_series(None, def, &[("queue", queue), ("kind", kind)]);
+forge_core::sql_enum! {
+    /// A cluster series (`forge.stats.series`) of the scheduler: counters the nodes publish
+    /// in their tally (summed per interval by the `metrics_aggregator` leader) and the queue
+    /// figures that leader samples. The dashboard's charts and `Cluster::series` read them by
+    /// these names.
+    pub(crate) enum Series {
+        /// Attempts completed, by queue.
+        JobsCompleted = "jobs_completed",
+        /// Attempts failed (whatever followed), by queue.
+        JobsFailed = "jobs_failed",
+        /// Failed attempts to be retried, by queue.
+        JobsRetried = "jobs_retried",
+        /// Jobs dead-lettered, by queue.
+        JobsDead = "jobs_dead",
+        /// Jobs cancelled while running or rescued, by queue.
+        JobsCancelled = "jobs_cancelled",
+        /// Attempts finished, by queue (the divisor of the mean duration).
+        JobAttempts = "job_attempts",
+        /// The attempts' durations summed, in seconds, by queue.
+        JobDurationSum = "job_duration_seconds_sum",
+        /// Cron runs, by cron.
+        CronRuns = "cron_runs",
+        /// Cron runs that failed, timed out or were abandoned, by cron.
+        CronFailures = "cron_failures",
+        /// The runs' lags summed, in seconds, by cron.
+        CronLagSum = "cron_lag_seconds_sum",
+        /// The runs' durations summed, in seconds, by cron.
+        CronDurationSum = "cron_duration_seconds_sum",
+        /// Unfinished jobs, by queue (sampled).
+        QueueDepth = "queue_depth",
+        /// How long the oldest available job has been due, by queue (sampled).
+        OldestJobAge = "oldest_job_age_seconds",
+        /// Dead jobs kept, by queue (sampled).
+        DeadJobs = "dead_jobs",
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::Series;
+
     #[test]
     fn names_follow_prometheus_conventions() {
         forge_core::metrics::check_conventions(super::CRON_METRICS).unwrap();
-        forge_core::metrics::check_conventions(super::JOB_METRICS).unwrap();
+        forge_core::metrics::check_conventions(super::JOB_SERIES).unwrap();
+        forge_core::metrics::check_conventions(super::JOB_FIGURES).unwrap();
+    }
+
+    #[test]
+    fn series_names_are_distinct_tally_keys() {
+        let mut names: Vec<&str> = Series::ALL.iter().map(|s| s.as_str()).collect();
+        for name in &names {
+            // The tally joins a series and its label with `|`; the dashboard's API asks for
+            // names of at most 64 lowercase letters and underscores.
+            assert!(
+                name.len() <= 64 && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{name}"
+            );
+            assert_eq!(Series::parse(name).map(Series::as_str), Some(*name));
+        }
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Series::ALL.len());
     }
 }

@@ -124,7 +124,7 @@ fn inserted(result: Enqueued) -> JobId {
 }
 
 /// The value of a metric line `name{labels} value` in a Prometheus text rendering.
-fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
+pub(crate) fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
     text.lines().find_map(|line| {
         line.strip_prefix(name_and_labels)
             .and_then(|rest| rest.strip_prefix(' '))

@@ -9,11 +9,11 @@ use chrono::{TimeDelta, Utc};
 use forge::cron::{CatchUp, CronJob, TickState};
 use forge::inspect::{EventFilter, EventKind, JobFilter, NodeState, PageRequest, TenureEnd};
 use forge::jobs::{JobState, NewJob};
-use forge::{Config, CronContext, LockNamespace, Node, Role, Schedule};
+use forge::{Config, CronContext, FenceToken, LockNamespace, Node, Role, Schedule};
 use forge_testkit::wait_until;
-use sqlx::PgPool;
+use sqlx::{PgPool, Row};
 
-use crate::jobs::{Behave, RUNS_TABLE_SQL, job_config, plain, setup, wait_state};
+use crate::jobs::{Behave, RUNS_TABLE_SQL, job_config, metric, plain, setup, wait_state};
 use crate::support::*;
 
 /// A config that campaigns for every built-in role, with quick duties.
@@ -173,6 +173,256 @@ async fn the_log_compactor_prunes_the_ledger_by_retention_and_keeps_each_crons_n
         "{pruned}"
     );
     node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_compactor_prunes_stats_and_jobs_by_their_own_retention_in_one_pass_of_many_batches()
+ {
+    let (db, pool) = setup().await;
+    // Series points 10 days old (25,000: three batches of 10,000) and an hour old; finished
+    // jobs 3 days old (12,002 completed or cancelled: two batches) and an hour old; dead jobs
+    // 10 and 3 days old.
+    sqlx::raw_sql(
+        "INSERT INTO forge.stats (namespace, at, series, label, value)
+         SELECT 'forge', now() - interval '10 days' - n * interval '1 second', 'jobs_completed', 'old', 1
+           FROM generate_series(1, 25000) AS n
+         UNION ALL
+         SELECT 'forge', now() - interval '1 hour' - n * interval '1 second', 'jobs_completed', 'recent', 1
+           FROM generate_series(1, 5) AS n;
+         INSERT INTO forge.jobs (namespace, queue, kind, args, state, run_at, finished_at, unique_key)
+         SELECT 'forge', 'default', 'gone', '{}', s, now() - a, now() - a, tag
+           FROM (SELECT 'completed' AS s, interval '3 days' AS a, 'finished_old' AS tag
+                   FROM generate_series(1, 12000)
+                 UNION ALL SELECT 'cancelled', interval '3 days', 'finished_old' FROM generate_series(1, 2)
+                 UNION ALL SELECT 'completed', interval '1 hour', 'finished_recent' FROM generate_series(1, 4)
+                 UNION ALL SELECT 'dead', interval '10 days', 'dead_old' FROM generate_series(1, 7)
+                 UNION ALL SELECT 'dead', interval '3 days', 'dead_recent' FROM generate_series(1, 6)) AS j;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut config = all_roles(db.url(), "a");
+    config.metrics.rollup_retention = Duration::from_secs(2 * 24 * 3600);
+    config.jobs.completed_retention = Duration::from_secs(24 * 3600);
+    config.jobs.dead_retention = Duration::from_secs(5 * 24 * 3600);
+    // One pass only (the first, a few seconds into the tenure): what a pass leaves stays.
+    config.cluster.compaction_interval = Duration::from_secs(3600);
+    let node = Node::builder(config)
+        .auto_register(false)
+        .start()
+        .await
+        .unwrap();
+    let left = || async {
+        let stats: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT label, count(*) FROM forge.stats WHERE label IN ('old', 'recent')
+              GROUP BY label ORDER BY label",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let jobs: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT unique_key, count(*) FROM forge.jobs GROUP BY unique_key ORDER BY unique_key",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        (stats, jobs)
+    };
+    let expected = (
+        vec![("recent".to_owned(), 5)],
+        vec![
+            ("dead_recent".to_owned(), 6),
+            ("finished_recent".to_owned(), 4),
+        ],
+    );
+    let counters = || {
+        let text = node.render_metrics();
+        ["stats", "jobs_finished", "jobs_dead"].map(|table| {
+            metric(
+                &text,
+                &format!("forge_compactor_pruned_total{{table=\"{table}\"}}"),
+            )
+        })
+    };
+    forge_testkit::wait_for(
+        "the compactor's first pass to prune everything due",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let (rows, pruned) = (left().await, counters());
+            if rows == expected && pruned == [Some(25_000.0), Some(12_002.0), Some(7.0)] {
+                Ok(())
+            } else {
+                Err(format!(
+                    "left {rows:?}, pruned (stats, jobs_finished, jobs_dead) {pruned:?}"
+                ))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_compactor_cannot_prune() {
+    let (db, pool) = setup().await;
+    sqlx::raw_sql(
+        "INSERT INTO forge.stats (namespace, at, series, label, value)
+         SELECT 'forge', now() - n * interval '1 day', 'jobs_completed', 'default', 1
+           FROM generate_series(10, 12) AS n",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let config = |node: &str| {
+        let mut config = all_roles(db.url(), node);
+        // The nodes' own compactors keep the points: only the calls below may prune them.
+        config.metrics.rollup_retention = Duration::from_secs(365 * 24 * 3600);
+        config
+    };
+    let tenure = |pool: PgPool| async move {
+        let (epoch, tenure): (i64, i64) = sqlx::query_as(
+            "SELECT epoch, tenure FROM forge.leaders WHERE namespace = 'forge' AND role = 'log_compactor'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        FenceToken {
+            namespace: "forge".to_owned(),
+            role: Role::LOG_COMPACTOR.name().to_owned(),
+            epoch,
+            tenure,
+        }
+    };
+    let prune = |token: FenceToken, pool: PgPool| async move {
+        // Everything, whatever its age.
+        token
+            .bind(sqlx::query(
+                "SELECT forge.prune_stats($1, $2, $3, $4, 0, 10000)",
+            ))
+            .fetch_one(&pool)
+            .await
+            .map(|row| row.get::<i64, _>(0))
+            .map_err(|err| token.map_error(err))
+    };
+    let points = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM forge.stats WHERE label = 'default'")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    // The node and the tenure of the compactor it leads.
+    let lead = |id: &'static str| {
+        let (config, pool) = (config(id), pool.clone());
+        async move {
+            let node = Node::builder(config)
+                .auto_register(false)
+                .start()
+                .await
+                .unwrap();
+            wait_single_leader(&[&node], &Role::LOG_COMPACTOR).await;
+            (node, tenure(pool).await)
+        }
+    };
+    let (a, deposed) = lead("a").await;
+    a.shutdown().await;
+    let (b, current) = lead("b").await;
+    assert!(
+        current.epoch > deposed.epoch,
+        "{current:?} after {deposed:?}"
+    );
+
+    // a's tenure is over: its prune is refused (SQLSTATE FG001) and deletes nothing.
+    let raw = deposed
+        .bind(sqlx::query(
+            "SELECT forge.prune_stats($1, $2, $3, $4, 0, 10000)",
+        ))
+        .fetch_one(&pool)
+        .await
+        .unwrap_err();
+    assert!(forge::Error::is_fence_refusal(&raw), "{raw}");
+    match prune(deposed.clone(), pool.clone()).await {
+        Err(forge::Error::Fenced { role, epoch }) => {
+            assert_eq!(role, Role::LOG_COMPACTOR);
+            assert_eq!(epoch.0, deposed.epoch);
+        }
+        other => panic!("a deposed tenure's prune: {other:?}"),
+    }
+    assert_eq!(points().await, 3);
+    // The same call under b's tenure prunes them.
+    assert_eq!(prune(current, pool.clone()).await.unwrap(), 3);
+    assert_eq!(points().await, 0);
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aggregator_leader_alone_exports_the_oldest_job_age_and_the_dead_jobs() {
+    let (db, pool) = setup().await;
+    // In queues no node works: available for 90 s and 30 s in `idle`, dead in `idle` and
+    // `other`.
+    let inserted = std::time::Instant::now();
+    sqlx::raw_sql(
+        "INSERT INTO forge.jobs (namespace, queue, kind, args, state, run_at, finished_at)
+         VALUES ('forge', 'idle', 'unknown_here', '{}', 'available', now() - interval '90 seconds', NULL),
+                ('forge', 'idle', 'unknown_here', '{}', 'available', now() - interval '30 seconds', NULL),
+                ('forge', 'idle', 'unknown_here', '{}', 'dead', now(), now()),
+                ('forge', 'idle', 'unknown_here', '{}', 'dead', now(), now()),
+                ('forge', 'idle', 'unknown_here', '{}', 'dead', now(), now()),
+                ('forge', 'other', 'unknown_here', '{}', 'dead', now(), now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let start = |id: &'static str| {
+        Node::builder(all_roles(db.url(), id))
+            .auto_register(false)
+            .start()
+    };
+    let a = start("a").await.unwrap();
+    let b = start("b").await.unwrap();
+    let nodes = [&a, &b];
+    let (leader, _) = wait_single_leader(&nodes, &Role::METRICS_AGGREGATOR).await;
+    let (leader, follower) = (nodes[leader], nodes[1 - leader]);
+    let text = wait_until(
+        "the leader's queue figures",
+        SOON,
+        Duration::from_millis(50),
+        || {
+            let text = leader.render_metrics();
+            let dead = metric(&text, r#"forge_job_dead_jobs{queue="idle"}"#);
+            async move { (dead == Some(3.0)).then_some(text) }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        metric(&text, r#"forge_job_dead_jobs{queue="other"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    // The oldest due job of `idle` has waited 90 s, plus the time since the insert.
+    let age = metric(&text, r#"forge_job_oldest_age_seconds{queue="idle"}"#).unwrap();
+    let bound = 90.0 + inserted.elapsed().as_secs_f64() + 1.0;
+    assert!((90.0..bound).contains(&age), "{age} not in 90..{bound}");
+    assert_eq!(
+        metric(&text, r#"forge_job_oldest_age_seconds{queue="other"}"#),
+        Some(0.0),
+        "nothing waits in `other`: {text}"
+    );
+    // The other node reports none of the cluster's figures.
+    let other = follower.render_metrics();
+    for series in [
+        r#"forge_job_dead_jobs{queue="idle"}"#,
+        r#"forge_job_oldest_age_seconds{queue="idle"}"#,
+    ] {
+        assert!(
+            metric(&other, series).unwrap_or(0.0) == 0.0,
+            "{series} on the follower: {other}"
+        );
+    }
+    a.shutdown().await;
+    b.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

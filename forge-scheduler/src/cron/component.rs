@@ -11,9 +11,9 @@ use tokio::sync::{Notify, watch};
 use tracing::debug;
 
 use super::supervisor::{Settings, SharedBoard, supervise};
-use super::{CronJob, ledger};
+use super::{CronJob, TickState, ledger};
 use crate::config::{CronConfig, invalid};
-use crate::metrics::{CRON_METRICS, export_cron};
+use crate::metrics::{CRON_DURATION, CRON_LAG, CRON_METRICS, CRON_MISSED, CRON_RUNS};
 
 /// The crons of a node, as a [`Component`]. The `forge` facade's `NodeBuilder` builds it from
 /// the registered crons.
@@ -117,6 +117,25 @@ impl Component for Crons {
                 registry(crons, board, refresh, ctx)
             });
         Ok(())
+    }
+}
+
+/// Exports a cron's counters and histograms at 0 from the start (runs by outcome, missed
+/// ticks, lag, duration) on nodes that campaign for its role: Prometheus sees a first
+/// failure, a first missed tick, a first late run.
+fn export_cron(node: &mut Assembly, cron: &str, role: &Role) {
+    for outcome in TickState::ALL {
+        if *outcome != TickState::Running {
+            let labels = [
+                ("cron", cron),
+                ("role", role.name()),
+                ("outcome", outcome.as_str()),
+            ];
+            node.export_series(Some(role), &CRON_RUNS, &labels);
+        }
+    }
+    for def in [&CRON_MISSED, &CRON_LAG, &CRON_DURATION] {
+        node.export_series(Some(role), def, &[("cron", cron), ("role", role.name())]);
     }
 }
 

@@ -62,11 +62,8 @@ pub(super) async fn claim(
     } else {
         sqlx::query("SELECT * FROM forge.tick_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)")
     };
-    let query = query
-        .bind(&token.namespace)
-        .bind(&token.role)
-        .bind(token.epoch)
-        .bind(token.tenure)
+    let query = token
+        .bind(query)
         .bind(leadership.node_id())
         .bind(&cron.name)
         .bind(tick);
@@ -99,20 +96,17 @@ pub(super) async fn claim_many(
     let ticks: Vec<DateTime<Utc>> = requests.iter().map(|r| r.tick).collect();
     let states: Vec<&str> = requests.iter().map(|r| r.state.as_str()).collect();
     let notes: Vec<Option<&str>> = requests.iter().map(|r| r.note).collect();
-    let rows = sqlx::query(
-        "SELECT * FROM forge.tick_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9) ORDER BY idx",
-    )
-    .bind(&token.namespace)
-    .bind(&token.role)
-    .bind(token.epoch)
-    .bind(token.tenure)
-    .bind(leadership.node_id())
-    .bind(&crons)
-    .bind(&ticks)
-    .bind(&states)
-    .bind(&notes)
-    .fetch_all(leadership.pool())
-    .await?;
+    let rows = token
+        .bind(sqlx::query(
+            "SELECT * FROM forge.tick_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9) ORDER BY idx",
+        ))
+        .bind(leadership.node_id())
+        .bind(&crons)
+        .bind(&ticks)
+        .bind(&states)
+        .bind(&notes)
+        .fetch_all(leadership.pool())
+        .await?;
     if rows.len() != requests.len() {
         return Err(sqlx::Error::Protocol(format!(
             "forge.tick_claim_many answered {} rows for {} ticks",
@@ -181,11 +175,10 @@ pub(super) async fn complete(
     tx: &mut Transaction<'_, Postgres>,
 ) -> Result<()> {
     let token = leadership.fence_token();
-    sqlx::query("SELECT forge.tick_complete($1, $2, $3, $4, $5, $6)")
-        .bind(&token.namespace)
-        .bind(&token.role)
-        .bind(token.epoch)
-        .bind(token.tenure)
+    token
+        .bind(sqlx::query(
+            "SELECT forge.tick_complete($1, $2, $3, $4, $5, $6)",
+        ))
         .bind(cron)
         .bind(tick)
         .execute(&mut **tx)
@@ -211,17 +204,27 @@ pub(super) async fn reclaim(
     rerun: bool,
 ) -> Result<Option<i32>, sqlx::Error> {
     let token = leadership.fence_token();
-    sqlx::query_scalar("SELECT forge.tick_reclaim($1, $2, $3, $4, $5, $6, $7, $8)")
-        .bind(&token.namespace)
-        .bind(&token.role)
-        .bind(token.epoch)
-        .bind(token.tenure)
+    token
+        .bind(sqlx::query(
+            "SELECT forge.tick_reclaim($1, $2, $3, $4, $5, $6, $7, $8)",
+        ))
         .bind(leadership.node_id())
         .bind(&cron.name)
         .bind(tick)
         .bind(rerun)
         .fetch_one(leadership.pool())
-        .await
+        .await?
+        .try_get(0)
+}
+
+forge_core::sql_enum! {
+    /// What a row of [`load`]'s second statement is about.
+    enum Found {
+        /// A tick an earlier tenure left running.
+        Interrupted = "interrupted",
+        /// A cron of the role that this binary lacks.
+        Unknown = "unknown",
+    }
 }
 
 /// Where a cron resumes in a new tenure.
@@ -308,11 +311,11 @@ pub(super) async fn load(
         entry.frontier = row.try_get("frontier")?;
     }
     let rows = sqlx::query(
-        "SELECT 'interrupted' AS kind, cron AS name, scheduled_at, attempt, epoch, NULL AS seen_by
+        "SELECT $5 AS found, cron AS name, scheduled_at, attempt, epoch, NULL AS seen_by
            FROM forge.cron_ticks
-          WHERE namespace = $1 AND role = $2 AND state = 'running' AND tenure <> $3
+          WHERE namespace = $1 AND role = $2 AND state = $6 AND tenure <> $3
          UNION ALL
-         SELECT 'unknown', name, NULL, NULL, NULL, last_seen_by
+         SELECT $7, name, NULL, NULL, NULL, last_seen_by
            FROM forge.crons
           WHERE namespace = $1 AND role = $2 AND NOT (name = ANY($4))
           ORDER BY 3",
@@ -321,13 +324,15 @@ pub(super) async fn load(
     .bind(role)
     .bind(leadership.tenure_id())
     .bind(&names)
+    .bind(Found::Interrupted)
+    .bind(TickState::Running)
+    .bind(Found::Unknown)
     .fetch_all(leadership.pool())
     .await?;
     let mut unknown = Vec::new();
     for row in rows {
-        let kind: String = row.try_get("kind")?;
         let name: String = row.try_get("name")?;
-        if kind == "unknown" {
+        if row.try_get::<Found, _>("found")? == Found::Unknown {
             let seen_by: Option<String> = row.try_get("seen_by")?;
             unknown.push((name, seen_by.unwrap_or_default()));
         } else {

@@ -13,13 +13,14 @@ use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, sleep};
 use tracing::{debug, error, warn};
 
-use super::shared::Outcome;
+use super::shared::{AttemptReason, Outcome};
 use super::{
     CancelReason, CancelSignal, FailAction, JobContext, JobError, JobId, JobState, JobType,
 };
 use crate::config::fmt_duration;
 use crate::metrics::{
     JOB_CANCELLED, JOB_COMPLETED, JOB_DEAD, JOB_DURATION, JOB_FAILED, JOB_PICKUP, JOB_RETRIED,
+    Series,
 };
 
 /// How many cancel requests for jobs not (yet) known to the worker are remembered: a cancel
@@ -84,8 +85,8 @@ impl Record {
         }
     }
 
-    fn because(mut self, reason: &str, error: impl Into<String>) -> Record {
-        self.error = Some(json!({"reason": reason, "error": error.into()}));
+    fn because(mut self, reason: AttemptReason, error: impl Into<String>) -> Record {
+        self.error = Some(json!({"reason": reason.as_str(), "error": error.into()}));
         self
     }
 }
@@ -112,6 +113,17 @@ impl KindMetrics {
             cancelled: metrics.counter(&JOB_CANCELLED, &labels),
             duration: metrics.histogram(&JOB_DURATION, &labels),
             pickup: metrics.histogram(&JOB_PICKUP, &labels),
+        }
+    }
+
+    /// The Prometheus counter of a kind that counts like `series`, if any.
+    fn counter(&self, series: Series) -> Option<&Counter> {
+        match series {
+            Series::JobsCompleted => Some(&self.completed),
+            Series::JobsRetried => Some(&self.retried),
+            Series::JobsDead => Some(&self.dead),
+            Series::JobsCancelled => Some(&self.cancelled),
+            _ => None,
         }
     }
 }
@@ -179,7 +191,7 @@ impl Attempts {
                 self.records.push(
                     Record::new(claimed.id, claimed.attempt, claimed.ty.kind, Outcome::Released)
                         .because(
-                            "released",
+                            AttemptReason::Released,
                             "claimed but not started before its node shut down (the attempt does not count against max_attempts)",
                         ),
                 );
@@ -275,7 +287,7 @@ impl Attempts {
             if reason == CancelReason::Requested {
                 self.records.push(
                     Record::new(id, claimed.attempt, claimed.ty.kind, Outcome::Cancelled)
-                        .because("cancelled", "cancelled before it started"),
+                        .because(AttemptReason::Cancelled, "cancelled before it started"),
                 );
             }
         } else if reason == CancelReason::Requested {
@@ -358,16 +370,16 @@ fn outcome_of(
         }
         AttemptResult::Done(Err(err)) => {
             let reason = if err.action() == FailAction::Discard {
-                "discard"
+                AttemptReason::Discard
             } else {
-                "error"
+                AttemptReason::Error
             };
             failure(running, id, reason, err.message(), err.action(), origin)
         }
         AttemptResult::Panicked(message) => failure(
             running,
             id,
-            "panic",
+            AttemptReason::Panic,
             &format!("panicked: {message}"),
             FailAction::Retry,
             origin,
@@ -375,7 +387,7 @@ fn outcome_of(
         AttemptResult::TimedOut(limit) => failure(
             running,
             id,
-            "timeout",
+            AttemptReason::Timeout,
             &format!("timed out after {}", fmt_duration(limit)),
             FailAction::Retry,
             origin,
@@ -383,14 +395,14 @@ fn outcome_of(
         AttemptResult::Interrupted(CancelReason::TimedOut) => failure(
             running,
             id,
-            "timeout",
+            AttemptReason::Timeout,
             "timed out",
             FailAction::Retry,
             origin,
         ),
         AttemptResult::Interrupted(CancelReason::Requested) => {
             debug!(target: "forge::job", queue = %origin.queue, job = kind, id, attempt = running.attempt, "cancelled while running");
-            record(Outcome::Cancelled).because("cancelled", "cancelled while running")
+            record(Outcome::Cancelled).because(AttemptReason::Cancelled, "cancelled while running")
         }
         // The job is no longer this node's: nothing to record.
         AttemptResult::Interrupted(CancelReason::Rescued) => return None,
@@ -401,7 +413,7 @@ fn outcome_of(
                 "its node shut down"
             };
             record(Outcome::Released).because(
-                "released",
+                AttemptReason::Released,
                 format!("interrupted: {why} (the attempt does not count against max_attempts)"),
             )
         }
@@ -412,7 +424,7 @@ fn outcome_of(
 fn failure(
     running: &Running,
     id: i64,
-    reason: &'static str,
+    reason: AttemptReason,
     message: &str,
     action: FailAction,
     origin: &Origin,
@@ -423,7 +435,7 @@ fn failure(
     base.failed = true;
     if action == FailAction::Discard || attempt >= running.max_attempts {
         error!(target: "forge::job", queue = %origin.queue, job = kind, id, attempt,
-               max_attempts = running.max_attempts, reason, error = %message, "attempt failed; dead-lettering the job");
+               max_attempts = running.max_attempts, reason = %reason, error = %message, "attempt failed; dead-lettering the job");
         return base;
     }
     let delay = match action {
@@ -431,7 +443,7 @@ fn failure(
         _ => running.ty.options.backoff.delay(attempt),
     };
     warn!(target: "forge::job", queue = %origin.queue, job = kind, id, attempt,
-          max_attempts = running.max_attempts, reason, error = %message,
+          max_attempts = running.max_attempts, reason = %reason, error = %message,
           retry_in_ms = delay.as_millis() as u64, "attempt failed; will retry");
     let delay_ms = delay.as_millis().min(i64::MAX as u128) as i64;
     Record {
@@ -446,8 +458,9 @@ fn failure(
 }
 
 /// Counts an outcome once the database has recorded it (`recorded` = the state written),
-/// or reports that it was refused, in the node's Prometheus metrics; returns the cluster
-/// series it counts in (`forge.stats`), which the caller adds to its tally once per round trip.
+/// or reports that it was refused, in the node's Prometheus metrics; returns the name of the
+/// cluster series it counts in (`forge.stats`, a [`Series`]), which the caller adds to its
+/// tally once per round trip.
 pub(super) fn count(
     metrics: &HashMap<&'static str, KindMetrics>,
     record: &Record,
@@ -463,26 +476,22 @@ pub(super) fn count(
         return None;
     };
     let series = match state {
-        JobState::Completed => Some("jobs_completed"),
-        JobState::Retryable => Some("jobs_retried"),
-        JobState::Available if record.failed => Some("jobs_retried"),
-        JobState::Dead => Some("jobs_dead"),
-        JobState::Cancelled => Some("jobs_cancelled"),
+        JobState::Completed => Some(Series::JobsCompleted),
+        JobState::Retryable => Some(Series::JobsRetried),
+        JobState::Available if record.failed => Some(Series::JobsRetried),
+        JobState::Dead => Some(Series::JobsDead),
+        JobState::Cancelled => Some(Series::JobsCancelled),
         _ => None,
     };
     if let Some(m) = metrics.get(record.kind) {
         if record.failed {
             m.failed.increment(1);
         }
-        match series {
-            Some("jobs_completed") => m.completed.increment(1),
-            Some("jobs_retried") => m.retried.increment(1),
-            Some("jobs_dead") => m.dead.increment(1),
-            Some("jobs_cancelled") => m.cancelled.increment(1),
-            _ => {}
+        if let Some(counter) = series.and_then(|series| m.counter(series)) {
+            counter.increment(1);
         }
     }
-    series
+    series.map(Series::as_str)
 }
 
 /// The outcome for a claimed row that cannot become an attempt (its arguments cannot be
@@ -496,9 +505,9 @@ pub(super) fn unusable(
 ) -> Record {
     let mut record = Record::new(id, attempt, kind, outcome).because(
         if outcome == Outcome::Dead {
-            "undecodable"
+            AttemptReason::Undecodable
         } else {
-            "released"
+            AttemptReason::Released
         },
         why,
     );

@@ -17,9 +17,9 @@ use tracing::{info, warn};
 use super::shared::{
     CHANNEL_AVAILABLE, CHANNEL_CANCEL, CHANNEL_DUE, Shared, WorkerSpec, record_rescue,
 };
-use super::{JobRegistry, JobType, figures, maintenance, validate_queue, worker};
+use super::{JobRegistry, JobState, JobType, figures, maintenance, validate_queue, worker};
 use crate::config::{JobsConfig, invalid};
-use crate::metrics::{JOB_METRICS, export_job};
+use crate::metrics::{JOB_FIGURES, JOB_SERIES};
 
 /// The job queue of a node, as a [`Component`]. The `forge` facade's `NodeBuilder` builds it
 /// from the registered jobs.
@@ -131,7 +131,8 @@ impl Component for JobQueue {
         // The tables' upkeep runs whether or not this node has job types: any node may lead
         // the log_compactor and metrics_aggregator roles.
         node.migrations(crate::MIGRATIONS)
-            .describe_metrics(JOB_METRICS)
+            .describe_metrics(JOB_SERIES)
+            .describe_metrics(JOB_FIGURES)
             .prune(
                 "jobs_finished",
                 "prune_finished_jobs",
@@ -196,6 +197,13 @@ impl Component for JobQueue {
     }
 }
 
+/// Exports the counters and histograms of a job kind on a queue at 0 from the start.
+fn export_job(node: &mut Assembly, queue: &str, kind: &str) {
+    for def in JOB_SERIES {
+        node.export_series(None, def, &[("queue", queue), ("kind", kind)]);
+    }
+}
+
 /// The per-node service: rescue what this node's previous run left running, then run the
 /// queue workers until shutdown.
 async fn node_service(shared: Arc<Shared>, ctx: NodeContext, specs: Vec<WorkerSpec>) {
@@ -237,10 +245,10 @@ async fn rescue_own(shared: &Shared, ctx: &NodeContext) -> Result<(), sqlx::Erro
         let id: i64 = row.try_get("id")?;
         let queue: String = row.try_get("queue")?;
         let kind: String = row.try_get("kind")?;
-        let state: String = row.try_get("state")?;
+        let state: JobState = row.try_get("state")?;
         warn!(target: "forge::job", queue = %queue, job = %kind, id, state = %state,
               "rescued a job this node's previous run left running");
-        record_rescue(ctx.metrics(), &queue, &kind, &state, 1);
+        record_rescue(ctx.metrics(), &queue, &kind, state, 1);
     }
     Ok(())
 }

@@ -120,7 +120,7 @@ impl NewJob {
     }
 
     fn invalid(&self, message: String) -> Error {
-        Error::Registration {
+        Error::InvalidInput {
             message: format!("job `{}`: {message}", self.kind),
         }
     }
@@ -175,7 +175,9 @@ pub struct AttemptError {
     /// The node that ran the attempt, if any.
     #[serde(default)]
     pub node: Option<String>,
-    /// `error`, `timeout`, `panic`, `discard`, `cancelled`, `released` or `rescued`.
+    /// `error`, `timeout`, `panic`, `discard`, `cancelled`, `released`, `rescued` or
+    /// `undecodable` (text rather than an enum, so that a job written by a newer FORGE with
+    /// a reason this one does not know still reads).
     pub reason: String,
     /// What happened.
     pub error: String,
@@ -285,29 +287,59 @@ impl JobInfo {
     }
 }
 
+forge_core::sql_enum! {
+    /// What `forge.jobs_cancel` answers: one of these, followed by `:` and the job's state
+    /// for `finished` and `moving`.
+    pub(crate) enum CancelReply {
+        /// The job was waiting and is cancelled.
+        CancelledNow = "cancelled_now",
+        /// The job is running: its node was asked to stop it.
+        Requested = "requested",
+        /// No such job.
+        NotFound = "not_found",
+        /// The job had already finished (`finished:<state>`).
+        Finished = "finished",
+        /// The job kept moving between waiting and running while the function looked
+        /// (`moving:<state>`).
+        Moving = "moving",
+    }
+}
+
 /// Cancels a job (see [`CancelOutcome`]).
 pub(crate) async fn cancel<'c, E>(executor: E, id: JobId) -> Result<CancelOutcome>
 where
     E: Executor<'c, Database = Postgres>,
 {
-    let outcome: String = sqlx::query_scalar("SELECT forge.jobs_cancel($1)")
+    let reply: String = sqlx::query_scalar("SELECT forge.jobs_cancel($1)")
         .bind(id)
         .fetch_one(executor)
         .await?;
-    match outcome.as_str() {
-        "cancelled_now" => Ok(CancelOutcome::Cancelled),
-        "requested" => Ok(CancelOutcome::Requested),
-        "not_found" => Ok(CancelOutcome::NotFound),
-        other => match other.strip_prefix("finished:").and_then(JobState::parse) {
-            Some(state) => Ok(CancelOutcome::Finished(state)),
-            // The job kept moving between waiting and running while the function looked.
-            None => Err(Error::Registration {
-                message: format!(
-                    "job {id} changed state too often to be cancelled ({other}): try again"
-                ),
-            }),
-        },
+    let (head, state) = match reply.split_once(':') {
+        Some((head, state)) => (head, JobState::parse(state)),
+        None => (reply.as_str(), None),
+    };
+    match (CancelReply::parse(head), state) {
+        (Some(CancelReply::CancelledNow), None) => Ok(CancelOutcome::Cancelled),
+        (Some(CancelReply::Requested), None) => Ok(CancelOutcome::Requested),
+        (Some(CancelReply::NotFound), None) => Ok(CancelOutcome::NotFound),
+        (Some(CancelReply::Finished), Some(state)) => Ok(CancelOutcome::Finished(state)),
+        (Some(CancelReply::Moving), _) => Err(Error::Conflict {
+            message: format!(
+                "job {id} kept moving between waiting and running while it was cancelled \
+                 ({reply}): cancel it again"
+            ),
+        }),
+        _ => Err(unexpected(format!("forge.jobs_cancel answered {reply:?}"))),
     }
+}
+
+/// An answer of one of FORGE's SQL functions that this binary does not understand: the
+/// database's FORGE schema and this binary do not match.
+fn unexpected(what: String) -> Error {
+    Error::Database(sqlx::Error::Protocol(format!(
+        "{what}: the FORGE schema in this database does not match this binary; \
+         compare `forge migrate status` with the version the nodes run"
+    )))
 }
 
 /// Reads a job (`None` if there is no job with this id).
@@ -410,16 +442,14 @@ where
         let inserted: bool = row.try_get("inserted")?;
         let Some(id) = id else {
             // The colliding job finished and was deleted between the insert and the lookup.
-            return Err(Error::Registration {
-                message: "a unique job collided with a job that vanished at the same moment: enqueue it again".into(),
+            return Err(Error::Conflict {
+                message: "a unique job collided with a job that was deleted at the same moment: enqueue it again".into(),
             });
         };
         let slot = usize::try_from(ord - 1)
             .ok()
             .and_then(|i| results.get_mut(i))
-            .ok_or_else(|| Error::Registration {
-                message: format!("enqueueing returned an unexpected position {ord}"),
-            })?;
+            .ok_or_else(|| unexpected(format!("forge.jobs_enqueue answered the position {ord}")))?;
         *slot = Some(if inserted {
             Enqueued::Inserted(JobId(id))
         } else {
@@ -429,9 +459,7 @@ where
     results
         .into_iter()
         .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| Error::Registration {
-            message: "enqueueing returned fewer results than jobs".into(),
-        })
+        .ok_or_else(|| unexpected("forge.jobs_enqueue answered fewer rows than jobs".into()))
 }
 
 /// Enqueues, reads and cancels jobs of one FORGE cluster (one `[cluster] lock_namespace`).
@@ -504,9 +532,9 @@ impl Jobs {
         E: Executor<'c, Database = Postgres>,
     {
         let mut results = self.enqueue_many_in(executor, [job]).await?;
-        results.pop().ok_or_else(|| Error::Registration {
-            message: "enqueueing returned no result".into(),
-        })
+        results
+            .pop()
+            .ok_or_else(|| unexpected("forge.jobs_enqueue answered no row".into()))
     }
 
     /// Enqueues many jobs in one statement; results in the same order. Jobs may be of
@@ -549,5 +577,29 @@ impl Jobs {
     /// Reads a job.
     pub async fn get(&self, id: JobId) -> Result<Option<JobInfo>> {
         get(&self.pool, id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CancelReply;
+    use crate::sql_source::{function, literals_after};
+
+    #[test]
+    fn every_answer_of_jobs_cancel_parses() {
+        let sql = function("jobs_cancel");
+        let answers = literals_after(sql, "RETURN '");
+        for answer in &answers {
+            let head = answer.strip_suffix(':').unwrap_or(answer);
+            assert!(CancelReply::parse(head).is_some(), "{answer:?} in {sql}");
+        }
+        for reply in CancelReply::ALL {
+            assert!(
+                answers
+                    .iter()
+                    .any(|a| a.trim_end_matches(':') == reply.as_str()),
+                "forge.jobs_cancel never answers {reply}"
+            );
+        }
     }
 }

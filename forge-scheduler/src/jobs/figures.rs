@@ -15,13 +15,14 @@ use sqlx::Row;
 use tokio::time::{sleep, timeout};
 use tracing::debug;
 
-use crate::metrics::{JOB_DEAD_JOBS, JOB_OLDEST_AGE, JOB_QUEUE_DEPTH};
+use super::JobState;
+use crate::metrics::{JOB_DEAD_JOBS, JOB_OLDEST_AGE, JOB_QUEUE_DEPTH, Series};
 
 /// One look at the queues.
 #[derive(Default)]
 struct Look {
     /// (queue, kind, state) -> jobs.
-    depth: BTreeMap<(String, String, String), f64>,
+    depth: BTreeMap<(String, String, JobState), f64>,
     /// queue -> age in seconds of the oldest due (available) job.
     oldest: BTreeMap<String, f64>,
     /// queue -> dead jobs.
@@ -68,14 +69,14 @@ async fn look(leadership: &Leadership) -> Result<Look, sqlx::Error> {
     for row in rows {
         let queue: String = row.try_get("queue")?;
         let kind: String = row.try_get("kind")?;
-        let state: String = row.try_get("state")?;
+        let state: JobState = row.try_get("state")?;
         let n = row.try_get::<i64, _>("n")? as f64;
         let age: Option<f64> = row.try_get("oldest_age_s")?;
-        if state == "dead" {
+        if state == JobState::Dead {
             *look.dead.entry(queue).or_default() += n;
             continue;
         }
-        if state == "available" {
+        if state == JobState::Available {
             let oldest = look.oldest.entry(queue.clone()).or_default();
             *oldest = oldest.max(age.unwrap_or_default().max(0.0));
         }
@@ -86,23 +87,18 @@ async fn look(leadership: &Leadership) -> Result<Look, sqlx::Error> {
 
 fn report(leadership: &Leadership, look: &Look, before: &Look) {
     let m = leadership.metrics();
-    for ((queue, kind, state), n) in &look.depth {
+    let depth = |(queue, kind, state): &(String, String, JobState)| {
         m.gauge(
             &JOB_QUEUE_DEPTH,
-            &[("queue", queue), ("kind", kind), ("state", state)],
+            &[("queue", queue), ("kind", kind), ("state", state.as_str())],
         )
-        .set(*n);
+    };
+    for (key, n) in &look.depth {
+        depth(key).set(*n);
     }
-    for (queue, kind, state) in before.depth.keys() {
-        if !look
-            .depth
-            .contains_key(&(queue.clone(), kind.clone(), state.clone()))
-        {
-            m.gauge(
-                &JOB_QUEUE_DEPTH,
-                &[("queue", queue), ("kind", kind), ("state", state)],
-            )
-            .set(0.0);
+    for key in before.depth.keys() {
+        if !look.depth.contains_key(key) {
+            depth(key).set(0.0);
         }
     }
     let queues: BTreeSet<&String> = look
@@ -141,27 +137,29 @@ async fn sample(
     let mut series = Vec::new();
     let mut labels = Vec::new();
     let mut values = Vec::new();
-    for (queue, n) in depth {
-        series.push("queue_depth");
-        labels.push(queue.to_owned());
-        values.push(n);
-    }
-    for (queue, age) in &look.oldest {
-        series.push("oldest_job_age_seconds");
-        labels.push(queue.clone());
-        values.push(*age);
-    }
-    for (queue, n) in &look.dead {
-        series.push("dead_jobs");
-        labels.push(queue.clone());
-        values.push(*n);
+    let points = depth
+        .into_iter()
+        .map(|(queue, n)| (Series::QueueDepth, queue, n))
+        .chain(
+            look.oldest
+                .iter()
+                .map(|(queue, age)| (Series::OldestJobAge, queue.as_str(), *age)),
+        )
+        .chain(
+            look.dead
+                .iter()
+                .map(|(queue, n)| (Series::DeadJobs, queue.as_str(), *n)),
+        );
+    for (name, label, value) in points {
+        series.push(name);
+        labels.push(label);
+        values.push(value);
     }
     let token = leadership.fence_token();
-    let written = sqlx::query("SELECT forge.stats_sample($1, $2, $3, $4, $5, $6, $7, $8)")
-        .bind(&token.namespace)
-        .bind(&token.role)
-        .bind(token.epoch)
-        .bind(token.tenure)
+    let written = token
+        .bind(sqlx::query(
+            "SELECT forge.stats_sample($1, $2, $3, $4, $5, $6, $7, $8)",
+        ))
         .bind(bucket)
         .bind(&series)
         .bind(&labels)

@@ -15,11 +15,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
 use forge_core::{Error, Leadership, ListenerEvent, Metrics, NODES_CHANNEL};
+use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use tokio::sync::broadcast;
 use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{debug, info, warn};
 
+use super::JobState;
 use super::shared::{CHANNEL_DUE, Shared, record_rescue};
 
 /// At most this many jobs are promoted per statement.
@@ -183,11 +185,10 @@ impl Maintenance {
     async fn pass(&mut self) -> Option<Instant> {
         let token = self.leadership.fence_token();
         self.last_promote = Some(Instant::now());
-        let rows = sqlx::query("SELECT * FROM forge.jobs_maintain($1, $2, $3, $4, $5, $6)")
-            .bind(&token.namespace)
-            .bind(&token.role)
-            .bind(token.epoch)
-            .bind(token.tenure)
+        let rows = token
+            .bind(sqlx::query(
+                "SELECT * FROM forge.jobs_maintain($1, $2, $3, $4, $5, $6)",
+            ))
             .bind(self.shared.default_max_attempts())
             .bind(BATCH)
             .fetch_all(&self.pool);
@@ -208,30 +209,66 @@ impl Maintenance {
         };
         let mut next_due = None;
         for row in rows {
-            let event: String = row.try_get("event").unwrap_or_default();
-            let queue: Option<String> = row.try_get("queue").unwrap_or_default();
-            let kind: Option<String> = row.try_get("kind").unwrap_or_default();
-            let state: Option<String> = row.try_get("state").unwrap_or_default();
-            let n: Option<f64> = row.try_get("n").unwrap_or_default();
-            match event.as_str() {
-                "rescued" => {
-                    let (queue, kind, state) = (
-                        queue.unwrap_or_default(),
-                        kind.unwrap_or_default(),
-                        state.unwrap_or_default(),
-                    );
-                    let n = n.unwrap_or_default() as u64;
-                    warn!(target: "forge::job", queue = %queue, job = %kind, jobs = n, state = %state,
-                          "rescued running jobs of a node that is down or stopped");
-                    record_rescue(&self.metrics, &queue, &kind, &state, n);
-                }
-                "next_due" => {
+            match row.try_get("event") {
+                Ok(MaintainEvent::Rescued) => self.rescued(&row),
+                Ok(MaintainEvent::NextDue) => {
                     self.observe_clock(row.try_get("at").ok());
-                    next_due = self.due_in(n);
+                    next_due = self.due_in(row.try_get("n").unwrap_or_default());
                 }
-                _ => {}
+                Err(err) => {
+                    warn!(target: "forge::job", error = %err, "job maintenance answered a row this node does not understand")
+                }
             }
         }
         next_due
+    }
+
+    /// Logs and counts a `rescued` row: `n` jobs of a queue and kind left in `state`.
+    fn rescued(&self, row: &PgRow) {
+        let queue: String = row.try_get("queue").unwrap_or_default();
+        let kind: String = row.try_get("kind").unwrap_or_default();
+        let n = row.try_get::<f64, _>("n").unwrap_or_default() as u64;
+        match row.try_get::<JobState, _>("state") {
+            Ok(state) => {
+                warn!(target: "forge::job", queue = %queue, job = %kind, jobs = n, state = %state,
+                      "rescued running jobs of a node that is down or stopped");
+                record_rescue(&self.metrics, &queue, &kind, state, n);
+            }
+            Err(err) => {
+                warn!(target: "forge::job", queue = %queue, job = %kind, jobs = n, error = %err,
+                      "rescued running jobs of a node that is down or stopped (their state is unreadable)");
+            }
+        }
+    }
+}
+
+forge_core::sql_enum! {
+    /// The kind of a row `forge.jobs_maintain` returns (its `event` column).
+    pub(crate) enum MaintainEvent {
+        /// `n` running jobs of a queue and kind were rescued into `state`.
+        Rescued = "rescued",
+        /// The next scheduled job or retry is due in `n` ms; `at` is the server's clock.
+        NextDue = "next_due",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MaintainEvent;
+    use crate::sql_source::{function, literals_after};
+
+    #[test]
+    fn every_event_of_jobs_maintain_parses() {
+        let sql = function("jobs_maintain");
+        let events = literals_after(sql, "SELECT '");
+        let mut parsed: Vec<MaintainEvent> = events
+            .iter()
+            .map(|event| {
+                MaintainEvent::parse(event).unwrap_or_else(|| panic!("{event:?} in {sql}"))
+            })
+            .collect();
+        parsed.sort();
+        parsed.dedup();
+        assert_eq!(parsed, MaintainEvent::ALL);
     }
 }

@@ -38,6 +38,31 @@ forge_core::sql_enum! {
     }
 }
 
+forge_core::sql_enum! {
+    /// Why an attempt is in a job's `errors` (their `reason`, read as
+    /// [`AttemptError::reason`](super::AttemptError::reason)); written by the workers and by
+    /// `forge.jobs_rescue` and `forge.jobs_cancel`.
+    pub(crate) enum AttemptReason {
+        /// The handler returned an error.
+        Error = "error",
+        /// The handler ran past its timeout.
+        Timeout = "timeout",
+        /// The handler panicked.
+        Panic = "panic",
+        /// The handler asked not to retry (`JobError::discard`).
+        Discard = "discard",
+        /// A cancel stopped the job (before it started, or while it ran).
+        Cancelled = "cancelled",
+        /// Given back without counting the attempt (graceful stop, lost leadership, a kind
+        /// this node does not know).
+        Released = "released",
+        /// Taken back from a node that is down or stopped, or from an ended leadership.
+        Rescued = "rescued",
+        /// Its arguments could not be decoded into the job's type.
+        Undecodable = "undecodable",
+    }
+}
+
 impl Outcome {
     /// The state `forge.jobs_step` records for this outcome when nothing intervened.
     pub(crate) fn recorded_as(self) -> JobState {
@@ -97,13 +122,33 @@ impl Shared {
     }
 }
 
-/// Counts rescued jobs in the metrics.
-pub(crate) fn record_rescue(metrics: &Metrics, queue: &str, kind: &str, state: &str, n: u64) {
+/// Counts `n` rescued jobs in the metrics, given the state the rescue left them in.
+pub(crate) fn record_rescue(metrics: &Metrics, queue: &str, kind: &str, state: JobState, n: u64) {
     let labels = [("queue", queue), ("kind", kind)];
     metrics.counter(&JOB_RESCUED, &labels).increment(n);
     match state {
-        "dead" => metrics.counter(&JOB_DEAD, &labels).increment(n),
-        "cancelled" => metrics.counter(&JOB_CANCELLED, &labels).increment(n),
+        JobState::Dead => metrics.counter(&JOB_DEAD, &labels).increment(n),
+        JobState::Cancelled => metrics.counter(&JOB_CANCELLED, &labels).increment(n),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AttemptReason;
+    use crate::sql_source::{function, literals_after};
+
+    #[test]
+    fn every_reason_the_sql_writes_parses() {
+        let mut written = Vec::new();
+        for name in ["jobs_rescue", "jobs_cancel"] {
+            let sql = function(name);
+            let reasons = literals_after(sql, "'reason', '");
+            assert!(!reasons.is_empty(), "forge.{name} writes no reason: {sql}");
+            written.extend(reasons);
+        }
+        for reason in written {
+            assert!(AttemptReason::parse(reason).is_some(), "{reason:?}");
+        }
     }
 }
