@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
+use sqlx::Row;
 use tokio::time::{sleep, timeout};
 use tracing::{debug, warn};
 
@@ -74,16 +75,13 @@ async fn prune_table(leadership: &Leadership, pruner: &Pruner) -> bool {
         }
         let deleted = async {
             let mut session = leadership.session().await?;
-            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql.as_str()))
-                .bind(&token.namespace)
-                .bind(&token.role)
-                .bind(token.epoch)
-                .bind(token.tenure)
+            let row = token
+                .bind(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())))
                 .bind(pruner.retention.as_millis().min(i64::MAX as u128) as i64)
                 .bind(PRUNE_BATCH)
                 .fetch_one(&mut *session)
-                .await
-                .map_err(Error::from)
+                .await?;
+            Ok::<i64, Error>(row.try_get(0)?)
         };
         match timeout(leadership.lease_duration(), deleted).await {
             Ok(Ok(deleted)) => {
@@ -159,15 +157,12 @@ async fn rollup(leadership: &Leadership, at: DateTime<Utc>) -> bool {
     let token = leadership.fence_token();
     let rolled = async {
         let mut session = leadership.session().await?;
-        sqlx::query_scalar::<_, i64>("SELECT forge.stats_rollup($1, $2, $3, $4, $5)")
-            .bind(&token.namespace)
-            .bind(&token.role)
-            .bind(token.epoch)
-            .bind(token.tenure)
+        let row = token
+            .bind(sqlx::query("SELECT forge.stats_rollup($1, $2, $3, $4, $5)"))
             .bind(at)
             .fetch_one(&mut *session)
-            .await
-            .map_err(Error::from)
+            .await?;
+        Ok::<i64, Error>(row.try_get(0)?)
     };
     match timeout(leadership.lease_duration(), rolled).await {
         Ok(Ok(rows)) => {

@@ -506,19 +506,18 @@ pub(crate) async fn watch(leadership: Leadership, config: MembershipConfig) {
         let token = leadership.fence_token();
         let changes = async {
             let mut session = leadership.session().await?;
-            sqlx::query_as::<_, (String, String, String)>(
-                "SELECT node_id, change, reason FROM forge.nodes_watch($1, $2, $3, $4, $5, $6, $7)",
-            )
-            .bind(&token.namespace)
-            .bind(&token.role)
-            .bind(token.epoch)
-            .bind(token.tenure)
-            .bind(ms(config.drift_after))
-            .bind(ms(config.down_after))
-            .bind(ms(grace))
-            .fetch_all(&mut *session)
-            .await
-            .map_err(Error::from)
+            let rows = token
+                .bind(sqlx::query(
+                    "SELECT node_id, change, reason FROM forge.nodes_watch($1, $2, $3, $4, $5, $6, $7)",
+                ))
+                .bind(ms(config.drift_after))
+                .bind(ms(config.down_after))
+                .bind(ms(grace))
+                .fetch_all(&mut *session)
+                .await?;
+            rows.iter()
+                .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+                .collect::<Result<Vec<(String, String, String)>>>()
         };
         let changes = tokio::select! {
             changes = timeout(config.heartbeat_interval.max(Duration::from_secs(5)), changes) => changes,

@@ -38,4 +38,9 @@ pub const MIGRATIONS: &[forge_core::MigrationSource] = &[
         "jobs_step",
         include_str!("../../migrations/0006_jobs_step.sql"),
     ),
+    (
+        9,
+        "tick_finish_many",
+        include_str!("../../migrations/0009_tick_finish_many.sql"),
+    ),
 ];

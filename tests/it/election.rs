@@ -558,3 +558,69 @@ async fn only_the_standbys_wait_in_the_lock_and_a_reserve_takes_a_missing_standb
         node.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_runs_its_duties_on_its_lock_sessions_and_holds_no_pool_connection() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let mut config = config(db.url(), "solo");
+    config.node.roles = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
+    config.cluster.compaction_interval = Duration::from_secs(1);
+    config.metrics.rollup_interval = Duration::from_secs(1);
+    let node = Node::builder(config)
+        .auto_register(false)
+        .start()
+        .await
+        .unwrap();
+    let refs = [&node];
+    for role in Role::BUILTIN {
+        wait_single_leader(&refs, &role).await;
+    }
+    // Every duty has run a few times: the membership watch (each heartbeat), the compactor
+    // and the rollup (each second: the rollup moves its cursor), the node gauges.
+    let mut rollups = Vec::new();
+    while rollups.len() < 3 {
+        let after = rollups.last().copied().unwrap_or_else(chrono::Utc::now);
+        let at = wait_until(
+            "a rollup by the aggregator",
+            SOON,
+            Duration::from_millis(50),
+            || async {
+                let at: Option<chrono::DateTime<chrono::Utc>> =
+                    sqlx::query_scalar("SELECT at FROM forge.stats_cursor WHERE node_id = 'solo'")
+                        .fetch_optional(&pool)
+                        .await
+                        .unwrap();
+                at.filter(|at| *at > after)
+            },
+        )
+        .await
+        .unwrap();
+        rollups.push(at);
+    }
+    assert!(
+        node.render_metrics()
+            .contains("forge_compactor_pruned_total{table=\"events\"}"),
+        "the compactor ran"
+    );
+    // The node's connections: three lock sessions and its node session, no pool connection.
+    let sessions: Vec<String> = sqlx::query_scalar(
+        "SELECT application_name FROM pg_stat_activity
+          WHERE datname = current_database() AND application_name LIKE 'forge:%:solo'
+          ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        sessions,
+        [
+            "forge:log_compactor:solo",
+            "forge:metrics_aggregator:solo",
+            "forge:node:solo",
+            "forge:scheduler:solo"
+        ],
+        "an idle leader of every built-in role holds its lock sessions and node session only"
+    );
+    node.shutdown().await;
+}

@@ -1,5 +1,7 @@
 //! The tick ledger (`forge.cron_ticks`): every statement the cron runtime makes, one round
-//! trip each. The SQL functions are in `migrations/0005_scheduler.sql`.
+//! trip each. The SQL functions are in `migrations/0005_scheduler.sql` (and
+//! `0009_tick_finish_many.sql`). The leader's statements run on the role's lock session
+//! ([`Leadership::session`]); the node's (the registry, the board) on the pool.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -23,7 +25,8 @@ forge_core::sql_enum! {
 }
 
 forge_core::sql_enum! {
-    /// What `forge.tick_finish` found (besides a final state, when the tick already had one).
+    /// What `forge.tick_finish_many` found for a tick (besides a final state, when the tick
+    /// already had one).
     enum FinishOutcome {
         Recorded = "recorded",
         Taken = "taken",
@@ -54,7 +57,7 @@ pub(super) async fn claim(
     state: TickState,
     note: Option<&str>,
     manual: bool,
-) -> Result<Claim, sqlx::Error> {
+) -> Result<Claim> {
     let token = leadership.fence_token();
     // A manual tick ("trigger now") also answers its request.
     let query = if manual {
@@ -72,8 +75,8 @@ pub(super) async fn claim(
     } else {
         query.bind(state).bind(note)
     };
-    let row = query.fetch_one(leadership.pool()).await?;
-    claim_from_row(&row)
+    let row = query.fetch_one(&mut *leadership.session().await?).await?;
+    Ok(claim_from_row(&row)?)
 }
 
 /// One tick of a batch claim.
@@ -90,7 +93,7 @@ pub(super) struct ClaimRequest {
 pub(super) async fn claim_many(
     leadership: &Leadership,
     requests: &[ClaimRequest],
-) -> Result<Vec<Claim>, sqlx::Error> {
+) -> Result<Vec<Claim>> {
     let token = leadership.fence_token();
     let crons: Vec<&str> = requests.iter().map(|r| r.cron.as_str()).collect();
     let ticks: Vec<DateTime<Utc>> = requests.iter().map(|r| r.tick).collect();
@@ -105,16 +108,25 @@ pub(super) async fn claim_many(
         .bind(&ticks)
         .bind(&states)
         .bind(&notes)
-        .fetch_all(leadership.pool())
+        .fetch_all(&mut *leadership.session().await?)
         .await?;
     if rows.len() != requests.len() {
-        return Err(sqlx::Error::Protocol(format!(
-            "forge.tick_claim_many answered {} rows for {} ticks",
+        return Err(answer_mismatch(
+            "tick_claim_many",
             rows.len(),
-            requests.len()
-        )));
+            requests.len(),
+        ));
     }
-    rows.iter().map(claim_from_row).collect()
+    Ok(rows
+        .iter()
+        .map(claim_from_row)
+        .collect::<Result<_, sqlx::Error>>()?)
+}
+
+fn answer_mismatch(function: &str, rows: usize, asked: usize) -> Error {
+    Error::Database(sqlx::Error::Protocol(format!(
+        "forge.{function} answered {rows} rows for {asked} ticks"
+    )))
 }
 
 fn claim_from_row(row: &PgRow) -> Result<Claim, sqlx::Error> {
@@ -140,31 +152,56 @@ pub(super) enum Finish {
     Taken,
 }
 
-/// Records a run's outcome, if the tick is still running under this tenure.
-pub(super) async fn finish(
-    cron: &CronJob,
+/// One run's outcome to record (see [`finish_many`]).
+#[derive(Debug)]
+pub(super) struct FinishRequest {
+    pub(super) cron: String,
+    pub(super) tick: DateTime<Utc>,
+    pub(super) state: TickState,
+    pub(super) error: Option<String>,
+}
+
+/// Records the outcomes of runs that ended together in one statement, each only if its tick
+/// is still running under this tenure; what each found, in input order.
+pub(super) async fn finish_many(
     leadership: &Leadership,
-    tick: DateTime<Utc>,
-    state: TickState,
-    error: Option<&str>,
-) -> Result<Finish, sqlx::Error> {
-    let outcome: String = sqlx::query_scalar("SELECT forge.tick_finish($1, $2, $3, $4, $5, $6)")
-        .bind(leadership.namespace())
-        .bind(&cron.name)
-        .bind(tick)
-        .bind(leadership.tenure_id())
-        .bind(state)
-        .bind(error)
-        .fetch_one(leadership.pool())
-        .await?;
-    Ok(
-        match (FinishOutcome::parse(&outcome), TickState::parse(&outcome)) {
-            (Some(FinishOutcome::Recorded), _) => Finish::Recorded,
-            (Some(FinishOutcome::Taken | FinishOutcome::Missing), _) => Finish::Taken,
-            (None, Some(state)) => Finish::AlreadyFinal(state),
-            (None, None) => Finish::Taken,
-        },
+    requests: &[FinishRequest],
+) -> Result<Vec<Finish>> {
+    let crons: Vec<&str> = requests.iter().map(|r| r.cron.as_str()).collect();
+    let ticks: Vec<DateTime<Utc>> = requests.iter().map(|r| r.tick).collect();
+    let states: Vec<&str> = requests.iter().map(|r| r.state.as_str()).collect();
+    let errors: Vec<Option<&str>> = requests.iter().map(|r| r.error.as_deref()).collect();
+    let rows = sqlx::query(
+        "SELECT outcome FROM forge.tick_finish_many($1, $2, $3, $4, $5, $6) ORDER BY idx",
     )
+    .bind(leadership.namespace())
+    .bind(leadership.tenure_id())
+    .bind(&crons)
+    .bind(&ticks)
+    .bind(&states)
+    .bind(&errors)
+    .fetch_all(&mut *leadership.session().await?)
+    .await?;
+    if rows.len() != requests.len() {
+        return Err(answer_mismatch(
+            "tick_finish_many",
+            rows.len(),
+            requests.len(),
+        ));
+    }
+    let mut found = Vec::with_capacity(rows.len());
+    for row in rows {
+        let outcome: String = row.try_get("outcome")?;
+        found.push(
+            match (FinishOutcome::parse(&outcome), TickState::parse(&outcome)) {
+                (Some(FinishOutcome::Recorded), _) => Finish::Recorded,
+                (Some(FinishOutcome::Taken | FinishOutcome::Missing), _) => Finish::Taken,
+                (None, Some(state)) => Finish::AlreadyFinal(state),
+                (None, None) => Finish::Taken,
+            },
+        );
+    }
+    Ok(found)
 }
 
 /// Marks the tick succeeded inside the handler's transaction, fenced.
@@ -202,7 +239,7 @@ pub(super) async fn reclaim(
     leadership: &Leadership,
     tick: DateTime<Utc>,
     rerun: bool,
-) -> Result<Option<i32>, sqlx::Error> {
+) -> Result<Option<i32>> {
     let token = leadership.fence_token();
     token
         .bind(sqlx::query(
@@ -212,9 +249,10 @@ pub(super) async fn reclaim(
         .bind(&cron.name)
         .bind(tick)
         .bind(rerun)
-        .fetch_one(leadership.pool())
+        .fetch_one(&mut *leadership.session().await?)
         .await?
         .try_get(0)
+        .map_err(Error::from)
 }
 
 forge_core::sql_enum! {
@@ -276,7 +314,7 @@ pub(super) async fn board(
 pub(super) async fn load(
     crons: &[CronJob],
     leadership: &Leadership,
-) -> Result<(BTreeMap<String, Resume>, Vec<(String, String)>), sqlx::Error> {
+) -> Result<(BTreeMap<String, Resume>, Vec<(String, String)>)> {
     let namespace = leadership.namespace();
     let role = leadership.role();
     let names: Vec<&str> = crons.iter().map(|c| c.name.as_str()).collect();
@@ -302,7 +340,7 @@ pub(super) async fn load(
     .bind(&expressions)
     .bind(&zones)
     .bind(leadership.node_id())
-    .fetch_all(leadership.pool())
+    .fetch_all(&mut *leadership.session().await?)
     .await?;
     let mut resume: BTreeMap<String, Resume> = BTreeMap::new();
     for row in rows {
@@ -327,7 +365,7 @@ pub(super) async fn load(
     .bind(Found::Interrupted)
     .bind(TickState::Running)
     .bind(Found::Unknown)
-    .fetch_all(leadership.pool())
+    .fetch_all(&mut *leadership.session().await?)
     .await?;
     let mut unknown = Vec::new();
     for row in rows {

@@ -33,9 +33,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::ledger::{self, Board, Claim, ClaimRequest, Finish, Resume};
+use super::ledger::{self, Board, Claim, ClaimRequest, Finish, FinishRequest, Resume};
 use super::{CatchUp, CronContext, CronJob, Interrupted, Overlap, TickState};
-use crate::metrics::{CRON_DURATION, CRON_LAG, CRON_MISSED, CRON_RUNS, CRON_UNKNOWN};
+use crate::metrics::{CRON_DURATION, CRON_LAG, CRON_MISSED, CRON_RUNS, CRON_UNKNOWN, Series};
 
 /// Attempts of one tick under [`Interrupted::Rerun`], the first included.
 const MAX_TICK_ATTEMPTS: i32 = 3;
@@ -82,7 +82,8 @@ pub(super) async fn supervise(
     };
     info!(target: "forge::cron", role = %leadership.role(), epoch = %leadership.epoch(), crons = crons.len(),
           "running crons");
-    let (claimer, requests) = mpsc::unbounded_channel();
+    let (claimer, claims) = mpsc::unbounded_channel();
+    let (finisher, outcomes) = mpsc::unbounded_channel();
     let mut loops = JoinSet::new();
     for cron in crons.iter() {
         let resume = resume.remove(&cron.name).unwrap_or_default();
@@ -91,32 +92,48 @@ pub(super) async fn supervise(
             leadership.clone(),
             resume,
             settings.clone(),
-            claimer.clone(),
+            (claimer.clone(), finisher.clone()),
         ));
     }
-    drop(claimer);
-    // The claimer ends when every loop (and so every sender) is gone.
-    let claiming = tokio::spawn(claim_batches(leadership.clone(), requests));
+    drop((claimer, finisher));
+    // The batchers end when every loop (and so every sender) is gone.
+    let claiming = tokio::spawn(batches(leadership.clone(), claims, |l, r| async move {
+        ledger::claim_many(&l, &r).await
+    }));
+    let finishing = tokio::spawn(batches(leadership.clone(), outcomes, |l, r| async move {
+        ledger::finish_many(&l, &r).await
+    }));
     while loops.join_next().await.is_some() {}
     let _ = claiming.await;
+    let _ = finishing.await;
 }
 
-/// A claim asked of the tenure's claimer, and where its answer goes.
-struct ClaimAsk {
-    request: ClaimRequest,
-    reply: oneshot::Sender<Result<Claim, String>>,
+/// A request to one of the tenure's batchers (the claimer, the finisher), and where its
+/// answer goes.
+struct Ask<Q, A> {
+    request: Q,
+    reply: oneshot::Sender<Result<A, String>>,
 }
 
-type Claimer = mpsc::UnboundedSender<ClaimAsk>;
+type Claimer = mpsc::UnboundedSender<Ask<ClaimRequest, Claim>>;
+type Finisher = mpsc::UnboundedSender<Ask<FinishRequest, Finish>>;
 
-/// Claims in batches: whatever claims are waiting when the previous batch returns go in one
-/// transaction (with many crons due at one instant, one commit instead of one each).
-async fn claim_batches(leadership: Leadership, mut asks: mpsc::UnboundedReceiver<ClaimAsk>) {
+/// Serves asks in batches: whatever is waiting when a batch goes out goes in one statement
+/// (with many crons due at one instant, one claim and one outcome statement, one commit
+/// each, instead of one per cron). Ends when every sender is gone.
+async fn batches<Q, A, F, Fut>(
+    leadership: Leadership,
+    mut asks: mpsc::UnboundedReceiver<Ask<Q, A>>,
+    run: F,
+) where
+    F: Fn(Leadership, Vec<Q>) -> Fut,
+    Fut: Future<Output = forge_core::Result<Vec<A>>>,
+{
     const MOST: usize = 1000;
     while let Some(first) = asks.recv().await {
         let mut batch = vec![first];
         // The loops of the crons due at this instant woke on the same timer tick: let them
-        // run and ask (a few scheduler rounds, no sleep), so that they all go in one claim.
+        // run and ask (a few scheduler rounds, no sleep), so that they all go in one batch.
         loop {
             tokio::task::yield_now().await;
             let before = batch.len();
@@ -130,33 +147,33 @@ async fn claim_batches(leadership: Leadership, mut asks: mpsc::UnboundedReceiver
                 break;
             }
         }
-        // Dropped answers are claims whose caller gave up waiting (it asks again: the claim
-        // then finds the tick already its own).
+        // Dropped answers are asks whose caller gave up waiting (it asks again: a claim then
+        // finds the tick already its own, an outcome the tick already final).
         batch.retain(|ask| !ask.reply.is_closed());
         if batch.is_empty() {
             continue;
         }
-        let (requests, replies): (Vec<ClaimRequest>, Vec<_>) = batch
+        let (requests, replies): (Vec<Q>, Vec<_>) = batch
             .into_iter()
             .map(|ask| (ask.request, ask.reply))
             .unzip();
-        // Bounded like a single claim: a pool connection that went silent (half-open) must
-        // not hold every later claim of the tenure behind it.
-        let claimed = tokio::time::timeout(
+        // Bounded like a single statement: a connection that went silent (half-open) must
+        // not hold every later ask of the tenure behind it.
+        let answered = tokio::time::timeout(
             leadership.lease_duration(),
-            ledger::claim_many(&leadership, &requests),
+            run(leadership.clone(), requests),
         )
         .await;
-        match claimed {
-            Ok(Ok(claims)) => {
-                for (reply, claim) in replies.into_iter().zip(claims) {
-                    let _ = reply.send(Ok(claim));
+        match answered {
+            Ok(Ok(answers)) => {
+                for (reply, answer) in replies.into_iter().zip(answers) {
+                    let _ = reply.send(Ok(answer));
                 }
             }
             failed => {
                 let err = match failed {
                     Ok(Err(err)) => err.to_string(),
-                    _ => "the batch claim got no answer in time".to_owned(),
+                    _ => "the batch got no answer in time".to_owned(),
                 };
                 for reply in replies {
                     let _ = reply.send(Err(err.clone()));
@@ -164,6 +181,17 @@ async fn claim_batches(leadership: Leadership, mut asks: mpsc::UnboundedReceiver
             }
         }
     }
+}
+
+/// Asks a batcher and waits for its answer.
+async fn ask<Q, A>(batcher: &mpsc::UnboundedSender<Ask<Q, A>>, request: Q) -> Result<A, String> {
+    let (reply, answer) = oneshot::channel();
+    batcher
+        .send(Ask { request, reply })
+        .map_err(|_| "the tenure's batcher has stopped".to_owned())?;
+    answer
+        .await
+        .map_err(|_| "the tenure's batcher has stopped".to_owned())?
 }
 
 fn report_unknown(leadership: &Leadership, unknown: &[(String, String)]) {
@@ -183,13 +211,13 @@ async fn run_cron(
     leadership: Leadership,
     resume: Resume,
     settings: Arc<Settings>,
-    claimer: Claimer,
+    batchers: (Claimer, Finisher),
 ) {
     let mut runs = Runs::new(
         cron.clone(),
         leadership.clone(),
         settings.board.clone(),
-        claimer,
+        batchers,
     );
     let mut board = settings.board.subscribe();
     for (at, attempt, epoch) in &resume.interrupted {
@@ -293,6 +321,8 @@ struct Runs {
     board: SharedBoard,
     /// The tenure's claimer (claims of scheduled ticks, batched).
     claimer: Claimer,
+    /// The tenure's finisher (the runs' outcomes, batched).
+    finisher: Finisher,
     /// The newest manual tick this loop handled (its request may still show on the board
     /// until the board is refreshed).
     last_manual: Option<DateTime<Utc>>,
@@ -312,12 +342,18 @@ enum Slot {
 }
 
 impl Runs {
-    fn new(cron: CronJob, leadership: Leadership, board: SharedBoard, claimer: Claimer) -> Runs {
+    fn new(
+        cron: CronJob,
+        leadership: Leadership,
+        board: SharedBoard,
+        (claimer, finisher): (Claimer, Finisher),
+    ) -> Runs {
         Runs {
             cron,
             leadership,
             board,
             claimer,
+            finisher,
             last_manual: None,
             on_time: JoinSet::new(),
             backlog: JoinSet::new(),
@@ -495,19 +531,13 @@ impl Runs {
                 .await
                 .map_err(|err| err.to_string());
         }
-        let (reply, answer) = oneshot::channel();
         let request = ClaimRequest {
             cron: self.cron.name.clone(),
             tick,
             state,
             note,
         };
-        self.claimer
-            .send(ClaimAsk { request, reply })
-            .map_err(|_| "the tenure's claimer has stopped".to_owned())?;
-        answer
-            .await
-            .map_err(|_| "the tenure's claimer has stopped".to_owned())?
+        ask(&self.claimer, request).await
     }
 
     /// Sleeps, unless the leadership winds down first (then false).
@@ -551,7 +581,8 @@ impl Runs {
     fn spawn_run(&mut self, tick: DateTime<Utc>, attempt: u32, backlog: bool) {
         let cron = self.cron.clone();
         let leadership = self.leadership.clone();
-        let run = async move { run_tick(cron, leadership, tick, attempt).await };
+        let finisher = self.finisher.clone();
+        let run = async move { run_tick(cron, leadership, finisher, tick, attempt).await };
         if backlog {
             self.backlog.spawn(run);
         } else {
@@ -561,7 +592,13 @@ impl Runs {
 }
 
 /// Runs a claimed tick's handler and records the outcome.
-async fn run_tick(cron: CronJob, leadership: Leadership, tick: DateTime<Utc>, attempt: u32) {
+async fn run_tick(
+    cron: CronJob,
+    leadership: Leadership,
+    finisher: Finisher,
+    tick: DateTime<Utc>,
+    attempt: u32,
+) {
     // Never start a handler past the local deadline: the lease may be gone already.
     if !leadership.is_valid() {
         debug!(target: "forge::cron", cron = %cron.name, %tick, "not starting: this leadership is past its deadline");
@@ -592,19 +629,19 @@ async fn run_tick(cron: CronJob, leadership: Leadership, tick: DateTime<Utc>, at
         .counter(&CRON_RUNS, &outcome_labels(&cron, state))
         .increment(1);
     let tally = metrics.tally();
-    tally.add("cron_runs", &cron.name, 1.0);
+    tally.add(Series::CronRuns.as_str(), &cron.name, 1.0);
     if state != TickState::Succeeded {
-        tally.add("cron_failures", &cron.name, 1.0);
+        tally.add(Series::CronFailures.as_str(), &cron.name, 1.0);
     }
-    tally.add("cron_lag_seconds_sum", &cron.name, lag.as_secs_f64());
-    tally.add("cron_duration_seconds_sum", &cron.name, took);
+    tally.add(Series::CronLagSum.as_str(), &cron.name, lag.as_secs_f64());
+    tally.add(Series::CronDurationSum.as_str(), &cron.name, took);
     match &error {
         Some(error) => {
             warn!(target: "forge::cron", cron = %cron.name, %tick, attempt, outcome = %state, %error, "run did not succeed")
         }
         None => debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, "run succeeded"),
     }
-    record(&cron, &leadership, tick, state, error.as_deref()).await;
+    record(&cron, &leadership, &finisher, tick, state, error).await;
 }
 
 /// Runs the handler with the cron's timeout; panics are caught.
@@ -643,15 +680,21 @@ async fn run_handler(
 async fn record(
     cron: &CronJob,
     leadership: &Leadership,
+    finisher: &Finisher,
     tick: DateTime<Utc>,
     state: TickState,
-    error: Option<&str>,
+    error: Option<String>,
 ) {
     let mut pause = Duration::from_millis(50);
     let bound = leadership.lease_duration();
     loop {
-        let finished =
-            tokio::time::timeout(bound, ledger::finish(cron, leadership, tick, state, error)).await;
+        let request = FinishRequest {
+            cron: cron.name.clone(),
+            tick,
+            state,
+            error: error.clone(),
+        };
+        let finished = tokio::time::timeout(bound, ask(finisher, request)).await;
         match finished {
             Ok(Ok(Finish::Recorded)) => return,
             Ok(Ok(Finish::AlreadyFinal(final_state))) => {

@@ -466,7 +466,7 @@ pub(super) fn count(
     record: &Record,
     recorded: Option<JobState>,
     queue: &str,
-) -> Option<&'static str> {
+) -> Option<Series> {
     let Some(state) = recorded else {
         // A late result of an attempt whose job was rescued meanwhile (this node seemed
         // dead): the guard refused it, so the job is not completed twice.
@@ -491,7 +491,7 @@ pub(super) fn count(
             counter.increment(1);
         }
     }
-    series.map(Series::as_str)
+    series
 }
 
 /// The outcome for a claimed row that cannot become an attempt (its arguments cannot be

@@ -58,13 +58,19 @@ pub(crate) async fn run(leadership: Leadership, every: Duration, width: Duration
     }
 }
 
-async fn look(leadership: &Leadership) -> Result<Look, sqlx::Error> {
-    let rows = sqlx::query("SELECT * FROM forge.jobs_figures($1)")
-        .bind(leadership.namespace())
-        .fetch_all(leadership.pool());
+async fn look(leadership: &Leadership) -> Result<Look, Error> {
+    let rows = async {
+        let mut session = leadership.session().await?;
+        Ok::<_, Error>(
+            sqlx::query("SELECT * FROM forge.jobs_figures($1)")
+                .bind(leadership.namespace())
+                .fetch_all(&mut *session)
+                .await?,
+        )
+    };
     let rows = timeout(leadership.lease_duration(), rows)
         .await
-        .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        .map_err(|_| Error::Database(sqlx::Error::PoolTimedOut))??;
     let mut look = Look::default();
     for row in rows {
         let queue: String = row.try_get("queue")?;
@@ -156,19 +162,23 @@ async fn sample(
         values.push(value);
     }
     let token = leadership.fence_token();
-    let written = token
-        .bind(sqlx::query(
-            "SELECT forge.stats_sample($1, $2, $3, $4, $5, $6, $7, $8)",
-        ))
-        .bind(bucket)
-        .bind(&series)
-        .bind(&labels)
-        .bind(&values)
-        .execute(leadership.pool())
-        .await;
-    match written {
+    let written = async {
+        let mut session = leadership.session().await?;
+        token
+            .bind(sqlx::query(
+                "SELECT forge.stats_sample($1, $2, $3, $4, $5, $6, $7, $8)",
+            ))
+            .bind(bucket)
+            .bind(&series)
+            .bind(&labels)
+            .bind(&values)
+            .execute(&mut *session)
+            .await
+            .map_err(|err| token.map_error(err))
+    };
+    match written.await {
         Ok(_) => true,
-        Err(err) if Error::is_fence_refusal(&err) => false,
+        Err(Error::Fenced { .. }) => false,
         Err(err) => {
             debug!(target: "forge::aggregator", error = %err, "cannot write the queue samples");
             true

@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
 use forge_core::{Error, Leadership, ListenerEvent, Metrics, NODES_CHANNEL};
+use sqlx::Row;
 use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
 use tokio::sync::broadcast;
 use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{debug, info, warn};
@@ -43,7 +43,6 @@ pub(crate) async fn run(shared: Arc<Shared>, leadership: Leadership) {
     let mut state = Maintenance {
         shared: shared.clone(),
         leadership: leadership.clone(),
-        pool: ctx.pool().clone(),
         metrics: ctx.metrics().clone(),
         offset_ms: 0.0,
         last_promote: None,
@@ -96,7 +95,6 @@ enum Heard {
 struct Maintenance {
     shared: Arc<Shared>,
     leadership: Leadership,
-    pool: PgPool,
     metrics: Metrics,
     /// The database clock minus this node's wall clock, in milliseconds, as last seen: to turn
     /// due times announced in database time into local instants.
@@ -157,10 +155,16 @@ impl Maintenance {
     /// Promotes due jobs; returns when the next one is due.
     async fn promote(&mut self) -> Option<Instant> {
         self.last_promote = Some(Instant::now());
-        let row = sqlx::query("SELECT * FROM forge.jobs_promote($1, $2)")
-            .bind(&self.shared.namespace)
-            .bind(BATCH)
-            .fetch_one(&self.pool);
+        let row = async {
+            let mut session = self.leadership.session().await?;
+            Ok::<_, Error>(
+                sqlx::query("SELECT * FROM forge.jobs_promote($1, $2)")
+                    .bind(&self.shared.namespace)
+                    .bind(BATCH)
+                    .fetch_one(&mut *session)
+                    .await?,
+            )
+        };
         let row = match timeout(self.shared.statement_bound, row).await {
             Ok(Ok(row)) => row,
             Ok(Err(err)) => {
@@ -185,16 +189,21 @@ impl Maintenance {
     async fn pass(&mut self) -> Option<Instant> {
         let token = self.leadership.fence_token();
         self.last_promote = Some(Instant::now());
-        let rows = token
-            .bind(sqlx::query(
-                "SELECT * FROM forge.jobs_maintain($1, $2, $3, $4, $5, $6)",
-            ))
-            .bind(self.shared.default_max_attempts())
-            .bind(BATCH)
-            .fetch_all(&self.pool);
+        let rows = async {
+            let mut session = self.leadership.session().await?;
+            token
+                .bind(sqlx::query(
+                    "SELECT * FROM forge.jobs_maintain($1, $2, $3, $4, $5, $6)",
+                ))
+                .bind(self.shared.default_max_attempts())
+                .bind(BATCH)
+                .fetch_all(&mut *session)
+                .await
+                .map_err(|err| token.map_error(err))
+        };
         let rows = match timeout(self.shared.statement_bound, rows).await {
             Ok(Ok(rows)) => rows,
-            Ok(Err(err)) if Error::is_fence_refusal(&err) => {
+            Ok(Err(Error::Fenced { .. })) => {
                 debug!(target: "forge::job", "job maintenance refused by the fence: this leadership is over");
                 return None;
             }

@@ -63,6 +63,20 @@ forge_core::sql_enum! {
     }
 }
 
+forge_core::sql_enum! {
+    /// What `forge.jobs_step` says of a row: a job it claimed (started, or claimed ahead and
+    /// waiting for a slot), or an outcome it refused (the job is no longer this attempt's).
+    /// Other outcome rows carry the [`JobState`] recorded instead of the one asked for.
+    pub(crate) enum StepRow {
+        /// Claimed and marked started.
+        Running = "running",
+        /// Claimed ahead of a free slot; marked started when it starts.
+        Ahead = "ahead",
+        /// An outcome not recorded: the job was taken from this attempt.
+        Refused = "refused",
+    }
+}
+
 impl Outcome {
     /// The state `forge.jobs_step` records for this outcome when nothing intervened.
     pub(crate) fn recorded_as(self) -> JobState {
@@ -135,8 +149,19 @@ pub(crate) fn record_rescue(metrics: &Metrics, queue: &str, kind: &str, state: J
 
 #[cfg(test)]
 mod tests {
-    use super::AttemptReason;
+    use super::{AttemptReason, StepRow};
     use crate::sql_source::{function, literals_after};
+
+    #[test]
+    fn every_row_state_of_jobs_step_is_one_the_sql_writes() {
+        let sql = function("jobs_step");
+        for state in StepRow::ALL {
+            assert!(
+                sql.contains(&format!("'{state}'")),
+                "forge.jobs_step never writes {state:?}"
+            );
+        }
+    }
 
     #[test]
     fn every_reason_the_sql_writes_parses() {

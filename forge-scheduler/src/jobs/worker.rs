@@ -39,8 +39,9 @@ use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tracing::{debug, warn};
 
 use super::attempt::{Attempts, Claimed, KindMetrics, Origin, Record, count, unusable};
-use super::shared::{CHANNEL_AVAILABLE, CHANNEL_CANCEL, Outcome, Shared, WorkerSpec};
+use super::shared::{CHANNEL_AVAILABLE, CHANNEL_CANCEL, Outcome, Shared, StepRow, WorkerSpec};
 use super::{CancelReason, JobState, JobType};
+use crate::metrics::Series;
 
 /// How long an idle worker keeps its connection before giving it back to the pool.
 const CONNECTION_LINGER: Duration = Duration::from_secs(1);
@@ -60,9 +61,6 @@ struct Floor {
     run_at: chrono::DateTime<chrono::Utc>,
     id: i64,
 }
-
-/// The state `forge.jobs_step` gives a job it claimed ahead (not started yet).
-const STEP_AHEAD: &str = "ahead";
 
 /// How often a worker looks for jobs while the node session (and so LISTEN) is down.
 const POLL_WHILE_DEAF: Duration = Duration::from_secs(1);
@@ -306,8 +304,8 @@ impl Worker {
             attempts += 1.0;
         }
         let tally = self.ctx.metrics().tally();
-        tally.add("job_duration_seconds_sum", &self.spec.queue, sum);
-        tally.add("job_attempts", &self.spec.queue, attempts);
+        tally.add(Series::JobDurationSum.as_str(), &self.spec.queue, sum);
+        tally.add(Series::JobAttempts.as_str(), &self.spec.queue, attempts);
     }
 
     async fn run(mut self, stop: impl Future<Output = ()>, drain_bound: Duration) {
@@ -634,7 +632,6 @@ impl Worker {
         let mut claimed = 0usize;
         let mut highest: Option<Floor> = None;
         for row in rows {
-            let state: String = row.try_get("state")?;
             if row.try_get::<bool, _>("claimed")? {
                 claimed += 1;
                 let position = Floor {
@@ -646,12 +643,14 @@ impl Worker {
                     highest = Some(position);
                 }
                 // Jobs the claim marked started go first; the ones claimed ahead wait.
-                if state == STEP_AHEAD {
+                if row.try_get::<StepRow, _>("state")? == StepRow::Ahead {
                     ahead.push(row);
                 } else {
                     self.take(&row, true)?;
                 }
             } else {
+                // Recorded as another state than asked, or refused (`None`).
+                let state: String = row.try_get("state")?;
                 exceptions.insert(row.try_get("id")?, JobState::parse(&state));
             }
         }
@@ -659,14 +658,14 @@ impl Worker {
             self.take(&row, false)?;
         }
         // The cluster series, added to the tally once per round trip rather than per job.
-        let mut series: BTreeMap<&'static str, f64> = BTreeMap::new();
+        let mut series: BTreeMap<Series, f64> = BTreeMap::new();
         for record in &trip.records {
             let recorded = match exceptions.get(&record.id) {
                 Some(instead) => *instead,
                 None => Some(record.outcome.recorded_as()),
             };
             if recorded.is_some() && record.failed {
-                *series.entry("jobs_failed").or_default() += 1.0;
+                *series.entry(Series::JobsFailed).or_default() += 1.0;
             }
             if let Some(name) = count(&self.metrics, record, recorded, &self.spec.queue) {
                 *series.entry(name).or_default() += 1.0;
@@ -674,7 +673,7 @@ impl Worker {
         }
         let tally = self.ctx.metrics().tally();
         for (name, n) in series {
-            tally.add(name, &self.spec.queue, n);
+            tally.add(name.as_str(), &self.spec.queue, n);
         }
         if trip.limit > 0 && claimed == trip.limit {
             // All it asked for: more may be waiting, claim again as soon as there is room.
