@@ -411,7 +411,11 @@ pub struct LeaderElectionConfig {
     pub refresh_interval: Duration,
     /// The longest a follower waits inside `pg_advisory_lock` before the wait returns to prove
     /// its session alive and to check the leader's lease (one statement per wait). Also
-    /// bounds every other lock wait of FORGE's sessions.
+    /// bounds every other lock wait of FORGE's sessions. Short on purpose: PostgreSQL keeps a
+    /// waiting statement's snapshot, so every wait holds the database's vacuum horizon back
+    /// by up to this long, and a busy job queue pays for that in dead index entries. Only the
+    /// `standbys` of each role wait, so the cost is `standbys` x roles statements per
+    /// `lock_timeout` across the whole cluster.
     #[serde(with = "duration")]
     pub lock_timeout: Duration,
     /// On graceful shutdown, how long the leader lets in-flight leader-only work finish
@@ -433,7 +437,7 @@ impl Default for LeaderElectionConfig {
             check_interval: Duration::from_secs(5),
             lease_duration: Duration::from_secs(15),
             refresh_interval: Duration::from_secs(5),
-            lock_timeout: Duration::from_secs(10),
+            lock_timeout: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(10),
             standbys: 2,
         }
