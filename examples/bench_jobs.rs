@@ -8,7 +8,14 @@
 //! cargo run --release --example bench_jobs -- --only throughput   # or latency, idle, limit
 //! cargo run --release --example bench_jobs -- --only throughput --nodes 1 --jobs 200000
 //! cargo run --release --example bench_jobs -- --extra-config $'[jobs.queues]\ndefault = 32'
+//! cargo run --release --example bench_jobs -- --quick --only latency --backlog 1000000 --history 10000000
 //! ```
+//!
+//! Flat with backlog and history: `--backlog N` inserts N available jobs in another queue
+//! (`backlog`, which no node works) and `--history N` N completed jobs (queue `history`,
+//! finished an hour ago, within the default retention) into every measurement's database before it starts, then `VACUUM
+//! ANALYZE`; the figures can then be compared with a run without them. A backlog of the worked
+//! queue itself is `--jobs N` (throughput drains all of it).
 //!
 //! By default it starts its own throwaway PostgreSQL (forge-testkit: fsync on, full_page_writes
 //! on, synchronous_commit on, data in /dev/shm when it has room) and logs statements only during
@@ -86,6 +93,8 @@ async fn main() -> ExitCode {
         only: value("--only"),
         nodes: value("--nodes").and_then(|n| n.parse().ok()),
         jobs: value("--jobs").and_then(|n| n.parse().ok()),
+        backlog: value("--backlog").and_then(|n| n.parse().ok()).unwrap_or(0),
+        history: value("--history").and_then(|n| n.parse().ok()).unwrap_or(0),
         extra_config: value("--extra-config").unwrap_or_default(),
     };
     match bench(options).await {
@@ -138,6 +147,10 @@ struct Options {
     nodes: Option<usize>,
     /// Jobs inserted before a throughput or limit run (default 20,000).
     jobs: Option<usize>,
+    /// Available jobs of another queue, inserted first (`--backlog`).
+    backlog: u64,
+    /// Completed jobs, inserted first (`--history`).
+    history: u64,
     /// TOML added to the nodes' forge.toml (other timings than the defaults).
     extra_config: String,
     database_url: Option<String>,
@@ -147,6 +160,8 @@ struct Options {
 struct Bench {
     server: PgServer,
     extra_config: String,
+    backlog: u64,
+    history: u64,
     exe: PathBuf,
     dir: PathBuf,
     next_id: usize,
@@ -166,6 +181,7 @@ impl Bench {
             .await?
             .shutdown()
             .await;
+        self.seed(&pool).await?;
         let path = self.dir.join(format!("{}.toml", db.name()));
         std::fs::write(
             &path,
@@ -176,6 +192,52 @@ impl Bench {
             ),
         )?;
         Ok((db, pool, path))
+    }
+
+    /// The `--backlog` and `--history` rows: jobs no node of the benchmark claims, in the
+    /// same table and indexes as the measured ones.
+    async fn seed(&self, pool: &PgPool) -> Result<(), BoxError> {
+        if self.backlog == 0 && self.history == 0 {
+            return Ok(());
+        }
+        let started = Instant::now();
+        for (queue, state, n) in [
+            ("backlog", "available", self.backlog),
+            ("history", "completed", self.history),
+        ] {
+            // In chunks of a million: one huge statement would hold all its WAL and locks.
+            let mut done = 0;
+            while done < n {
+                let chunk = (n - done).min(1_000_000);
+                sqlx::query(
+                    "INSERT INTO forge.jobs (namespace, queue, kind, args, state, run_at, attempt,
+                                             node_id, attempted_at, finished_at, created_at)
+                     SELECT 'forge', $1, 'noop', 'null', $2, now() - interval '1 hour',
+                            CASE WHEN $2 = 'completed' THEN 1 ELSE 0 END,
+                            CASE WHEN $2 = 'completed' THEN 'gone' END,
+                            CASE WHEN $2 = 'completed' THEN now() - interval '1 hour' END,
+                            CASE WHEN $2 = 'completed' THEN now() - interval '1 hour' END,
+                            now() - interval '1 hour'
+                       FROM generate_series(1, $3)",
+                )
+                .bind(queue)
+                .bind(state)
+                .bind(chunk as i64)
+                .execute(pool)
+                .await?;
+                done += chunk;
+            }
+        }
+        sqlx::query("VACUUM ANALYZE forge.jobs")
+            .execute(pool)
+            .await?;
+        println!(
+            "  (seeded {} backlog and {} history jobs in {:.1} s)",
+            self.backlog,
+            self.history,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
     }
 
     fn spawn(&mut self, config: &Path) -> Result<NodeProcess, BoxError> {
@@ -272,7 +334,7 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
         if !busy {
             let done = count(
                 &pool,
-                "SELECT count(*) FROM forge.jobs WHERE state = 'completed'",
+                "SELECT count(*) FROM forge.jobs WHERE queue = 'default' AND state = 'completed'",
             )
             .await?;
             if done as usize >= total {
@@ -286,12 +348,14 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
     }
     let wall = spawned.elapsed().as_secs_f64();
     let span: f64 = sqlx::query_scalar(
-        "SELECT extract(epoch FROM max(finished_at) - min(attempted_at))::float8 FROM forge.jobs",
+        "SELECT extract(epoch FROM max(finished_at) - min(attempted_at))::float8 FROM forge.jobs
+          WHERE queue = 'default'",
     )
     .fetch_one(&pool)
     .await?;
     let per_node: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT node_id, count(*) FROM forge.jobs GROUP BY node_id ORDER BY node_id",
+        "SELECT node_id, count(*) FROM forge.jobs WHERE queue = 'default'
+          GROUP BY node_id ORDER BY node_id",
     )
     .fetch_all(&pool)
     .await?;
@@ -360,14 +424,15 @@ async fn limit(
     }
     let done = count(
         &pool,
-        "SELECT count(*) FROM forge.jobs WHERE state = 'completed'",
+        "SELECT count(*) FROM forge.jobs WHERE queue = 'default' AND state = 'completed'",
     )
     .await?;
     if done as usize != total {
         return Err(format!("limit: {done} of {total} jobs completed").into());
     }
     let span: f64 = sqlx::query_scalar(
-        "SELECT extract(epoch FROM max(finished_at) - min(attempted_at))::float8 FROM forge.jobs",
+        "SELECT extract(epoch FROM max(finished_at) - min(attempted_at))::float8 FROM forge.jobs
+          WHERE queue = 'default'",
     )
     .fetch_one(&pool)
     .await?;
@@ -409,7 +474,7 @@ async fn latency(bench: &mut Bench, n: usize) -> Result<(Vec<f64>, Vec<f64>), Bo
     client_side.sort_by(f64::total_cmp);
     let mut server_side: Vec<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM attempted_at - created_at)::float8 * 1000 FROM forge.jobs
-          ORDER BY id OFFSET $1",
+          WHERE queue = 'default' ORDER BY id OFFSET $1",
     )
     .bind(warmup as i64)
     .fetch_all(&pool)
@@ -513,6 +578,8 @@ async fn bench(options: Options) -> Result<(), BoxError> {
     let mut bench = Bench {
         server,
         extra_config: options.extra_config.clone(),
+        backlog: options.backlog,
+        history: options.history,
         exe: std::env::current_exe()?,
         dir,
         next_id: 0,

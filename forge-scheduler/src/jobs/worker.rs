@@ -2,13 +2,18 @@
 //! concurrency, runs each attempt in its own task ([`super::attempt`]), and records outcomes.
 //!
 //! One task owns all of a worker's state. It keeps at most one database round trip in flight
-//! (`forge.jobs_step`: record the outcomes of finished attempts, then claim jobs), on a pool
-//! connection it holds while busy and for a second after (no per-statement acquire and health
-//! check), and keeps running attempts and listening meanwhile, so the database's latency
-//! overlaps with the work. Outcomes that finish while a round trip is in flight travel in the
-//! next one, so a busy worker needs about one statement per batch of jobs, and an idle one none
-//! at all. Every round trip is bounded by a timeout: a half-open connection fails it instead of
-//! stalling the worker.
+//! on each of its two lanes ([`Lane`]: `forge.jobs_step` records the outcomes of finished
+//! attempts, then claims jobs; the record lane carries the outcomes that finish while a claim
+//! travels, never the same job as the claim lane), on pool connections it holds while busy and
+//! for a second after (no per-statement acquire and health check), and keeps running attempts
+//! and listening meanwhile, so the database's latency overlaps with the work. A busy worker
+//! needs about one statement per batch of jobs, and an idle one none at all. Every round trip
+//! is bounded by a timeout: a half-open connection fails it instead of stalling the worker.
+//!
+//! **The floor.** A queue worker claims after the claim-order position of the last job it
+//! claimed ([`Floor`]), so it does not walk the index entries of the jobs it claimed before
+//! (dead but not yet removable while any snapshot may see them), and from the head of the
+//! queue again every [`FLOOR_RESCAN`] and whenever a claim from the floor comes back short.
 //!
 //! It claims when jobs may be waiting: at start, after a claim that took all it asked for (a
 //! backlog: claim again without waiting for a notification), after a `forge_jobs` notification
