@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[MigrationSource] = &[
         "standbys",
         include_str!("../../migrations/0008_standbys.sql"),
     ),
+    (
+        10,
+        "tally_changes",
+        include_str!("../../migrations/0010_tally_changes.sql"),
+    ),
 ];
 
 /// The parsed connection options for `database`, with `application_name` set (PostgreSQL

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::{Notify, broadcast, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
@@ -428,34 +428,45 @@ impl Membership {
     async fn heartbeat(&self, session: &mut Session) -> std::result::Result<bool, sqlx::Error> {
         let leading = (self.leading)();
         let reserves = (self.reserves)();
+        let tally = self.metrics.tally();
+        let (all, counters) = tally.for_heartbeat();
         let beat = |sql| {
             sqlx::query(sql)
                 .bind(&self.namespace)
                 .bind(&self.node_id)
                 .bind(self.incarnation)
                 .bind(&leading)
-                .bind(self.metrics.tally().snapshot())
+                .bind(counters.clone())
+                .bind(all)
+        };
+        let landed = |row: &PgRow| {
+            let landed: bool = row.try_get(0)?;
+            if landed {
+                tally.sent();
+            }
+            Ok::<bool, sqlx::Error>(landed)
         };
         if reserves.is_empty() {
-            let row = beat("SELECT forge.node_heartbeat($1, $2, $3, $4, $5)")
+            let row = beat("SELECT forge.node_heartbeat($1, $2, $3, $4, $5, $6)")
                 .fetch_one(&mut session.listener)
                 .await?;
-            return row.try_get(0);
+            return landed(&row);
         }
         let keys: Vec<i64> = reserves.iter().map(|(key, _)| key.0).collect();
-        let row =
-            beat("SELECT forge.node_heartbeat($1, $2, $3, $4, $5), forge.standbys_wanted($6, $7)")
-                .bind(&keys)
-                .bind(self.election.standbys.min(i32::MAX as u32) as i32)
-                .fetch_one(&mut session.listener)
-                .await?;
+        let row = beat(
+            "SELECT forge.node_heartbeat($1, $2, $3, $4, $5, $6), forge.standbys_wanted($7, $8)",
+        )
+        .bind(&keys)
+        .bind(self.election.standbys.min(i32::MAX as u32) as i32)
+        .fetch_one(&mut session.listener)
+        .await?;
         let wanted: Vec<i64> = row.try_get(1)?;
         for (key, wake) in reserves {
             if wanted.contains(&key.0) {
                 wake.notify_one();
             }
         }
-        row.try_get(0)
+        landed(&row)
     }
 
     /// Drops a broken session without waiting on it (it may never answer again).

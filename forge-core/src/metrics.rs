@@ -178,31 +178,72 @@ pub struct Metrics {
 }
 
 /// Counters a node publishes to the cluster: cumulative since the node started, sent with
-/// every heartbeat (`forge.nodes.tally`), turned into per-minute cluster series
-/// (`forge.stats`) by the `metrics_aggregator` leader. Keys are a series and a label (a queue,
-/// a cron).
+/// heartbeats (`forge.nodes.tally`), turned into per-minute cluster series (`forge.stats`) by
+/// the `metrics_aggregator` leader. Keys are a series and a label (a queue, a cron).
+///
+/// A heartbeat sends only the counters that changed since the previous one (merged into the
+/// stored object; the values are cumulative, so a resend is harmless), and all of them after a
+/// heartbeat that may not have landed: with 10,000 crons the whole object is 30,000 keys, which
+/// every 5 s cost the database a megabyte of JSON to parse and store.
 #[derive(Clone, Default)]
-pub struct Tally(Arc<Mutex<BTreeMap<String, f64>>>);
+pub struct Tally(Arc<Mutex<TallyCounters>>);
+
+#[derive(Default)]
+struct TallyCounters {
+    /// Each counter, and whether it changed since the last heartbeat took it.
+    values: BTreeMap<String, (f64, bool)>,
+    /// The next heartbeat sends every counter (after one that may not have landed; at start
+    /// every counter is a changed one anyway).
+    send_all: bool,
+}
 
 impl Tally {
+    fn counters(&self) -> std::sync::MutexGuard<'_, TallyCounters> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Adds `value` to `series` for `label` (`|` is not allowed in either and is dropped).
     pub fn add(&self, series: &str, label: &str, value: f64) {
         let key = format!("{}|{}", series.replace('|', ""), label.replace('|', ""));
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(key)
-            .or_default() += value;
+        let mut counters = self.counters();
+        let entry = counters.values.entry(key).or_default();
+        entry.0 += value;
+        entry.1 = true;
     }
 
     /// The counters as `{"<series>|<label>": value}`.
     pub fn snapshot(&self) -> serde_json::Value {
-        let counters = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        Self::object(self.counters().values.iter())
+    }
+
+    /// What a heartbeat sends: whether it is every counter (then it replaces the stored
+    /// object) and the counters, every one or those changed since the last heartbeat. Until
+    /// [`Tally::sent`] says this one landed, the next sends every counter again.
+    pub(crate) fn for_heartbeat(&self) -> (bool, serde_json::Value) {
+        let mut counters = self.counters();
+        let all = std::mem::replace(&mut counters.send_all, true);
+        let object = if all {
+            Self::object(counters.values.iter())
+        } else {
+            Self::object(counters.values.iter().filter(|(_, (_, changed))| *changed))
+        };
+        for (_, changed) in counters.values.values_mut() {
+            *changed = false;
+        }
+        (all, object)
+    }
+
+    /// The heartbeat built by the last [`Tally::for_heartbeat`] landed.
+    pub(crate) fn sent(&self) {
+        self.counters().send_all = false;
+    }
+
+    fn object<'a>(
+        counters: impl Iterator<Item = (&'a String, &'a (f64, bool))>,
+    ) -> serde_json::Value {
         serde_json::Value::Object(
             counters
-                .iter()
-                .map(|(key, value)| (key.clone(), (*value).into()))
+                .map(|(key, (value, _))| (key.clone(), (*value).into()))
                 .collect(),
         )
     }
@@ -360,6 +401,45 @@ pub fn check_conventions(defs: &[&MetricDef]) -> std::result::Result<(), String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_heartbeat_sends_the_changed_counters_and_all_of_them_after_one_that_did_not_land() {
+        let tally = Tally::default();
+        tally.add("cron_runs", "a", 1.0);
+        tally.add("cron_runs", "b", 1.0);
+        // At start every counter is a changed one.
+        let (all, sent) = tally.for_heartbeat();
+        assert_eq!(
+            sent,
+            serde_json::json!({"cron_runs|a": 1.0, "cron_runs|b": 1.0})
+        );
+        assert!(!all);
+        tally.sent();
+        tally.add("cron_runs", "a", 2.0);
+        let (all, sent) = tally.for_heartbeat();
+        assert_eq!(
+            (all, sent),
+            (false, serde_json::json!({"cron_runs|a": 3.0}))
+        );
+        // That one was lost: the next sends every counter, cumulative, to replace the object.
+        tally.add("cron_runs", "b", 1.0);
+        let (all, sent) = tally.for_heartbeat();
+        assert!(
+            all,
+            "a heartbeat after one that did not land sends everything"
+        );
+        assert_eq!(
+            sent,
+            serde_json::json!({"cron_runs|a": 3.0, "cron_runs|b": 2.0})
+        );
+        tally.sent();
+        let (all, sent) = tally.for_heartbeat();
+        assert_eq!((all, sent), (false, serde_json::json!({})));
+        assert_eq!(
+            tally.snapshot(),
+            serde_json::json!({"cron_runs|a": 3.0, "cron_runs|b": 2.0})
+        );
+    }
 
     #[test]
     fn renders_described_metrics_with_labels() {
