@@ -43,4 +43,9 @@ pub const MIGRATIONS: &[forge_core::MigrationSource] = &[
         "tick_finish_many",
         include_str!("../../migrations/0009_tick_finish_many.sql"),
     ),
+    (
+        11,
+        "jobs_figures",
+        include_str!("../../migrations/0011_jobs_figures.sql"),
+    ),
 ];
