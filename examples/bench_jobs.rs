@@ -13,9 +13,9 @@
 //!
 //! Flat with backlog and history: `--backlog N` inserts N available jobs in another queue
 //! (`backlog`, which no node works) and `--history N` N completed jobs (queue `history`,
-//! finished an hour ago, within the default retention) into every measurement's database before it starts, then `VACUUM
-//! ANALYZE`; the figures can then be compared with a run without them. A backlog of the worked
-//! queue itself is `--jobs N` (throughput drains all of it).
+//! finished an hour ago, within the default retention) into every measurement's database
+//! before it starts, then `VACUUM ANALYZE`; compare the figures with a run without them. A
+//! backlog of the worked queue itself is `--jobs N` (throughput drains all of it).
 //!
 //! By default it starts its own throwaway PostgreSQL (forge-testkit: fsync on, full_page_writes
 //! on, synchronous_commit on, data in /dev/shm when it has room) and logs statements only during

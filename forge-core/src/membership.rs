@@ -436,7 +436,7 @@ impl Membership {
                 .bind(&self.node_id)
                 .bind(self.incarnation)
                 .bind(&leading)
-                .bind(counters.clone())
+                .bind(&counters)
                 .bind(all)
         };
         let landed = |row: &PgRow| {

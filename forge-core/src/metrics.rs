@@ -211,13 +211,9 @@ impl Tally {
         entry.1 = true;
     }
 
-    /// The counters as `{"<series>|<label>": value}`.
-    pub fn snapshot(&self) -> serde_json::Value {
-        Self::object(self.counters().values.iter())
-    }
-
     /// What a heartbeat sends: whether it is every counter (then it replaces the stored
-    /// object) and the counters, every one or those changed since the last heartbeat. Until
+    /// object) and the counters as `{"<series>|<label>": value}`, every one or those changed
+    /// since the last heartbeat. Until
     /// [`Tally::sent`] says this one landed, the next sends every counter again.
     pub(crate) fn for_heartbeat(&self) -> (bool, serde_json::Value) {
         let mut counters = self.counters();
@@ -435,10 +431,6 @@ mod tests {
         tally.sent();
         let (all, sent) = tally.for_heartbeat();
         assert_eq!((all, sent), (false, serde_json::json!({})));
-        assert_eq!(
-            tally.snapshot(),
-            serde_json::json!({"cron_runs|a": 3.0, "cron_runs|b": 2.0})
-        );
     }
 
     #[test]
