@@ -1,6 +1,10 @@
 //! `forge-pg`: start a throwaway PostgreSQL cluster and keep it while this
 //! process runs.
 //!
+//! The cluster is durable (`fsync` and `full_page_writes` on, as in production), so that
+//! benchmarks run side by side against it (`benches/peers`, `bench_jobs --database-url`)
+//! pay for their commits.
+//!
 //! Prints `DATABASE_URL=...`, `PGDATA=...` and `PGLOG=...` lines on stdout,
 //! then waits until it is interrupted or killed. The cluster is stopped and
 //! its directory removed whenever the process ends, even by `SIGKILL`.
@@ -13,11 +17,11 @@
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use forge_testkit::PgServer;
+use forge_testkit::{PgOptions, PgServer};
 
 fn main() -> ExitCode {
     let started = std::time::Instant::now();
-    let server = match PgServer::start() {
+    let server = match PgServer::start_with(PgOptions::default().durable(true)) {
         Ok(server) => server,
         Err(e) => {
             eprintln!("forge-pg: {e}");
