@@ -8,7 +8,7 @@
 //! that the attempts of each job are exactly 1..=attempt, that only jobs in flight on the lost
 //! node ran twice, and that a frozen node's late completion is refused.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use forge::jobs::{JobId, JobState, NewJob};
@@ -312,17 +312,32 @@ async fn a_frozen_nodes_jobs_are_rescued_after_down_after_and_its_late_completio
         );
     }
 
-    // n1 wakes up, its handlers finish (at-least-once: the attempt did run), and its outcomes
-    // are refused because the jobs are no longer its.
+    // n1 wakes up. Its handlers' sleeps are over and it learns its jobs were taken, both at
+    // once, so each late attempt ends one of two ways: the handler finishes first and its
+    // outcome is refused (the job is no longer this attempt's), or the node stops the attempt
+    // first. Either way the job stays n2's.
     n1.process.resume().unwrap();
     let mut n1 = n1;
-    for _ in &ids {
-        n1.process
-            .wait_for_line("a refused late outcome", SOON, |line| {
-                line.contains("outcome not recorded")
+    let mut refused = BTreeSet::new();
+    let mut stopped = BTreeSet::new();
+    while refused.union(&stopped).count() < ids.len() {
+        let line = n1
+            .process
+            .wait_for_line("each late attempt refused or stopped", SOON, |line| {
+                line.contains("outcome not recorded") || line.contains("taken away from this node")
             })
             .await
             .unwrap();
+        let id = ids
+            .iter()
+            .copied()
+            .find(|id| line.split_whitespace().any(|t| t == format!("id={id}")))
+            .unwrap_or_else(|| panic!("a line about none of {ids:?}: {line}"));
+        if line.contains("outcome not recorded") {
+            refused.insert(id);
+        } else {
+            stopped.insert(id);
+        }
     }
     let ledger = ledger(&pool).await;
     for id in &ids {
@@ -332,11 +347,19 @@ async fn a_frozen_nodes_jobs_are_rescued_after_down_after_and_its_late_completio
             (2, "n2"),
             "job {id} is still n2's"
         );
+        assert_eq!(runs.len(), 2, "job {id}: {runs:?}");
         assert_eq!(
-            runs,
-            &[(1, "n1".to_owned(), true), (2, "n2".to_owned(), true)],
-            "job {id}: n1's late attempt ran to the end but did not complete the job"
+            (runs[0].0, runs[0].1.as_str()),
+            (1, "n1"),
+            "job {id}: {runs:?}"
         );
+        assert_eq!(runs[1], (2, "n2".to_owned(), true), "job {id}: {runs:?}");
+        if refused.contains(id) {
+            assert!(
+                runs[0].2,
+                "job {id}: n1's outcome was refused, so its handler ran to the end: {runs:?}"
+            );
+        }
     }
     n2.process.terminate().unwrap();
     n2.process.wait_exit(SOON).await.unwrap();
