@@ -48,4 +48,9 @@ pub const MIGRATIONS: &[forge_core::MigrationSource] = &[
         "jobs_figures",
         include_str!("../../migrations/0011_jobs_figures.sql"),
     ),
+    (
+        12,
+        "jobs_step_pkey",
+        include_str!("../../migrations/0012_jobs_step_pkey.sql"),
+    ),
 ];
