@@ -31,7 +31,7 @@
 //!   `c<i>` at second `i % 60` (so `count / 60` ticks are due at every whole second) whose
 //!   handler prints its start time; lag is the handler's start minus the scheduled instant
 //!   (wall clock, one machine), and `forge.cron_ticks.claimed_at - scheduled_at` on the
-//!   server's clock.
+//!   server's clock (negative: claimed ahead, `[cron] claim_ahead`, 50 ms by default).
 //!
 //! Prints PASS/MISS next to each figure with a target; exits non-zero only when the harness
 //! itself fails.
@@ -841,7 +841,7 @@ async fn crons(server: &PgServer, dir: &Path, options: &Options) -> Result<(), B
     println!(
         "{}",
         summary(
-            "claim lag (cron_ticks.claimed_at - scheduled)",
+            "claim lag (claimed_at - scheduled, < 0: ahead)",
             &server_lags,
             "ms"
         )

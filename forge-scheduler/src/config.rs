@@ -18,6 +18,14 @@ pub struct CronConfig {
     /// during a fast failover is late, not missed).
     #[serde(with = "duration")]
     pub misfire_threshold: Duration,
+    /// How long before its instant the leader claims a scheduled tick, so that the claim's
+    /// durable commit is done when the tick is due and the handler starts within about a
+    /// millisecond. A leader that dies in that window leaves a claimed, never-started tick:
+    /// a next leader that leads by the instant claims it again and runs it on time; one that
+    /// takes over after the instant cannot tell it from a run cut short and applies the cron's
+    /// `interrupted` policy. `"0s"` claims at the instant.
+    #[serde(with = "duration")]
+    pub claim_ahead: Duration,
     /// How long the tick ledger (`forge.cron_ticks`) keeps finished ticks; the `log_compactor`
     /// leader prunes older ones. The newest tick of every cron is always kept: it is where a new
     /// leader resumes.
@@ -29,6 +37,7 @@ impl Default for CronConfig {
     fn default() -> Self {
         CronConfig {
             misfire_threshold: Duration::from_secs(1),
+            claim_ahead: Duration::from_millis(50),
             ledger_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
@@ -42,6 +51,16 @@ impl CronConfig {
             self.misfire_threshold,
             Duration::ZERO,
         )?;
+        at.check_duration("cron.claim_ahead", self.claim_ahead, Duration::ZERO)?;
+        if self.claim_ahead > Duration::from_secs(10) {
+            return Err(at.error(
+                "cron.claim_ahead",
+                format!(
+                    "{} is more than 10s: a leader that dies in that window before an instant leaves its tick to the `interrupted` policy; use a few tens of milliseconds",
+                    format_duration(self.claim_ahead)
+                ),
+            ));
+        }
         at.check_duration(
             "cron.ledger_retention",
             self.ledger_retention,

@@ -66,7 +66,8 @@ pub struct TickView {
     pub finished_at: Option<DateTime<Utc>>,
     /// The error, or why it was skipped.
     pub error: Option<String>,
-    /// How late it was claimed, in milliseconds.
+    /// How late after its instant it was claimed, in milliseconds (0 for a tick claimed ahead
+    /// of its instant, see `[cron] claim_ahead`).
     pub lag_ms: f64,
     /// Run on an operator's request ("trigger now"), not on the schedule.
     pub manual: bool,
@@ -604,14 +605,14 @@ const CRONS_SQL: &str = "SELECT c.name, c.role, c.expression, c.timezone, c.paus
    FROM forge.crons c
    LEFT JOIN LATERAL (
         SELECT scheduled_at, state, attempt, node_id, epoch, claimed_at, finished_at, error,
-               manual, extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000 AS lag_ms
+               manual, greatest(extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000, 0) AS lag_ms
           FROM forge.cron_ticks x
          WHERE x.namespace = c.namespace AND x.cron = c.name
          ORDER BY x.scheduled_at DESC LIMIT 1) t ON true
   WHERE c.namespace = $1";
 
 const TICKS_SQL: &str = "SELECT scheduled_at, state, attempt, node_id, epoch, claimed_at,
-        finished_at, error, manual, extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000 AS lag_ms
+        finished_at, error, manual, greatest(extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000, 0) AS lag_ms
    FROM forge.cron_ticks";
 
 fn tick_from_row(row: &PgRow) -> Result<TickView> {

@@ -53,4 +53,9 @@ pub const MIGRATIONS: &[forge_core::MigrationSource] = &[
         "jobs_step_pkey",
         include_str!("../../migrations/0012_jobs_step_pkey.sql"),
     ),
+    (
+        13,
+        "tick_claim_ahead",
+        include_str!("../../migrations/0013_tick_claim_ahead.sql"),
+    ),
 ];

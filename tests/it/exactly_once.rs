@@ -27,7 +27,7 @@ const EFFECTS_TABLE: &str = "CREATE TABLE tick_effects (
 
 /// A fresh database with FORGE's schema and `tick_effects` (no unique key: a repeated effect
 /// is a second row).
-async fn setup() -> (TestDatabase, PgPool) {
+pub(crate) async fn setup() -> (TestDatabase, PgPool) {
     let db = fresh_db().await;
     let pool = db.pool().await.unwrap();
     sqlx::query(EFFECTS_TABLE).execute(&pool).await.unwrap();
@@ -97,7 +97,7 @@ fn effect_cron(name: &str, complete: bool, hang: Option<Arc<Notify>>) -> CronJob
 
 /// The tests' election timings, with a lease long enough that a loaded test machine does not
 /// lose a leadership (these tests check what happens within one tenure).
-fn steady_config(url: &str, id: &str) -> forge::Config {
+pub(crate) fn steady_config(url: &str, id: &str) -> forge::Config {
     let mut config = config(url, id);
     config.node.roles = vec!["scheduler".into()];
     let election = &mut config.cluster.leader_election;
@@ -130,7 +130,7 @@ async fn repeated(pool: &PgPool, cron: &str) -> Vec<(DateTime<Utc>, i64)> {
 /// Terminates `from`'s lock session of the scheduler role until `to` leads: `from` loses the
 /// leadership at once. (Terminated again while `to` is not leading, in case `from` was
 /// reconnecting when first cut, under load.)
-async fn depose(pool: &PgPool, from: &str, to: &str) -> i64 {
+pub(crate) async fn depose(pool: &PgPool, from: &str, to: &str) -> i64 {
     wait_until(
         &format!("{to} to lead the scheduler role after {from}'s lock session is cut"),
         SOON,
@@ -155,7 +155,7 @@ async fn depose(pool: &PgPool, from: &str, to: &str) -> i64 {
 }
 
 /// Waits until `node` leads the scheduler role.
-async fn wait_leads(pool: &PgPool, node: &str) -> i64 {
+pub(crate) async fn wait_leads(pool: &PgPool, node: &str) -> i64 {
     wait_until(
         &format!("{node} to lead the scheduler role"),
         SOON,
@@ -808,6 +808,23 @@ async fn a_leader_whose_clock_runs_ahead_claims_no_future_tick() {
     .await
     .unwrap();
     assert_eq!(claimed, 0);
+    // Claiming ahead (1 s here) does not reach a tick 5 s away either.
+    let (outcome, early_ms): (String, Option<f64>) = sqlx::query_as(
+        "SELECT outcome, early_ms FROM forge.tick_claim_ahead_many($1, $2, $3, $4, $5,
+                ARRAY['ahead'], ARRAY[$6::timestamptz], ARRAY['running'], ARRAY[NULL::text], 1000)",
+    )
+    .bind(&token.namespace)
+    .bind(&token.role)
+    .bind(token.epoch)
+    .bind(token.tenure)
+    .bind("a")
+    .bind(future)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(outcome, "early");
+    let early_ms = early_ms.unwrap();
+    assert!((3000.0..=4000.0).contains(&early_ms), "{early_ms}");
     // Fenced statements commit synchronously even where the database default is off.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "ALTER DATABASE \"{}\" SET synchronous_commit = off",

@@ -23,11 +23,14 @@
 //!   a dead job retried, a cron operated by mouse and keyboard, the charts' points.
 //! * `exactly_once`: transactional completion, catch-up, failed claims and outcomes, lost
 //!   replies, refused fences, a clock that runs ahead.
+//! * `claim_ahead`: ticks claimed before their instant, with their leader cut off unaware,
+//!   SIGKILLed with and without a follower, and handing over before the instant.
 
 mod actions;
 mod admin;
 mod alerts;
 mod bad_input;
+mod claim_ahead;
 mod cli;
 mod cron;
 mod dashboard;

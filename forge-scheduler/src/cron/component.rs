@@ -94,6 +94,7 @@ impl Component for Crons {
         let refresh = Arc::new(Notify::new());
         let settings = Arc::new(Settings {
             misfire_threshold: self.config.misfire_threshold,
+            claim_ahead: self.config.claim_ahead,
             board: board.clone(),
             refresh_board: refresh.clone(),
         });

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use forge_core::{Error, Leadership, Result};
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
+use tracing::info;
 
 use super::{CronJob, TickState};
 
@@ -89,10 +90,13 @@ pub(super) struct ClaimRequest {
 }
 
 /// Claims several ticks for this tenure in one transaction (one commit for all the ticks due
-/// at one instant), each exactly as [`claim`] would; the claims in input order.
+/// at one instant), each as [`claim`] would but up to `ahead` before its instant by the
+/// database's clock; the claims in input order. A tick claimed ahead is started only after
+/// [`gate`] (see `migrations/0013_tick_claim_ahead.sql` for why).
 pub(super) async fn claim_many(
     leadership: &Leadership,
     requests: &[ClaimRequest],
+    ahead: Duration,
 ) -> Result<Vec<Claim>> {
     let token = leadership.fence_token();
     let crons: Vec<&str> = requests.iter().map(|r| r.cron.as_str()).collect();
@@ -101,13 +105,14 @@ pub(super) async fn claim_many(
     let notes: Vec<Option<&str>> = requests.iter().map(|r| r.note).collect();
     let rows = token
         .bind(sqlx::query(
-            "SELECT * FROM forge.tick_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9) ORDER BY idx",
+            "SELECT * FROM forge.tick_claim_ahead_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ORDER BY idx",
         ))
         .bind(leadership.node_id())
         .bind(&crons)
         .bind(&ticks)
         .bind(&states)
         .bind(&notes)
+        .bind(ahead.as_secs_f64() * 1000.0)
         .fetch_all(&mut *leadership.session().await?)
         .await?;
     if rows.len() != requests.len() {
@@ -121,6 +126,38 @@ pub(super) async fn claim_many(
         .iter()
         .map(claim_from_row)
         .collect::<Result<_, sqlx::Error>>()?)
+}
+
+/// The gate before claimed ticks start: the database's time if this tenure is the role's
+/// current one, read on its lock session; `None` if it is not. Ticks whose instant is at or
+/// before the answer may start (a newer tenure's `acquired_at` is after it).
+pub(super) async fn gate(leadership: &Leadership) -> Result<Option<DateTime<Utc>>> {
+    let token = leadership.fence_token();
+    let row = token
+        .bind(sqlx::query("SELECT forge.tick_gate($1, $2, $3, $4)"))
+        .fetch_one(&mut *leadership.session().await?)
+        .await?;
+    Ok(row.try_get(0)?)
+}
+
+/// Deletes this tenure's claim of a tick it will not start (it hands over before the
+/// instant), fenced. Whether there was such a claim.
+pub(super) async fn unclaim(
+    leadership: &Leadership,
+    cron: &str,
+    tick: DateTime<Utc>,
+) -> Result<bool> {
+    let token = leadership.fence_token();
+    let row = token
+        .bind(sqlx::query(
+            "SELECT forge.tick_unclaim($1, $2, $3, $4, $5, $6)",
+        ))
+        .bind(cron)
+        .bind(tick)
+        .fetch_one(&mut *leadership.session().await?)
+        .await
+        .map_err(|err| token.map_error(err))?;
+    Ok(row.try_get(0)?)
 }
 
 fn answer_mismatch(function: &str, rows: usize, asked: usize) -> Error {
@@ -309,14 +346,32 @@ pub(super) async fn board(
     Ok(board)
 }
 
-/// Registers the role's crons, reads each one's frontier and interrupted ticks, and counts
-/// crons the cluster knows for this role that this binary lacks. Two statements.
+/// Takes back the ticks earlier tenures claimed ahead and never started, registers the role's
+/// crons, reads each one's frontier and interrupted ticks, and counts crons the cluster knows
+/// for this role that this binary lacks. Three statements.
 pub(super) async fn load(
     crons: &[CronJob],
     leadership: &Leadership,
 ) -> Result<(BTreeMap<String, Resume>, Vec<(String, String)>)> {
     let namespace = leadership.namespace();
     let role = leadership.role();
+    // First the claims of earlier tenures that were never started (made ahead of an instant
+    // at or after this tenure began): this tenure claims those ticks again, on time.
+    let token = leadership.fence_token();
+    let unstarted = token
+        .bind(sqlx::query(
+            "SELECT cron, scheduled_at, epoch FROM forge.tick_unclaim_unstarted($1, $2, $3, $4)",
+        ))
+        .fetch_all(&mut *leadership.session().await?)
+        .await
+        .map_err(|err| token.map_error(err))?;
+    for row in unstarted {
+        let cron: String = row.try_get("cron")?;
+        let tick: DateTime<Utc> = row.try_get("scheduled_at")?;
+        let epoch: i64 = row.try_get("epoch")?;
+        info!(target: "forge::cron", %cron, %tick, previous_epoch = epoch,
+              "an earlier leader claimed this tick ahead and never started it: claiming it again");
+    }
     let names: Vec<&str> = crons.iter().map(|c| c.name.as_str()).collect();
     let expressions: Vec<&str> = crons.iter().map(|c| c.schedule.expression()).collect();
     let zones: Vec<&str> = crons.iter().map(|c| c.schedule.timezone().name()).collect();

@@ -7,6 +7,15 @@
 //! once, even when leadership changes at the tick. See [`CatchUp`], [`Overlap`] and
 //! [`Interrupted`] for what happens around failovers and slow runs.
 //!
+//! The claim is made `[cron] claim_ahead` (50 ms) before the instant, so that its durable
+//! commit is not on the firing path; at the instant one read on the role's lock session (the
+//! gate) checks that the tenure is still current by the database's clock, then the handler
+//! starts. A tick whose claimer lost its leadership before the instant was never started, and
+//! a next leader that leads by the instant claims it again and runs it on time as attempt 1;
+//! one that leads only after the instant cannot tell the claim from a run cut short and
+//! applies [`Interrupted`] (tested with leaders cut off, killed and handing over before the
+//! instant). `claim_ahead = "0s"` claims at the instant.
+//!
 //! # What runs exactly once
 //!
 //! * **Claims**: every tick is claimed at most once; with [`CatchUp::All`] every tick in the
@@ -96,7 +105,9 @@ pub enum Overlap {
 }
 
 /// What the next leader does with a tick whose run was cut short by its leader's death (the
-/// ledger row is still `running` under an older epoch).
+/// ledger row is still `running` under an older epoch). This includes a tick its leader
+/// claimed ahead (`[cron] claim_ahead`) and died before starting, when the next leader
+/// took over only after the tick's instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Interrupted {
     /// Run it again, with the attempt number incremented (the default), at most 3 attempts;

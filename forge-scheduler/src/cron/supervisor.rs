@@ -5,8 +5,17 @@
 //!                   ├─► interrupted ticks: rerun (attempt + 1) or abandon
 //!                   ├─► backlog: ticks due between the frontier and the tenure's start, per the
 //!                   │   catch-up policy, one after another
-//!                   └─► loop: next tick ─► sleep until due ─► claim (fenced) ─► run ─► finish
+//!                   └─► loop: next tick ─► sleep until `claim_ahead` before it ─► claim
+//!                       (fenced) ─► sleep until due ─► gate ─► run ─► finish
 //! ```
+//!
+//! Claiming ahead. A scheduled tick is claimed `[cron] claim_ahead` before its instant, so that
+//! the claim's durable commit is not on the firing path; at the instant, the gate (one read on
+//! the lock session, for all the ticks due together) checks that this tenure is still the
+//! current one by the database's clock at or past the instant. A tenure starting later takes
+//! back the claims of ticks whose instant is at or after its start: they were never started
+//! (`migrations/0013_tick_claim_ahead.sql` has the argument). A leader that hands over before a
+//! claimed tick's instant deletes its claim.
 //!
 //! Overlap. A tick reached while the cron is behind - the following tick is already due,
 //! because the backlog or a slow run held the loop - is backlog too: it waits for the run
@@ -48,6 +57,8 @@ pub(super) type SharedBoard = Arc<watch::Sender<Board>>;
 /// What every cron loop of a node shares.
 pub(super) struct Settings {
     pub(super) misfire_threshold: Duration,
+    /// How long before its instant a scheduled tick is claimed (`[cron] claim_ahead`).
+    pub(super) claim_ahead: Duration,
     pub(super) board: SharedBoard,
     /// Asks the cron-registry service to read the board again (a tenure starts).
     pub(super) refresh_board: Arc<tokio::sync::Notify>,
@@ -83,7 +94,13 @@ pub(super) async fn supervise(
     info!(target: "forge::cron", role = %leadership.role(), epoch = %leadership.epoch(), crons = crons.len(),
           "running crons");
     let (claimer, claims) = mpsc::unbounded_channel();
+    let (gater, gates) = mpsc::unbounded_channel();
     let (finisher, outcomes) = mpsc::unbounded_channel();
+    let batchers = Batchers {
+        claimer,
+        gater,
+        finisher,
+    };
     let mut loops = JoinSet::new();
     for cron in crons.iter() {
         let resume = resume.remove(&cron.name).unwrap_or_default();
@@ -92,19 +109,28 @@ pub(super) async fn supervise(
             leadership.clone(),
             resume,
             settings.clone(),
-            (claimer.clone(), finisher.clone()),
+            batchers.clone(),
         ));
     }
-    drop((claimer, finisher));
+    drop(batchers);
     // The batchers end when every loop (and so every sender) is gone.
-    let claiming = tokio::spawn(batches(leadership.clone(), claims, |l, r| async move {
-        ledger::claim_many(&l, &r).await
-    }));
+    let ahead = settings.claim_ahead;
+    let claiming = tokio::spawn(batches(
+        leadership.clone(),
+        claims,
+        move |l, r| async move { ledger::claim_many(&l, &r, ahead).await },
+    ));
+    let gating = tokio::spawn(batches(
+        leadership.clone(),
+        gates,
+        |l, r: Vec<()>| async move { Ok(vec![ledger::gate(&l).await?; r.len()]) },
+    ));
     let finishing = tokio::spawn(batches(leadership.clone(), outcomes, |l, r| async move {
         ledger::finish_many(&l, &r).await
     }));
     while loops.join_next().await.is_some() {}
     let _ = claiming.await;
+    let _ = gating.await;
     let _ = finishing.await;
 }
 
@@ -116,7 +142,20 @@ struct Ask<Q, A> {
 }
 
 type Claimer = mpsc::UnboundedSender<Ask<ClaimRequest, Claim>>;
+/// Answers the gate: the database's time while this tenure is current, `None` otherwise.
+type Gater = mpsc::UnboundedSender<Ask<(), Option<DateTime<Utc>>>>;
 type Finisher = mpsc::UnboundedSender<Ask<FinishRequest, Finish>>;
+
+/// The tenure's batchers, as the cron loops reach them.
+#[derive(Clone)]
+struct Batchers {
+    /// Claims of scheduled ticks.
+    claimer: Claimer,
+    /// The gate before claimed ticks start.
+    gater: Gater,
+    /// The runs' outcomes.
+    finisher: Finisher,
+}
 
 /// Serves asks in batches: whatever is waiting when a batch goes out goes in one statement
 /// (with many crons due at one instant, one claim and one outcome statement, one commit
@@ -211,14 +250,18 @@ async fn run_cron(
     leadership: Leadership,
     resume: Resume,
     settings: Arc<Settings>,
-    batchers: (Claimer, Finisher),
+    batchers: Batchers,
 ) {
-    let mut runs = Runs::new(
-        cron.clone(),
-        leadership.clone(),
-        settings.board.clone(),
+    let mut runs = Runs {
+        cron: cron.clone(),
+        leadership: leadership.clone(),
+        board: settings.board.clone(),
         batchers,
-    );
+        claim_ahead: to_delta(settings.claim_ahead),
+        last_manual: None,
+        on_time: JoinSet::new(),
+        backlog: JoinSet::new(),
+    };
     let mut board = settings.board.subscribe();
     for (at, attempt, epoch) in &resume.interrupted {
         runs.recover(*at, *attempt, *epoch).await;
@@ -237,7 +280,8 @@ async fn run_cron(
             break;
         };
         cursor = tick;
-        // Wait for the tick, running manual ticks asked for meanwhile.
+        // Wait until the tick is to be claimed, running manual ticks asked for meanwhile.
+        let claim_at = tick - runs.claim_ahead;
         let due = loop {
             if let Some(at) = runs.pending_trigger() {
                 if !runs.fire_manual(at).await {
@@ -248,12 +292,12 @@ async fn run_cron(
             tokio::select! {
                 biased;
                 _ = leadership.stopping() => break false,
-                _ = sleep_until_utc(tick) => break true,
+                _ = sleep_until_utc(claim_at) => break true,
                 changed = board.changed() => if changed.is_err() {
                     // The board's sender lives as long as the node: not reached.
                     break tokio::select! {
                         _ = leadership.stopping() => false,
-                        _ = sleep_until_utc(tick) => true,
+                        _ = sleep_until_utc(claim_at) => true,
                     };
                 },
             }
@@ -319,10 +363,10 @@ struct Runs {
     cron: CronJob,
     leadership: Leadership,
     board: SharedBoard,
-    /// The tenure's claimer (claims of scheduled ticks, batched).
-    claimer: Claimer,
-    /// The tenure's finisher (the runs' outcomes, batched).
-    finisher: Finisher,
+    /// The tenure's batchers.
+    batchers: Batchers,
+    /// `[cron] claim_ahead`.
+    claim_ahead: TimeDelta,
     /// The newest manual tick this loop handled (its request may still show on the board
     /// until the board is refreshed).
     last_manual: Option<DateTime<Utc>>,
@@ -341,25 +385,10 @@ enum Slot {
     Skip(&'static str),
 }
 
-impl Runs {
-    fn new(
-        cron: CronJob,
-        leadership: Leadership,
-        board: SharedBoard,
-        (claimer, finisher): (Claimer, Finisher),
-    ) -> Runs {
-        Runs {
-            cron,
-            leadership,
-            board,
-            claimer,
-            finisher,
-            last_manual: None,
-            on_time: JoinSet::new(),
-            backlog: JoinSet::new(),
-        }
-    }
+/// Why a tick is skipped under `overlap = "skip"`.
+const STILL_GOING: &str = "the previous run was still going (overlap = skip)";
 
+impl Runs {
     async fn wait_backlog(&mut self) {
         while self.backlog.join_next().await.is_some() {}
     }
@@ -399,7 +428,7 @@ impl Runs {
             return Slot::Run { backlog: false };
         }
         match self.cron.overlap {
-            Overlap::Skip => Slot::Skip("the previous run was still going (overlap = skip)"),
+            Overlap::Skip => Slot::Skip(STILL_GOING),
             _ => {
                 while self.on_time.join_next().await.is_some() {}
                 Slot::Run { backlog: false }
@@ -412,7 +441,15 @@ impl Runs {
         if !self.leadership.is_valid() || self.leadership.is_draining() {
             return false;
         }
-        let slot = self.slot(backlog).await;
+        let mut slot = self.slot(backlog).await;
+        if matches!(slot, Slot::Skip(STILL_GOING)) && tick > Utc::now() {
+            // Before the instant (claiming ahead) the run going may yet end in time: decide at
+            // the instant, as overlap = "skip" promises.
+            if !self.until(tick).await {
+                return false;
+            }
+            slot = self.slot(backlog).await;
+        }
         let (state, note) = match slot {
             Slot::Run { .. } => (TickState::Running, None),
             Slot::Skip(why) => (TickState::Skipped, Some(why)),
@@ -433,9 +470,99 @@ impl Runs {
             // A run whose claim had to be retried starts late through no fault of its
             // handler: if it is still going when the next tick is due, that is not an
             // overlap either.
-            Slot::Run { backlog } => self.spawn_run(tick, 1, backlog || retried),
+            Slot::Run { backlog } => {
+                if !self.start_when_due(tick).await {
+                    return false;
+                }
+                self.spawn_run(tick, 1, backlog || retried)
+            }
         }
         true
+    }
+
+    /// Sleeps until `at`, unless the leadership winds down first (then false).
+    async fn until(&self, at: DateTime<Utc>) -> bool {
+        tokio::select! {
+            biased;
+            _ = self.leadership.stopping() => false,
+            _ = sleep_until_utc(at) => true,
+        }
+    }
+
+    /// Waits for a claimed tick's instant and then for the gate: the database's clock at or
+    /// past the instant while this tenure is still the current one. True: start the run. False:
+    /// this tenure will not start it (a handover began first: the claim is deleted; or the
+    /// leadership is over: the next leader takes the claim back if its tenure began before the
+    /// instant, see `migrations/0013_tick_claim_ahead.sql`).
+    async fn start_when_due(&self, tick: DateTime<Utc>) -> bool {
+        if self.claim_ahead.is_zero() {
+            // Claimed at or after the instant by the database's clock: no gate needed.
+            return true;
+        }
+        let mut pause = Duration::from_millis(50);
+        let bound = self.leadership.lease_duration();
+        loop {
+            if !self.until(tick).await {
+                self.unclaim(tick).await;
+                return false;
+            }
+            let gate = tokio::time::timeout(bound, ask(&self.batchers.gater, ())).await;
+            match gate {
+                Ok(Ok(Some(now))) if now >= tick => return true,
+                Ok(Ok(Some(now))) => {
+                    let wait = (tick - now).to_std().unwrap_or_default();
+                    debug!(target: "forge::cron", cron = %self.cron.name, %tick, wait_ms = wait.as_millis() as u64,
+                           "the database says the tick is not due yet (this node's clock runs ahead)");
+                    if !self.pause(wait.max(Duration::from_millis(1))).await {
+                        self.unclaim(tick).await;
+                        return false;
+                    }
+                    continue;
+                }
+                Ok(Ok(None)) => {
+                    debug!(target: "forge::cron", cron = %self.cron.name, %tick, epoch = %self.leadership.epoch(),
+                           "the gate refused a claimed tick while this node still leads; checking again");
+                }
+                Ok(Err(err)) => {
+                    warn!(target: "forge::cron", cron = %self.cron.name, %tick, error = %err, "cannot pass a claimed tick's gate yet; retrying");
+                }
+                Err(_) => {
+                    warn!(target: "forge::cron", cron = %self.cron.name, %tick, "a claimed tick's gate got no answer in time; retrying");
+                }
+            }
+            if !self.leadership.is_valid() || !self.pause(pause).await {
+                return false;
+            }
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// Deletes the claim of a tick this tenure will not start because it hands over before the
+    /// instant. Best effort: if it fails, the next leader takes the claim back when its tenure
+    /// begins before the instant, and otherwise handles the tick per the `interrupted` policy.
+    async fn unclaim(&self, tick: DateTime<Utc>) {
+        if !self.leadership.is_valid() {
+            return;
+        }
+        let bound = self.leadership.lease_duration();
+        match tokio::time::timeout(
+            bound,
+            ledger::unclaim(&self.leadership, &self.cron.name, tick),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {
+                debug!(target: "forge::cron", cron = %self.cron.name, %tick, "handing over before a claimed tick's instant: claim deleted")
+            }
+            Ok(Err(err)) => {
+                warn!(target: "forge::cron", cron = %self.cron.name, %tick, error = %err,
+                      "handing over before a claimed tick's instant, and cannot delete the claim; the next leader takes it back if it leads by the instant, else applies the `interrupted` policy")
+            }
+            Err(_) => {
+                warn!(target: "forge::cron", cron = %self.cron.name, %tick,
+                      "handing over before a claimed tick's instant, and deleting the claim got no answer in time; the next leader takes it back if it leads by the instant, else applies the `interrupted` policy")
+            }
+        }
     }
 
     /// A manual run asked for ("trigger now") and not handled yet: its tick's instant.
@@ -537,7 +664,7 @@ impl Runs {
             state,
             note,
         };
-        ask(&self.claimer, request).await
+        ask(&self.batchers.claimer, request).await
     }
 
     /// Sleeps, unless the leadership winds down first (then false).
@@ -581,7 +708,7 @@ impl Runs {
     fn spawn_run(&mut self, tick: DateTime<Utc>, attempt: u32, backlog: bool) {
         let cron = self.cron.clone();
         let leadership = self.leadership.clone();
-        let finisher = self.finisher.clone();
+        let finisher = self.batchers.finisher.clone();
         let run = async move { run_tick(cron, leadership, finisher, tick, attempt).await };
         if backlog {
             self.backlog.spawn(run);
