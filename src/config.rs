@@ -237,6 +237,9 @@ mod tests {
         assert!(msg.contains("longer than the longest duration"), "{msg}");
         let msg = parse_err("[cron]\nmisfire_threshold = \"99999999999999999999s\"\n");
         assert!(msg.contains("cron.misfire_threshold"), "{msg}");
+        let msg = parse_err("[cron]\nclaim_ahead = \"1m\"\n");
+        assert!(msg.contains("cron.claim_ahead"), "{msg}");
+        assert!(msg.contains("more than 10s"), "{msg}");
     }
 
     #[test]
