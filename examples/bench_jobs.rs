@@ -8,6 +8,7 @@
 //! cargo run --release --example bench_jobs -- --only throughput   # or latency, idle, limit
 //! cargo run --release --example bench_jobs -- --only throughput --nodes 1 --jobs 200000
 //! cargo run --release --example bench_jobs -- --extra-config $'[jobs.queues]\ndefault = 32'
+//! cargo run --release --example bench_jobs -- --only throughput --extra-config $'[jobs]\ncompleted_retention = "0s"'
 //! cargo run --release --example bench_jobs -- --quick --only latency --backlog 1000000 --history 10000000
 //! ```
 //!
@@ -17,6 +18,10 @@
 //! before it starts, then `VACUUM ANALYZE` and `CHECKPOINT`; compare the figures with a run
 //! without them. A backlog of the worked queue itself is `--jobs N` (throughput drains all
 //! of it).
+//!
+//! With `completed_retention = "0s"` completed jobs leave no row to time the drain by; it is then
+//! timed by the nodes' own notes (first no-op started to last one ended, printed by each node
+//! at exit). `--only limit` drives the statement both ways: completed jobs kept, and deleted.
 //!
 //! By default it starts its own throwaway PostgreSQL (forge-testkit: fsync on, full_page_writes
 //! on, synchronous_commit on, data in /dev/shm when it has room) and logs statements only during
@@ -31,6 +36,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use forge::jobs::{Job, JobContext, JobError, Jobs, NewJob};
@@ -42,15 +48,25 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A job that does nothing.
+/// A job that does nothing but note when it ran, for the node's `FORGE-BENCH DRAIN` line.
 #[allow(non_camel_case_types)]
 struct noop;
+
+/// How many no-op jobs this node process ran, and when the first started and the last ended
+/// (wall clock, microseconds): the drain's span when completed jobs leave no row to time it by
+/// (`--extra-config` with `completed_retention = "0s"`).
+static HANDLED: AtomicU64 = AtomicU64::new(0);
+static FIRST_US: AtomicI64 = AtomicI64::new(0);
+static LAST_US: AtomicI64 = AtomicI64::new(0);
 
 impl Job for noop {
     type Args = ();
     const KIND: &'static str = "noop";
 
     async fn run(&self, _: JobContext, _: ()) -> Result<(), JobError> {
+        let _ = FIRST_US.compare_exchange(0, now_us(), Ordering::Relaxed, Ordering::Relaxed);
+        HANDLED.fetch_add(1, Ordering::Relaxed);
+        LAST_US.fetch_max(now_us(), Ordering::Relaxed);
         Ok(())
     }
 }
@@ -127,7 +143,15 @@ async fn node(config: String) -> ExitCode {
     match started.await {
         Ok(node) => {
             println!("FORGE-BENCH READY node={}", node.id());
-            match node.run_until_signal().await {
+            let ran = node.run_until_signal().await;
+            println!(
+                "FORGE-BENCH DRAIN node={} handled={} first_us={} last_us={}",
+                std::env::var("FORGE_NODE_ID").unwrap_or_default(),
+                HANDLED.load(Ordering::Relaxed),
+                FIRST_US.load(Ordering::Relaxed),
+                LAST_US.load(Ordering::Relaxed)
+            );
+            match ran {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     eprintln!("error: {err}");
@@ -271,7 +295,7 @@ impl Bench {
         Ok(())
     }
 
-    async fn stop(mut nodes: Vec<NodeProcess>) -> Result<(), BoxError> {
+    async fn stop(mut nodes: Vec<&mut NodeProcess>) -> Result<(), BoxError> {
         for node in &nodes {
             node.terminate()?;
         }
@@ -341,12 +365,13 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
         .fetch_one(&pool)
         .await?;
         if !busy {
-            let done = count(
+            // Completed: a `completed` row, or no row when completed jobs are deleted.
+            let unfinished = count(
                 &pool,
-                "SELECT count(*) FROM forge.jobs WHERE queue = 'default' AND state = 'completed'",
+                "SELECT count(*) FROM forge.jobs WHERE queue = 'default' AND state <> 'completed'",
             )
             .await?;
-            if done as usize >= total {
+            if unfinished == 0 {
                 break;
             }
         }
@@ -356,19 +381,51 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
         sleep(Duration::from_millis(20)).await;
     }
     let wall = spawned.elapsed().as_secs_f64();
-    let span: f64 = sqlx::query_scalar(
+    let span: Option<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM max(finished_at) - min(attempted_at))::float8 FROM forge.jobs
           WHERE queue = 'default'",
     )
     .fetch_one(&pool)
     .await?;
-    let per_node: Vec<(String, i64)> = sqlx::query_as(
+    let mut per_node: Vec<(String, i64)> = sqlx::query_as(
         "SELECT node_id, count(*) FROM forge.jobs WHERE queue = 'default'
           GROUP BY node_id ORDER BY node_id",
     )
     .fetch_all(&pool)
     .await?;
-    Bench::stop(processes).await?;
+    Bench::stop(processes.iter_mut().collect()).await?;
+    // No rows: completed jobs were deleted. Time the drain by the nodes' own notes instead,
+    // from the first no-op's start to the last one's end (each a round trip inside the
+    // database-clock span: about a millisecond shorter).
+    let (mut first, mut last) = (i64::MAX, i64::MIN);
+    if span.is_none() {
+        per_node.clear();
+        for process in &processes {
+            let line = process
+                .lines()
+                .into_iter()
+                .find(|l| l.starts_with("FORGE-BENCH DRAIN"))
+                .ok_or("a node printed no FORGE-BENCH DRAIN line")?;
+            let field = |name: &str| -> Result<i64, BoxError> {
+                let value = line
+                    .split(' ')
+                    .find_map(|f| f.strip_prefix(name))
+                    .ok_or("a malformed FORGE-BENCH DRAIN line")?;
+                Ok(value.parse()?)
+            };
+            let node = line.split(' ').find_map(|f| f.strip_prefix("node="));
+            per_node.push((node.unwrap_or("?").to_owned(), field("handled=")?));
+            if field("handled=")? > 0 {
+                first = first.min(field("first_us=")?);
+                last = last.max(field("last_us=")?);
+            }
+        }
+    }
+    let handled: i64 = per_node.iter().map(|(_, n)| n).sum();
+    if handled < total as i64 {
+        return Err(format!("{handled} of {total} jobs were run").into());
+    }
+    let span = span.unwrap_or((last - first) as f64 / 1e6);
     Ok(Drain {
         enqueue_per_s,
         drain_per_s: total as f64 / span,
@@ -379,13 +436,16 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
 
 /// The physical limit: `forge.jobs_step`, the statement FORGE's workers send, driven in a loop
 /// with nothing around it (no node, no handlers, no notifications) on `connections`
-/// connections, each recording the previous batch as completed while claiming the next
-/// `batch`. Returns jobs/s from the first claim to the last completion.
+/// connections, each recording the previous batch as completed (kept as `completed` rows, or
+/// deleted: `keep`) while claiming the next `batch`. Returns jobs/s from the first claim to
+/// the last completion (database clock; by the wall clock around the loops when completed
+/// jobs leave no row).
 async fn limit(
     bench: &mut Bench,
     connections: usize,
     batch: i32,
     total: usize,
+    keep: bool,
 ) -> Result<f64, BoxError> {
     let (_db, pool, _config) = bench.database().await?;
     let jobs = Jobs::new(pool.clone(), &forge::LockNamespace::default());
@@ -395,6 +455,7 @@ async fn limit(
             .await?;
     }
     sqlx::query("ANALYZE forge.jobs").execute(&pool).await?;
+    let began = Instant::now();
     let mut loops = Vec::new();
     for c in 0..connections {
         let pool = pool.clone();
@@ -406,7 +467,7 @@ async fn limit(
                 let n = ids.len();
                 let rows: Vec<(i64, bool, Option<i32>)> = sqlx::query_as(
                     "SELECT id, claimed, attempt FROM forge.jobs_step('forge', $1, 'default', NULL, NULL, NULL,
-                        ARRAY['noop'], $2, $2, '{}', $3, $4, $5, $6, $7, 20, NULL, NULL, NULL)",
+                        ARRAY['noop'], $2, $2, '{}', $3, $4, $5, $6, $7, 20, NULL, NULL, NULL, $8)",
                 )
                 .bind(&node)
                 .bind(batch)
@@ -415,6 +476,7 @@ async fn limit(
                 .bind(vec!["completed"; n])
                 .bind(vec![None::<i64>; n])
                 .bind(vec![None::<serde_json::Value>; n])
+                .bind(keep)
                 .fetch_all(&mut *conn)
                 .await?;
                 (ids, attempts) = rows
@@ -431,13 +493,17 @@ async fn limit(
     for l in loops {
         l.await??;
     }
-    let done = count(
+    let wall = began.elapsed().as_secs_f64();
+    let unfinished = count(
         &pool,
-        "SELECT count(*) FROM forge.jobs WHERE queue = 'default' AND state = 'completed'",
+        "SELECT count(*) FROM forge.jobs WHERE queue = 'default' AND state <> 'completed'",
     )
     .await?;
-    if done as usize != total {
-        return Err(format!("limit: {done} of {total} jobs completed").into());
+    if unfinished != 0 {
+        return Err(format!("limit: {unfinished} of {total} jobs not completed").into());
+    }
+    if !keep {
+        return Ok(total as f64 / wall);
     }
     let span: f64 = sqlx::query_scalar(
         "SELECT extract(epoch FROM max(finished_at) - min(attempted_at))::float8 FROM forge.jobs
@@ -489,7 +555,7 @@ async fn latency(bench: &mut Bench, n: usize) -> Result<(Vec<f64>, Vec<f64>), Bo
     .fetch_all(&pool)
     .await?;
     server_side.sort_by(f64::total_cmp);
-    Bench::stop(vec![node]).await?;
+    Bench::stop(vec![&mut node]).await?;
     Ok((client_side, server_side))
 }
 
@@ -524,7 +590,7 @@ async fn idle(
     sqlx::query("SELECT pg_reload_conf()")
         .execute(&pool)
         .await?;
-    Bench::stop(processes).await?;
+    Bench::stop(processes.iter_mut().collect()).await?;
 
     let text = String::from_utf8_lossy(&text[start_len as usize..]);
     let mut per_node: BTreeMap<String, (usize, usize)> = BTreeMap::new();
@@ -653,21 +719,23 @@ async fn bench(options: Options) -> Result<(), BoxError> {
     }
 
     if part("limit") {
-        for connections in [1, 2] {
-            for batch in [16, 64, 128] {
-                let mut rates = Vec::new();
-                for _ in 0..rounds {
-                    rates.push(limit(&mut bench, connections, batch, total).await?);
+        for (keep, completed) in [(true, "kept"), (false, "deleted")] {
+            for connections in [1, 2] {
+                for batch in [16, 64, 128] {
+                    let mut rates = Vec::new();
+                    for _ in 0..rounds {
+                        rates.push(limit(&mut bench, connections, batch, total, keep).await?);
+                    }
+                    println!(
+                        "PHYSICAL LIMIT, completed jobs {completed}, {connections} connection(s), batches of {batch}: median {:.0} jobs/s (runs: {}); forge.jobs_step alone, {total} no-op jobs inserted first",
+                        median(rates.clone()),
+                        rates
+                            .iter()
+                            .map(|r| format!("{r:.0}"))
+                            .collect::<Vec<_>>()
+                            .join(" / ")
+                    );
                 }
-                println!(
-                    "PHYSICAL LIMIT, {connections} connection(s), batches of {batch}: median {:.0} jobs/s (runs: {}); forge.jobs_step alone, {total} no-op jobs inserted first",
-                    median(rates.clone()),
-                    rates
-                        .iter()
-                        .map(|r| format!("{r:.0}"))
-                        .collect::<Vec<_>>()
-                        .join(" / ")
-                );
             }
         }
         println!();

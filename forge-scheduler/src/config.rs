@@ -85,7 +85,11 @@ pub struct JobsConfig {
     /// `log_compactor` leader, every `[cluster] compaction_interval`.
     #[serde(with = "duration")]
     pub maintenance_interval: Duration,
-    /// How long completed and cancelled jobs are kept before pruning.
+    /// How long completed and cancelled jobs are kept before pruning. `0s` deletes a completed
+    /// job in the statement that records its completion (as graphile_worker does), instead of
+    /// keeping a `completed` row until the next prune: the fastest drain, but a completed job
+    /// can no longer be looked up, listed or retried. Cancelled jobs are then pruned at the
+    /// next compaction pass.
     #[serde(with = "duration")]
     pub completed_retention: Duration,
     /// How long dead-lettered jobs are kept before pruning.
@@ -112,6 +116,12 @@ impl Default for JobsConfig {
 }
 
 impl JobsConfig {
+    /// Whether a completed job keeps its row (as `completed`, until pruned): all but
+    /// `completed_retention = "0s"`, which deletes it at completion.
+    pub fn keeps_completed(&self) -> bool {
+        !self.completed_retention.is_zero()
+    }
+
     /// Checks the section's values.
     pub fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
         for (queue, concurrency) in &self.queues {

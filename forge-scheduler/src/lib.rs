@@ -58,4 +58,9 @@ pub const MIGRATIONS: &[forge_core::MigrationSource] = &[
         "tick_claim_ahead",
         include_str!("../../migrations/0013_tick_claim_ahead.sql"),
     ),
+    (
+        14,
+        "jobs_delete_completed",
+        include_str!("../../migrations/0014_jobs_delete_completed.sql"),
+    ),
 ];

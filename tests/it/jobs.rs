@@ -1323,3 +1323,213 @@ async fn a_job_notified_while_a_claim_is_in_flight_is_claimed_next() {
     assert_eq!(job.attempt, 1, "{job:?}");
     node.shutdown().await;
 }
+
+/// Waits until job `id` has no row any more (completed with `completed_retention = "0s"`).
+async fn wait_deleted(pool: &PgPool, id: JobId) {
+    wait_until(
+        &format!("job {id} to be deleted"),
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM forge.jobs WHERE id = $1")
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            (n == 0).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_completed_retention_zero_completed_jobs_are_deleted_and_the_rest_is_kept() {
+    let (db, pool) = setup().await;
+    sqlx::raw_sql(EFFECTS_TABLE_SQL)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut config = job_config(db.url(), "a");
+    config.jobs.completed_retention = Duration::ZERO;
+    let node = Node::builder(config)
+        .auto_register(false)
+        .job(plain)
+        .job(quick_retry)
+        .job(effect)
+        .start()
+        .await
+        .unwrap();
+    let jobs = node.jobs();
+
+    let done = inserted(jobs.enqueue(plain, Behave::tag("x")).await.unwrap());
+    wait_deleted(&pool, done).await;
+    assert_eq!(runs(&pool, done).await.len(), 1);
+
+    // A unique key is free again once its job is deleted.
+    let keyed = || NewJob::new(plain, Behave::tag("k")).unique_key("k");
+    let first = inserted(jobs.enqueue_job(keyed()).await.unwrap());
+    wait_deleted(&pool, first).await;
+    let second = inserted(jobs.enqueue_job(keyed()).await.unwrap());
+    assert_ne!(first, second);
+    wait_deleted(&pool, second).await;
+
+    // Retried, then completed: deleted after its second attempt.
+    let retried = inserted(
+        jobs.enqueue(
+            quick_retry,
+            Behave {
+                fail_attempts: 1,
+                ..Behave::tag("r")
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    wait_deleted(&pool, retried).await;
+    assert_eq!(runs(&pool, retried).await.len(), 2);
+
+    // Dead jobs are kept (dead_retention).
+    let dead = inserted(
+        jobs.enqueue(
+            plain,
+            Behave {
+                fail_attempts: 1,
+                discard: true,
+                ..Behave::tag("d")
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    wait_state(&pool, dead, JobState::Dead).await;
+
+    // Completed in the handler's transaction: deleted in that commit, exactly once (the
+    // handler's second transaction is refused), and the worker's own report of the completion
+    // then counts as recorded.
+    let txn = inserted(
+        jobs.enqueue(
+            effect,
+            Effect {
+                transactional: true,
+                again: true,
+                ..Effect::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    wait_deleted(&pool, txn).await;
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM job_effects WHERE job_id = $1")
+        .bind(txn)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(effects, 1, "the second transaction's completion is refused");
+
+    let text = wait_until(
+        "completion metrics",
+        SOON,
+        Duration::from_millis(10),
+        || {
+            let text = node.render_metrics();
+            async move {
+                (metric(
+                    &text,
+                    r#"forge_job_completed_total{queue="default",kind="effect"}"#,
+                ) == Some(1.0)
+                    && metric(
+                        &text,
+                        r#"forge_job_completed_total{queue="default",kind="plain"}"#,
+                    ) == Some(3.0))
+                .then_some(text)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        metric(
+            &text,
+            r#"forge_job_completed_total{queue="default",kind="quick_retry"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    node.shutdown().await;
+}
+
+/// `forge.jobs_step` with completed jobs deleted: a batch of mixed outcomes, the same reports
+/// sent again (their reply lost), and a report from a node the job is no longer running on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleting_step_records_mixed_outcomes_once_and_refuses_other_nodes() {
+    let (_db, pool) = setup().await;
+    let client = forge::jobs::Jobs::new(pool.clone(), &forge::LockNamespace::default());
+    for tag in ["a", "b", "c"] {
+        client.enqueue(plain, Behave::tag(tag)).await.unwrap();
+    }
+    type Row = (i64, bool, Option<i32>, Option<String>);
+    let step = |node: &'static str, limit: i32, reports: Vec<(i64, i32, &'static str)>| {
+        let pool = pool.clone();
+        async move {
+            let ids: Vec<i64> = reports.iter().map(|r| r.0).collect();
+            let attempts: Vec<i32> = reports.iter().map(|r| r.1).collect();
+            let states: Vec<&str> = reports.iter().map(|r| r.2).collect();
+            let n = reports.len();
+            let mut rows: Vec<Row> = sqlx::query_as(
+                "SELECT id, claimed, attempt, state FROM forge.jobs_step('forge', $1, 'default',
+                    NULL, NULL, NULL, ARRAY['plain'], $2, $2, '{}', $3, $4, $5, $6, $7, 20,
+                    NULL, NULL, NULL, false)",
+            )
+            .bind(node)
+            .bind(limit)
+            .bind(&ids)
+            .bind(&attempts)
+            .bind(&states)
+            .bind(vec![Some(0_i64); n])
+            .bind(vec![None::<serde_json::Value>; n])
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            rows.sort();
+            rows
+        }
+    };
+    let claimed = step("x", 3, vec![]).await;
+    assert_eq!(claimed.len(), 3, "{claimed:?}");
+    let (a, b, c) = (claimed[0].0, claimed[1].0, claimed[2].0);
+    let state = |id: i64| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT state FROM forge.jobs WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&pool)
+                .await
+                .unwrap()
+        }
+    };
+
+    let mixed = vec![(a, 1, "completed"), (b, 1, "retryable")];
+    assert_eq!(
+        step("x", 0, mixed.clone()).await,
+        vec![],
+        "recorded as asked"
+    );
+    assert_eq!(state(a).await, None, "completed: deleted");
+    assert_eq!(state(b).await.as_deref(), Some("retryable"));
+    // Sent again: the deleted completion counts as recorded; the retry is no longer running.
+    assert_eq!(
+        step("x", 0, mixed).await,
+        vec![(b, false, None, Some("refused".into()))]
+    );
+    // Only completions (the other branch), again and from another node.
+    assert_eq!(step("x", 0, vec![(a, 1, "completed")]).await, vec![]);
+    assert_eq!(
+        step("y", 0, vec![(c, 1, "completed")]).await,
+        vec![(c, false, None, Some("refused".into()))],
+        "job c runs on x, not y"
+    );
+    assert_eq!(state(c).await.as_deref(), Some("running"));
+    assert_eq!(step("x", 0, vec![(c, 1, "completed")]).await, vec![]);
+    assert_eq!(state(c).await, None);
+}

@@ -135,6 +135,8 @@ pub(super) struct Origin {
     pub(super) node_id: NodeId,
     pub(super) pool: PgPool,
     pub(super) leadership: Option<Leadership>,
+    /// `[jobs] completed_retention` is not zero: completions keep the job's row.
+    pub(super) keep_completed: bool,
 }
 
 /// The claimed and running attempts of one worker, and the outcomes waiting to be recorded.
@@ -231,6 +233,7 @@ impl Attempts {
             pool: origin.pool.clone(),
             cancel: cancel.clone(),
             leadership: origin.leadership.clone(),
+            keep_completed: origin.keep_completed,
         };
         debug!(target: "forge::job", queue = %origin.queue, job = ty.kind, id, attempt, "attempt started");
         let handler = (ty.handler)(ctx, args);

@@ -30,12 +30,14 @@
 //! * **Effects in the job's transaction: exactly once.** A handler that writes its effects in
 //!   a transaction and completes the job in it ([`JobContext::complete`], River's
 //!   `JobCompleteTx`) commits both together: once that commit happened the job is
-//!   `completed` and never runs again, even if the node dies before it hears the reply.
+//!   `completed` (or deleted, with `[jobs] completed_retention = "0s"`) and never runs again,
+//!   even if the node dies before it hears the reply.
 //! * **Everything else: at least once.** A handler may run again after its node died
 //!   mid-attempt, was marked down, or lost the reply to an outcome; make such effects
 //!   idempotent, keyed by [`JobContext::id`] (the same in every attempt).
 //! * A job is never *completed* twice: every outcome is recorded with a guard on
 //!   (job, attempt, node, still running), so a late result from a rescued attempt is refused.
+//!   With `completed_retention = "0s"` the completion deletes the row under the same guard.
 //!
 //! # Example
 //!
@@ -436,6 +438,8 @@ pub struct JobContext {
     pub(crate) pool: PgPool,
     pub(crate) cancel: Arc<CancelSignal>,
     pub(crate) leadership: Option<Leadership>,
+    /// Completing keeps the job's row as `completed` (or deletes it: `completed_retention = "0s"`).
+    pub(crate) keep_completed: bool,
 }
 
 impl JobContext {
@@ -510,13 +514,14 @@ impl JobContext {
     /// Fails with [`Error::NotRunning`] when this attempt no longer owns the job (it was
     /// rescued, or cancelled and recorded) and with [`Error::Fenced`] when a role job's
     /// leadership ended; then `tx` must not commit (with `?`, it is rolled back when dropped).
-    /// The handler then returns normally; its outcome is not recorded twice. Calling it twice
+    /// The handler then returns normally; its outcome is not recorded twice. With `[jobs]
+    /// completed_retention = "0s"` the job's row is deleted in `tx` instead. Calling it twice
     /// in one transaction is harmless; calling it in a second transaction after the first
     /// committed fails with [`Error::NotRunning`], so a retry after an error from `COMMIT`
     /// cannot commit the effects twice.
     pub async fn complete(&self, tx: &mut Transaction<'_, Postgres>) -> Result<()> {
         let token = self.leadership.as_ref().map(Leadership::fence_token);
-        let result = sqlx::query("SELECT forge.jobs_complete($1, $2, $3, $4, $5, $6, $7)")
+        let result = sqlx::query("SELECT forge.jobs_complete($1, $2, $3, $4, $5, $6, $7, $8)")
             .bind(self.id)
             .bind(self.attempt as i32)
             .bind(&self.node_id)
@@ -524,6 +529,7 @@ impl JobContext {
             .bind(token.as_ref().map(|t| t.role.as_str()))
             .bind(token.as_ref().map(|t| t.epoch))
             .bind(token.as_ref().map(|t| t.tenure))
+            .bind(self.keep_completed)
             .execute(&mut **tx)
             .await;
         match result {

@@ -233,6 +233,7 @@ impl Worker {
             node_id: ctx.node_id().clone(),
             pool: ctx.pool().clone(),
             leadership,
+            keep_completed: shared.config.keeps_completed(),
         };
         Worker {
             wants: Wants {
@@ -805,6 +806,8 @@ struct Step {
     default_max: i32,
     /// Claim after this position of the claim order (priority, run_at, id), or from the head.
     after: Option<Floor>,
+    /// Record completions as `completed` rows (or delete the jobs).
+    keep_completed: bool,
 }
 
 impl Step {
@@ -837,6 +840,7 @@ impl Step {
             errors: records.iter().map(|r| r.error.clone()).collect(),
             default_max: worker.shared.default_max_attempts(),
             after: None,
+            keep_completed: worker.origin.keep_completed,
         }
     }
 
@@ -904,7 +908,7 @@ impl Step {
 
     async fn step(&self, conn: &mut PoolConnection<Postgres>) -> Result<Vec<PgRow>, sqlx::Error> {
         sqlx::query(
-            "SELECT * FROM forge.jobs_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
+            "SELECT * FROM forge.jobs_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
         )
         .bind(&self.namespace)
         .bind(&self.node)
@@ -925,6 +929,7 @@ impl Step {
         .bind(self.after.map(|f| f.priority))
         .bind(self.after.map(|f| f.run_at))
         .bind(self.after.map(|f| f.id))
+        .bind(self.keep_completed)
         .fetch_all(&mut **conn)
         .await
     }
