@@ -546,3 +546,86 @@ async fn a_job_completed_in_its_transaction_never_runs_again_after_its_node_is_k
         "exactly once in the job's transaction"
     );
 }
+
+/// The same kill with `[jobs] completed_retention = "0s"`: completed jobs are deleted, so
+/// `job_runs` is the only ledger. Every job's handler ran to its end (none lost), at most twice,
+/// and exactly the jobs n1 held when it died ran a second attempt, on n2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_completed_jobs_deleted_a_node_killed_mid_backlog_loses_none() {
+    let (db, pool) = setup().await;
+    let dir = ScratchDir::new("jobs-kill-deleted");
+    let config = dir.0.join("forge.toml");
+    std::fs::write(
+        &config,
+        job_config_toml(db.url(), "1s") + "completed_retention = \"0s\"\n",
+    )
+    .unwrap();
+    let total = 3000;
+    let left = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM forge.jobs")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let mut ids: Vec<i64> = client(&pool)
+        .enqueue_many((0..total).map(|i| NewJob::new(plain, Behave::tag(format!("{i}")))))
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id().0)
+        .collect();
+    ids.sort();
+    let mut n1 = JobNode::start(&config, "n1").await;
+    wait_until(
+        "n1 to be a third of the way",
+        SOON,
+        Duration::from_millis(1),
+        || async { (left(pool.clone()).await <= total - total / 3).then_some(()) },
+    )
+    .await
+    .unwrap();
+    n1.process.kill().unwrap();
+    n1.process.wait_exit(SOON).await.unwrap();
+    let held: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM forge.jobs WHERE state = 'running' AND node_id = 'n1' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(!held.is_empty(), "n1 died holding jobs");
+    let _n2 = JobNode::start(&config, "n2").await;
+    wait_until(
+        "every job to be completed and deleted",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || async { (left(pool.clone()).await == 0).then_some(()) },
+    )
+    .await
+    .unwrap();
+
+    let runs: Vec<(i64, i32, String, bool)> = sqlx::query_as(
+        "SELECT job_id, attempt, node, finished_at IS NOT NULL FROM job_runs ORDER BY job_id, attempt",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut last: BTreeMap<i64, (i32, String, bool)> = BTreeMap::new();
+    for (id, attempt, node, finished) in runs {
+        last.insert(id, (attempt, node, finished));
+    }
+    assert_eq!(
+        last.keys().copied().collect::<Vec<_>>(),
+        ids,
+        "every job ran"
+    );
+    let mut rerun = Vec::new();
+    for (id, (attempt, node, finished)) in &last {
+        assert!(finished, "job {id}: its last attempt finished its handler");
+        assert!(*attempt <= 2, "job {id} ran {attempt} times");
+        if *attempt == 2 {
+            assert_eq!(node, "n2", "job {id}");
+            rerun.push(*id);
+        }
+    }
+    assert_eq!(rerun, held, "what n1 held when it died is what ran again");
+}
