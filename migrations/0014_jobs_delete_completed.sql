@@ -27,9 +27,12 @@
 -- subquery with LIMIT 1 is never flattened into a join; OFFSET 0 keeps 'running' a column, so
 -- the partial index jobs_running is never used for it: see 0012), and the claim's rows come
 -- from its SELECT ... FOR UPDATE SKIP LOCKED; each is then written through `ctid = ANY (...)`,
--- a TID scan, whatever the statistics. A row found and not yet written cannot change meanwhile
--- unseen: the claim holds its row locks, and for a report any newer version of the row has
--- another ctid, so the write skips it (as the guard would). Side by side on one server, 20,000
+-- a TID scan, whatever the statistics. A row found and not yet written cannot change meanwhile:
+-- the claim's and the reports' lookups lock their rows (a lookup that waits for another writer
+-- checks the guard again on the version it then locks). The write by ctid alone would rely on
+-- the TID scan checking its TID list again on a newer version, which PostgreSQL's sources have
+-- not always done (TidRecheck returned true); 15.18 does. Marking jobs started locks nothing;
+-- its update repeats its conditions instead, which are all it needs. Side by side on one server, 20,000
 -- no-op jobs, one node: 44,000-51,000 jobs/s before, 57,000 after (pg_stat_statements on).
 
 CREATE FUNCTION forge.jobs_step(
@@ -77,7 +80,10 @@ BEGIN
          CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
                               WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
                                 AND j.started_at IS NULL LIMIT 1) x;
-        UPDATE forge.jobs j SET started_at = clock_timestamp() WHERE j.ctid = ANY (v_tids);
+        -- (Not locked: a version written meanwhile is checked again by these conditions.)
+        UPDATE forge.jobs j SET started_at = clock_timestamp()
+         WHERE j.ctid = ANY (v_tids) AND j.node_id = p_node AND j.state = 'running'
+           AND j.started_at IS NULL;
     END IF;
 
     IF cardinality(p_ids) > 0 AND p_states <@ ARRAY['completed'] THEN
@@ -87,7 +93,7 @@ BEGIN
                   FROM unnest(p_ids, p_attempts) AS o(id, attempt) OFFSET 0) o
          CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
                               WHERE j.id = o.id AND j.attempt = o.attempt AND j.node_id = p_node
-                                AND j.state = o.running LIMIT 1) x;
+                                AND j.state = o.running LIMIT 1 FOR NO KEY UPDATE) x;
         IF p_keep_completed THEN
             UPDATE forge.jobs j
                SET state = 'completed', finished_at = clock_timestamp()
@@ -119,7 +125,8 @@ BEGIN
                            AS o(id, attempt, state, delay_ms, error) OFFSET 0) o
              CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
                                   WHERE j.id = o.id AND j.attempt = o.attempt
-                                    AND j.node_id = p_node AND j.state = o.running LIMIT 1) x
+                                    AND j.node_id = p_node AND j.state = o.running
+                                  LIMIT 1 FOR NO KEY UPDATE) x
         ), d AS (
             -- Completed jobs are deleted when they are not kept.
             DELETE FROM forge.jobs j

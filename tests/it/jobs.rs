@@ -1459,6 +1459,42 @@ async fn with_completed_retention_zero_completed_jobs_are_deleted_and_the_rest_i
     node.shutdown().await;
 }
 
+/// A row of `forge.jobs_step`: (id, claimed, attempt, state).
+type StepRow = (i64, bool, Option<i32>, Option<String>);
+
+/// One `forge.jobs_step` call as node `node` on queue `default` (kind `plain`): reports
+/// `(id, attempt, outcome)`, then claims up to `limit` (all started); rows sorted by id.
+async fn step_as(
+    pool: PgPool,
+    node: &'static str,
+    limit: i32,
+    reports: Vec<(i64, i32, &'static str)>,
+    keep_completed: bool,
+) -> Vec<StepRow> {
+    let ids: Vec<i64> = reports.iter().map(|r| r.0).collect();
+    let attempts: Vec<i32> = reports.iter().map(|r| r.1).collect();
+    let states: Vec<&str> = reports.iter().map(|r| r.2).collect();
+    let n = reports.len();
+    let mut rows: Vec<StepRow> = sqlx::query_as(
+        "SELECT id, claimed, attempt, state FROM forge.jobs_step('forge', $1, 'default',
+            NULL, NULL, NULL, ARRAY['plain'], $2, $2, '{}', $3, $4, $5, $6, $7, 20,
+            NULL, NULL, NULL, $8)",
+    )
+    .bind(node)
+    .bind(limit)
+    .bind(&ids)
+    .bind(&attempts)
+    .bind(&states)
+    .bind(vec![Some(0_i64); n])
+    .bind(vec![None::<serde_json::Value>; n])
+    .bind(keep_completed)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    rows.sort();
+    rows
+}
+
 /// `forge.jobs_step` with completed jobs deleted: a batch of mixed outcomes, the same reports
 /// sent again (their reply lost), and a report from a node the job is no longer running on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1468,32 +1504,8 @@ async fn a_deleting_step_records_mixed_outcomes_once_and_refuses_other_nodes() {
     for tag in ["a", "b", "c"] {
         client.enqueue(plain, Behave::tag(tag)).await.unwrap();
     }
-    type Row = (i64, bool, Option<i32>, Option<String>);
     let step = |node: &'static str, limit: i32, reports: Vec<(i64, i32, &'static str)>| {
-        let pool = pool.clone();
-        async move {
-            let ids: Vec<i64> = reports.iter().map(|r| r.0).collect();
-            let attempts: Vec<i32> = reports.iter().map(|r| r.1).collect();
-            let states: Vec<&str> = reports.iter().map(|r| r.2).collect();
-            let n = reports.len();
-            let mut rows: Vec<Row> = sqlx::query_as(
-                "SELECT id, claimed, attempt, state FROM forge.jobs_step('forge', $1, 'default',
-                    NULL, NULL, NULL, ARRAY['plain'], $2, $2, '{}', $3, $4, $5, $6, $7, 20,
-                    NULL, NULL, NULL, false)",
-            )
-            .bind(node)
-            .bind(limit)
-            .bind(&ids)
-            .bind(&attempts)
-            .bind(&states)
-            .bind(vec![Some(0_i64); n])
-            .bind(vec![None::<serde_json::Value>; n])
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-            rows.sort();
-            rows
-        }
+        step_as(pool.clone(), node, limit, reports, false)
     };
     let claimed = step("x", 3, vec![]).await;
     assert_eq!(claimed.len(), 3, "{claimed:?}");
@@ -1532,4 +1544,68 @@ async fn a_deleting_step_records_mixed_outcomes_once_and_refuses_other_nodes() {
     assert_eq!(state(c).await.as_deref(), Some("running"));
     assert_eq!(step("x", 0, vec![(c, 1, "completed")]).await, vec![]);
     assert_eq!(state(c).await, None);
+}
+
+/// A completion report that has to wait for another writer of its job's row - here a rescue
+/// that makes the job available again - checks its guard again on the version that writer
+/// committed, and is refused, in both modes. (The reports' lookups lock their rows for this;
+/// on PostgreSQL 15.18 a write by ctid alone is refused too, as its TID scan checks the newer
+/// version's TID, so this test holds the behaviour, not the mechanism.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_that_waits_for_a_concurrent_rescue_is_refused() {
+    let (_db, pool) = setup().await;
+    let client = forge::jobs::Jobs::new(pool.clone(), &forge::LockNamespace::default());
+    for keep in [true, false] {
+        let id = inserted(client.enqueue(plain, Behave::tag("r")).await.unwrap()).0;
+        let claimed = step_as(pool.clone(), "x", 1, vec![], keep).await;
+        assert_eq!(claimed.first().map(|r| r.0), Some(id), "{claimed:?}");
+
+        let mut rescue = pool.begin().await.unwrap();
+        sqlx::query("UPDATE forge.jobs SET state = 'available', node_id = NULL WHERE id = $1")
+            .bind(id)
+            .execute(&mut *rescue)
+            .await
+            .unwrap();
+        let reported = tokio::spawn(step_as(
+            pool.clone(),
+            "x",
+            0,
+            vec![(id, 1, "completed")],
+            keep,
+        ));
+        wait_until(
+            "the report to wait for the rescue's row lock",
+            SOON,
+            Duration::from_millis(5),
+            || async {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE wait_event_type = 'Lock' AND query LIKE '%jobs_step%'",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                (waiting > 0).then_some(())
+            },
+        )
+        .await
+        .unwrap();
+        rescue.commit().await.unwrap();
+        assert_eq!(
+            reported.await.unwrap(),
+            vec![(id, false, None, Some("refused".into()))],
+            "keep_completed = {keep}"
+        );
+        let state: String = sqlx::query_scalar("SELECT state FROM forge.jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(state, "available", "keep_completed = {keep}");
+        sqlx::query("DELETE FROM forge.jobs WHERE id = $1")
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
 }
