@@ -781,8 +781,15 @@ async fn a_leader_whose_clock_runs_ahead_claims_no_future_tick() {
     let (db, pool) = setup().await;
     let node = node_with(db.url(), "a", vec![effect_cron("ahead", true, None)]).await;
     wait_leads(&pool, "a").await;
-    let leadership = node.leadership(&Role::SCHEDULER).unwrap();
-    let token = leadership.fence_token();
+    // (The database shows the leader a moment before the node has taken up its leadership.)
+    let token = wait_until(
+        "a to hold its leadership",
+        SOON,
+        Duration::from_millis(10),
+        || async { node.leadership(&Role::SCHEDULER).map(|l| l.fence_token()) },
+    )
+    .await
+    .unwrap();
     // What a claim made by a clock 5 s ahead looks like to the database.
     let future = Utc::now() + TimeDelta::seconds(5);
     let (outcome, early_ms): (String, Option<f64>) = sqlx::query_as(
