@@ -414,8 +414,9 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
                 Ok(value.parse()?)
             };
             let node = line.split(' ').find_map(|f| f.strip_prefix("node="));
-            per_node.push((node.unwrap_or("?").to_owned(), field("handled=")?));
-            if field("handled=")? > 0 {
+            let handled = field("handled=")?;
+            per_node.push((node.unwrap_or("?").to_owned(), handled));
+            if handled > 0 {
                 first = first.min(field("first_us=")?);
                 last = last.max(field("last_us=")?);
             }
