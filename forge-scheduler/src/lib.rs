@@ -63,4 +63,9 @@ pub const MIGRATIONS: &[forge_core::MigrationSource] = &[
         "jobs_delete_completed",
         include_str!("../../migrations/0014_jobs_delete_completed.sql"),
     ),
+    (
+        15,
+        "jobs_figures_index_only",
+        include_str!("../../migrations/0015_jobs_figures_index_only.sql"),
+    ),
 ];

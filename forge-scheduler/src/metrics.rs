@@ -76,7 +76,7 @@ pub(crate) const JOB_PICKUP: MetricDef = MetricDef::histogram(
 /// `forge_job_queue_depth{queue, job, state}`
 pub(crate) const JOB_QUEUE_DEPTH: MetricDef = MetricDef::gauge(
     "forge_job_queue_depth",
-    "Unfinished jobs of the cluster by queue, job and state, as of the metrics_aggregator leader's last look (every [jobs] maintenance_interval; reported by that leader only)",
+    "Unfinished jobs of the cluster by queue, job and state, as of the metrics_aggregator leader's last look (every [jobs] maintenance_interval, or less often when a look takes over 2 % of the time; reported by that leader only)",
 );
 /// `forge_job_oldest_age_seconds{queue}`
 pub(crate) const JOB_OLDEST_AGE: MetricDef = MetricDef::gauge(

@@ -356,6 +356,69 @@ async fn a_deposed_compactor_cannot_prune() {
     b.shutdown().await;
 }
 
+/// `forge.jobs_figures` counts from the indexes alone, with each state a constant where its
+/// index cannot return it: its rows must be exactly those of a plain GROUP BY over the table,
+/// for every unfinished state, role and non-role jobs, several queues and kinds, and never
+/// another namespace's or a finished job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_figures_match_a_count_of_the_table() {
+    let (_db, pool) = setup().await;
+    sqlx::raw_sql(
+        "INSERT INTO forge.jobs (namespace, queue, kind, args, state, role, run_at, node_id,
+                                 attempted_at, finished_at)
+         SELECT ns, 'q' || (i % 3), 'k' || (i % 2), '{}', st,
+                CASE WHEN st = 'available' AND i % 4 = 0 THEN 'scheduler' END,
+                now() - make_interval(secs => i), 'n1',
+                CASE WHEN st <> 'available' AND st <> 'scheduled' THEN now() END,
+                CASE WHEN st IN ('completed', 'dead', 'cancelled') THEN now() END
+           FROM unnest(ARRAY['forge', 'elsewhere']) ns,
+                unnest(ARRAY['available', 'scheduled', 'retryable', 'running', 'completed',
+                             'dead', 'cancelled']) st,
+                generate_series(1, 25) i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let figures: Vec<(String, String, String, i64)> = sqlx::query_as(
+        "SELECT queue, kind, state, n FROM forge.jobs_figures('forge') ORDER BY 1, 2, 3",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let counted: Vec<(String, String, String, i64)> = sqlx::query_as(
+        "SELECT queue, kind, state, count(*) FROM forge.jobs
+          WHERE namespace = 'forge' AND state NOT IN ('completed', 'cancelled')
+          GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(figures, counted);
+    let states: std::collections::BTreeSet<&str> =
+        figures.iter().map(|(_, _, s, _)| s.as_str()).collect();
+    assert_eq!(
+        states.into_iter().collect::<Vec<_>>(),
+        ["available", "dead", "retryable", "running", "scheduled"]
+    );
+    // The oldest due job of each queue: the function's age and the table's run_at agree
+    // within the time between the two reads.
+    let ages: Vec<(String, f64, f64)> = sqlx::query_as(
+        "SELECT f.queue, max(f.oldest_age_s),
+                (SELECT extract(epoch FROM clock_timestamp() - min(j.run_at))::float8
+                   FROM forge.jobs j
+                  WHERE j.namespace = 'forge' AND j.state = 'available' AND j.queue = f.queue)
+           FROM forge.jobs_figures('forge') f WHERE f.state = 'available'
+          GROUP BY f.queue ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(ages.len(), 3, "{ages:?}");
+    for (queue, age, table) in ages {
+        assert!((age - table).abs() < 1.0, "{queue}: {age} against {table}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_aggregator_leader_alone_exports_the_oldest_job_age_and_the_dead_jobs() {
     let (db, pool) = setup().await;
