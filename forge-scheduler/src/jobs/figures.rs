@@ -9,8 +9,9 @@
 //! A look counts every unfinished job from the indexes alone (see migration 0015): about 0.2 s
 //! of one database core per million queued jobs. So that a huge backlog cannot make the figures
 //! a load of their own, the next look waits at least [`LOOK_SHARE`] times as long as the last
-//! one took: past about 1.5 million queued jobs (at the 15 s default) the figures are refreshed
-//! less often rather than costing more.
+//! one took (the count alone, not waiting for a session), up to 20 intervals: past about 1.5
+//! million queued jobs (at the 15 s default) the figures are refreshed less often rather than
+//! costing more.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -39,15 +40,26 @@ struct Look {
 /// core): the pause after a look is at least this many times the look's duration.
 const LOOK_SHARE: u32 = 50;
 
+/// How far a slow look may stretch the pause, in `maintenance_interval`s: one look slowed by
+/// something else (a lock held by a migration, a stalled disk) must not hide the figures for
+/// long.
+const MAX_STRETCH: u32 = 20;
+
+/// The pause after a look that took `took`.
+fn pause_after(every: Duration, took: Duration) -> Duration {
+    every.max((took * LOOK_SHARE).min(every * MAX_STRETCH))
+}
+
 /// The leader task.
 pub(crate) async fn run(leadership: Leadership, every: Duration, width: Duration) {
     let width = TimeDelta::from_std(width).unwrap_or(TimeDelta::minutes(1));
     let mut reported = Look::default();
     let mut sampled = None;
     loop {
-        let started = Instant::now();
+        let mut pause = every;
         match look(&leadership).await {
-            Ok(look) => {
+            Ok((look, took)) => {
+                pause = pause_after(every, took);
                 report(&leadership, &look, &reported);
                 let bucket = Utc::now().duration_trunc(width).ok();
                 if bucket != sampled {
@@ -62,7 +74,6 @@ pub(crate) async fn run(leadership: Leadership, every: Duration, width: Duration
                 debug!(target: "forge::aggregator", error = %err, "cannot read the queue figures")
             }
         }
-        let pause = every.max(started.elapsed() * LOOK_SHARE);
         tokio::select! {
             _ = sleep(pause) => {}
             _ = leadership.stopping() => return zero(&leadership, &reported),
@@ -70,17 +81,18 @@ pub(crate) async fn run(leadership: Leadership, every: Duration, width: Duration
     }
 }
 
-async fn look(leadership: &Leadership) -> Result<Look, Error> {
+/// The figures, and how long the database took to count them.
+async fn look(leadership: &Leadership) -> Result<(Look, Duration), Error> {
     let rows = async {
         let mut session = leadership.session().await?;
-        Ok::<_, Error>(
-            sqlx::query("SELECT * FROM forge.jobs_figures($1)")
-                .bind(leadership.namespace())
-                .fetch_all(&mut *session)
-                .await?,
-        )
+        let started = Instant::now();
+        let rows = sqlx::query("SELECT * FROM forge.jobs_figures($1)")
+            .bind(leadership.namespace())
+            .fetch_all(&mut *session)
+            .await?;
+        Ok::<_, Error>((rows, started.elapsed()))
     };
-    let rows = timeout(leadership.lease_duration(), rows)
+    let (rows, took) = timeout(leadership.lease_duration(), rows)
         .await
         .map_err(|_| Error::Database(sqlx::Error::PoolTimedOut))??;
     let mut look = Look::default();
@@ -100,7 +112,7 @@ async fn look(leadership: &Leadership) -> Result<Look, Error> {
         }
         look.depth.insert((queue, kind, state), n);
     }
-    Ok(look)
+    Ok((look, took))
 }
 
 fn report(leadership: &Leadership, look: &Look, before: &Look) {
@@ -195,5 +207,23 @@ async fn sample(
             debug!(target: "forge::aggregator", error = %err, "cannot write the queue samples");
             true
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_look_stretches_the_pause_up_to_twenty_intervals() {
+        let every = Duration::from_secs(15);
+        let s = Duration::from_secs_f64;
+        assert_eq!(pause_after(every, s(0.2)), every, "0.2 s: 10 s < 15 s");
+        assert_eq!(pause_after(every, s(1.0)), s(50.0));
+        assert_eq!(
+            pause_after(every, s(60.0)),
+            s(300.0),
+            "capped at 20 intervals"
+        );
     }
 }
