@@ -151,6 +151,47 @@ async fn a_twin_that_takes_the_id_while_a_node_reconnects_stops_that_node() {
     second.shutdown().await;
 }
 
+/// A lossy failover can leave a job `running` on a live node that finished it: its completion
+/// committed on the old primary only. The node's worker, idle by then, must still check its
+/// jobs when its node session comes back, and rescue the one it does not run. (Found by the
+/// soak, seed 1795580930584794114: two jobs stuck `running` on a live node for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_rescues_a_job_left_running_on_it_when_its_session_comes_back() {
+    let (_db, pool) = setup().await;
+    let node = jobs_node(job_config(_db.url(), "a")).await;
+    let id = node
+        .jobs()
+        .enqueue(plain, Behave::tag("once"))
+        .await
+        .unwrap()
+        .id();
+    wait_state(&pool, id, JobState::Completed).await;
+    // What the new primary would hold: the claim, without the completion.
+    sqlx::query("UPDATE forge.jobs SET state = 'running', finished_at = NULL WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let cut: i64 = sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+          WHERE application_name = 'forge:node:a'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(cut, 1);
+    let job = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!(job.attempt, 2, "run again after the rescue: {job:?}");
+    assert!(
+        job.errors
+            .iter()
+            .any(|e| e.reason == "rescued" && e.error.contains("not running there")),
+        "{:?}",
+        job.errors
+    );
+    node.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_restart_does_not_rescue_the_jobs_of_live_nodes() {
     restart_does_not_rescue_live_nodes(false).await;

@@ -487,12 +487,12 @@ impl Worker {
             }
             Ok(ListenerEvent::Restored) | Err(broadcast::error::RecvError::Lagged(_)) => {
                 // Notifications may have been missed, or this node was marked down and
-                // rejoined: look for jobs, cancels and jobs taken away.
+                // rejoined: look for jobs, cancels and jobs taken away. Even an idle worker
+                // reconciles: after a lossy failover the new primary can hold a job running
+                // here whose completion committed on the old primary only.
                 self.wants.deaf = false;
                 self.wants.claim = true;
-                if !self.attempts.is_idle() {
-                    self.wants.reconcile = true;
-                }
+                self.wants.reconcile = true;
             }
             _ => {}
         }
