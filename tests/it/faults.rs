@@ -28,6 +28,18 @@ async fn jobs_node(config: Config) -> Node {
         .expect("node starts")
 }
 
+/// Terminates the sessions named `application_name`; how many there were.
+async fn terminate_sessions(pool: &PgPool, application_name: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+          WHERE application_name = $1",
+    )
+    .bind(application_name)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 async fn wait_leads(pool: &PgPool, role: &str, node: &str) -> i64 {
     wait_until(
         &format!("{node} to lead {role}"),
@@ -157,8 +169,8 @@ async fn a_twin_that_takes_the_id_while_a_node_reconnects_stops_that_node() {
 /// soak, seed 1795580930584794114: two jobs stuck `running` on a live node for good.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_worker_rescues_a_job_left_running_on_it_when_its_session_comes_back() {
-    let (_db, pool) = setup().await;
-    let node = jobs_node(job_config(_db.url(), "a")).await;
+    let (db, pool) = setup().await;
+    let node = jobs_node(job_config(db.url(), "a")).await;
     let id = node
         .jobs()
         .enqueue(plain, Behave::tag("once"))
@@ -172,14 +184,7 @@ async fn an_idle_worker_rescues_a_job_left_running_on_it_when_its_session_comes_
         .execute(&pool)
         .await
         .unwrap();
-    let cut: i64 = sqlx::query_scalar(
-        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-          WHERE application_name = 'forge:node:a'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(cut, 1);
+    assert_eq!(terminate_sessions(&pool, "forge:node:a").await, 1);
     let job = wait_state(&pool, id, JobState::Completed).await;
     assert_eq!(job.attempt, 2, "run again after the rescue: {job:?}");
     assert!(
@@ -557,14 +562,10 @@ async fn a_promoted_standby_that_missed_the_last_election_accepts_no_stale_write
     primary.wait_caught_up(&standby, SOON).await.unwrap();
     replication.blackhole(Filter::All);
     // A new election on the primary only: b leads at epoch 2.
-    let cut: i64 = sqlx::query_scalar(
-        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-          WHERE application_name = 'forge:scheduler:a'",
-    )
-    .fetch_one(&on_primary)
-    .await
-    .unwrap();
-    assert_eq!(cut, 1);
+    assert_eq!(
+        terminate_sessions(&on_primary, "forge:scheduler:a").await,
+        1
+    );
     assert_eq!(wait_leads(&on_primary, "scheduler", "b").await, 2);
     // (The database row is written by the campaign just before the node takes the tenure.)
     let stale = wait_until(
