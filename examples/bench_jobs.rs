@@ -10,6 +10,7 @@
 //! cargo run --release --example bench_jobs -- --extra-config $'[jobs.queues]\ndefault = 32'
 //! cargo run --release --example bench_jobs -- --only throughput --extra-config $'[jobs]\ncompleted_retention = "0s"'
 //! cargo run --release --example bench_jobs -- --quick --only latency --backlog 1000000 --history 10000000
+//! cargo run --release --example bench_jobs -- --only throughput --setup-sql 'DROP INDEX forge.jobs_finished'
 //! ```
 //!
 //! Flat with backlog and history: `--backlog N` inserts N available jobs in another queue
@@ -18,6 +19,11 @@
 //! before it starts, then `VACUUM ANALYZE` and `CHECKPOINT`; compare the figures with a run
 //! without them. A backlog of the worked queue itself is `--jobs N` (throughput drains all
 //! of it).
+//!
+//! What a piece of the schema costs: `--setup-sql SQL` runs SQL in every measurement's database
+//! after its schema and seed rows, before any node starts (for example dropping an index the
+//! hot path writes, to compare the drain with and without it). An experiment, not a tuning:
+//! FORGE needs every index its migrations create.
 //!
 //! With `completed_retention = "0s"` completed jobs leave no row to time the drain by; it is then
 //! timed by the nodes' own notes (first no-op started to last one ended, printed by each node
@@ -113,6 +119,7 @@ async fn main() -> ExitCode {
         backlog: value("--backlog").and_then(|n| n.parse().ok()).unwrap_or(0),
         history: value("--history").and_then(|n| n.parse().ok()).unwrap_or(0),
         extra_config: value("--extra-config").unwrap_or_default(),
+        setup_sql: value("--setup-sql"),
     };
     match bench(options).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -178,6 +185,8 @@ struct Options {
     history: u64,
     /// TOML added to the nodes' forge.toml (other timings than the defaults).
     extra_config: String,
+    /// SQL run in every measurement's database after its schema and seed rows (`--setup-sql`).
+    setup_sql: Option<String>,
     database_url: Option<String>,
     pg_log: Option<PathBuf>,
 }
@@ -185,6 +194,7 @@ struct Options {
 struct Bench {
     server: PgServer,
     extra_config: String,
+    setup_sql: Option<String>,
     backlog: u64,
     history: u64,
     exe: PathBuf,
@@ -207,6 +217,12 @@ impl Bench {
             .shutdown()
             .await;
         self.seed(&pool).await?;
+        if let Some(sql) = &self.setup_sql {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone()))
+                .execute(&pool)
+                .await
+                .map_err(|err| format!("--setup-sql failed: {err}"))?;
+        }
         let path = self.dir.join(format!("{}.toml", db.name()));
         std::fs::write(
             &path,
@@ -654,6 +670,7 @@ async fn bench(options: Options) -> Result<(), BoxError> {
     let mut bench = Bench {
         server,
         extra_config: options.extra_config.clone(),
+        setup_sql: options.setup_sql.clone(),
         backlog: options.backlog,
         history: options.history,
         exe: std::env::current_exe()?,
