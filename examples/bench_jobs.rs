@@ -36,7 +36,7 @@
 //! measurement then needs `--pg-log <file>` (the server's log, with `log_line_prefix` containing
 //! `app=%a`) and a superuser to switch `log_statement`.
 //!
-//! Every node is a separate process: this binary with `--node <forge.toml>`, working the queue
+//! Every node is a separate process: this binary with `--jobs-node <forge.toml>`, working the queue
 //! `default` with its default concurrency (16) and no tuning: the defaults of forge.toml.
 
 use std::collections::BTreeMap;
@@ -101,7 +101,7 @@ fn now_us() -> i64 {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("--node") {
+    if args.get(1).map(String::as_str) == Some(NODE_FLAG) {
         return node(args.get(2).cloned().unwrap_or_default()).await;
     }
     let value = |flag: &str| {
@@ -110,7 +110,6 @@ async fn main() -> ExitCode {
             .and_then(|i| args.get(i + 1).cloned())
     };
     let options = Options {
-        quick: args.iter().any(|a| a == "--quick"),
         database_url: value("--database-url"),
         pg_log: value("--pg-log").map(PathBuf::from),
         only: value("--only"),
@@ -120,9 +119,10 @@ async fn main() -> ExitCode {
         history: value("--history").and_then(|n| n.parse().ok()).unwrap_or(0),
         extra_config: value("--extra-config").unwrap_or_default(),
         setup_sql: value("--setup-sql"),
+        ..Options::defaults(args.iter().any(|a| a == "--quick"))
     };
     match bench(options).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");
             ExitCode::FAILURE
@@ -130,8 +130,12 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The argument that makes this binary a node process (`bench_scale` re-executes itself the
+/// same way for its jobs part: see there).
+pub(crate) const NODE_FLAG: &str = "--jobs-node";
+
 /// The node process.
-async fn node(config: String) -> ExitCode {
+pub(crate) async fn node(config: String) -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -173,7 +177,7 @@ async fn node(config: String) -> ExitCode {
     }
 }
 
-struct Options {
+pub(crate) struct Options {
     quick: bool,
     only: Option<String>,
     nodes: Option<usize>,
@@ -189,6 +193,32 @@ struct Options {
     setup_sql: Option<String>,
     database_url: Option<String>,
     pg_log: Option<PathBuf>,
+}
+
+impl Options {
+    /// Every measurement at the defaults, on a throwaway server.
+    pub(crate) fn defaults(quick: bool) -> Self {
+        Options {
+            quick,
+            only: None,
+            nodes: None,
+            jobs: None,
+            backlog: 0,
+            history: 0,
+            extra_config: String::new(),
+            setup_sql: None,
+            database_url: None,
+            pg_log: None,
+        }
+    }
+}
+
+/// The figures a caller judges against targets (`bench_scale`).
+pub(crate) struct Figures {
+    /// Median drain rate (first claim to last completion, jobs/s) by number of nodes.
+    pub(crate) throughput: BTreeMap<usize, f64>,
+    /// Pickup latency p50 and p99, milliseconds (enqueue call to handler start).
+    pub(crate) latency_ms: Option<(f64, f64)>,
 }
 
 struct Bench {
@@ -294,7 +324,7 @@ impl Bench {
         let id = format!("n{}", self.next_id);
         let mut command = Command::new(&self.exe);
         command
-            .arg("--node")
+            .arg(NODE_FLAG)
             .arg(config)
             .env("FORGE_NODE_ID", &id)
             .env_remove("DATABASE_URL")
@@ -638,7 +668,7 @@ async fn idle(
     Ok(per_node)
 }
 
-async fn bench(options: Options) -> Result<(), BoxError> {
+pub(crate) async fn bench(options: Options) -> Result<Figures, BoxError> {
     let total = options.jobs.unwrap_or(20_000);
     let (rounds, pings, idle_secs) = if options.quick {
         (1, 300, 20)
@@ -706,6 +736,10 @@ async fn bench(options: Options) -> Result<(), BoxError> {
         );
     }
 
+    let mut figures = Figures {
+        throughput: BTreeMap::new(),
+        latency_ms: None,
+    };
     let part = |name: &str| options.only.as_deref().is_none_or(|only| only == name);
     let only_nodes: Option<usize> = options.nodes;
     for nodes in [1, 2]
@@ -725,9 +759,10 @@ async fn bench(options: Options) -> Result<(), BoxError> {
             walls.push(d.wall_per_s);
             enqueues.push(d.enqueue_per_s);
         }
+        let drain = median(drains);
+        figures.throughput.insert(nodes, drain);
         println!(
-            "THROUGHPUT {nodes} node(s): median {:.0} jobs/s (claim->completion), {:.0} jobs/s incl. process start; {total} no-op jobs inserted first, concurrency 16 per node",
-            median(drains),
+            "THROUGHPUT {nodes} node(s): median {drain:.0} jobs/s (claim->completion), {:.0} jobs/s incl. process start; {total} no-op jobs inserted first, concurrency 16 per node",
             median(walls)
         );
         println!(
@@ -761,6 +796,7 @@ async fn bench(options: Options) -> Result<(), BoxError> {
 
     if part("latency") {
         let (client, server) = latency(&mut bench, pings).await?;
+        figures.latency_ms = Some((percentile(&client, 50.0), percentile(&client, 99.0)));
         println!(
             "PICKUP LATENCY, one job every 10 ms, n={pings}: enqueue call -> handler start p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
             percentile(&client, 50.0),
@@ -792,5 +828,5 @@ async fn bench(options: Options) -> Result<(), BoxError> {
         None => println!("IDLE: skipped (no server log; pass --pg-log for an external server)"),
     }
     let _ = std::fs::remove_dir_all(&bench.dir);
-    Ok(())
+    Ok(figures)
 }

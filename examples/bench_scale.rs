@@ -1,11 +1,13 @@
 //! Scale benchmark: 100 node processes x 3 roles on one PostgreSQL (start-up of all at once,
-//! connections per idle node, total idle statements, crash failover among 100 waiters), and
-//! 10,000 crons on one leader (fire lag).
+//! connections per idle node, total idle statements, crash failover among 100 waiters),
+//! 10,000 crons on one leader (fire lag), and the job queue at the defaults (drain rate with 1
+//! and 2 nodes, the same SQL with no FORGE around it, pickup latency, idle statements: the
+//! measurements of `bench_jobs`, which this runs).
 //!
 //! ```text
 //! cargo run --release --example bench_scale                       # 100 nodes, 10 kills, 10,000 crons
 //! cargo run --release --example bench_scale -- --quick            # 20 nodes, 5 kills, 2,000 crons, short windows
-//! cargo run --release --example bench_scale -- --only scale       # or crons
+//! cargo run --release --example bench_scale -- --only scale       # or crons, or jobs
 //! cargo run --release --example bench_scale -- --nodes 50 --kills 20 --crons 5000 --idle-secs 60 --cron-secs 60
 //! cargo run --release --example bench_scale -- --extra-config '[cluster.leader_election]
 //! lock_timeout = "15s"'                                           # other timings (TOML added to forge.toml)
@@ -33,6 +35,11 @@
 //!   (wall clock, one machine), and `forge.cron_ticks.claimed_at - scheduled_at` on the
 //!   server's clock (negative: claimed ahead, `[cron] claim_ahead`, 50 ms by default).
 //!
+//! * Jobs: `bench_jobs` at the defaults on a throwaway server of its own (its node processes are
+//!   this binary re-executed with `--jobs-node`). The throughput target is relative to
+//!   graphile_worker's best tuning, which needs Node.js and runs apart: `benches/peers` on the
+//!   same server (README, "Benchmarks", has both side by side).
+//!
 //! Prints PASS/MISS next to each figure with a target; exits non-zero only when the harness
 //! itself fails.
 
@@ -53,6 +60,11 @@ use tokio::time::{Instant, sleep};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The job queue's measurements, shared with the `bench_jobs` example.
+#[allow(dead_code)] // bench_jobs's own main and its flag parsing are not used here.
+#[path = "bench_jobs.rs"]
+mod jobs;
+
 const ROLES: &str = "scheduler,metrics_aggregator,log_compactor";
 /// How long the number of FORGE backends must stay the same for a start to count as settled.
 const STABLE: Duration = Duration::from_secs(3);
@@ -62,6 +74,9 @@ async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if let Some(code) = forge_testkit::probe::run_if_node_mode(&args).await {
         return code;
+    }
+    if args.get(1).map(String::as_str) == Some(jobs::NODE_FLAG) {
+        return jobs::node(args.get(2).cloned().unwrap_or_default()).await;
     }
     if args.get(1).map(String::as_str) == Some("--cron-node") {
         let count = args.get(3).and_then(|c| c.parse().ok()).unwrap_or(0);
@@ -87,8 +102,9 @@ async fn main() -> ExitCode {
     if let Some(only) = &options.only
         && only != "scale"
         && only != "crons"
+        && only != "jobs"
     {
-        eprintln!("error: --only takes scale or crons");
+        eprintln!("error: --only takes scale, crons or jobs");
         return ExitCode::FAILURE;
     }
     match bench(options).await {
@@ -296,6 +312,13 @@ async fn bench(options: Options) -> Result<(), BoxError> {
             options.extra_config.replace('\n', " ")
         );
     }
+    let part = |name: &str| options.only.as_deref().is_none_or(|only| only == name);
+    if part("jobs") {
+        job_queue(options.quick).await?;
+    }
+    if !part("scale") && !part("crons") {
+        return Ok(());
+    }
     // Each node holds 4-5 sessions; starting, a node also opens a setup session and two for
     // the pooler check, and the probe one more.
     let max_connections = (options.nodes as u32 * 10 + 100).max(300);
@@ -322,10 +345,10 @@ async fn bench(options: Options) -> Result<(), BoxError> {
     let dir = std::env::temp_dir().join(format!("forge-bench-scale-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let result = async {
-        if options.only.as_deref() != Some("crons") {
+        if part("scale") {
             scale(&server, &admin, &dir, &options).await?;
         }
-        if options.only.as_deref() != Some("scale") {
+        if part("crons") {
             crons(&server, &dir, &options).await?;
         }
         Ok::<_, BoxError>(())
@@ -333,6 +356,31 @@ async fn bench(options: Options) -> Result<(), BoxError> {
     .await;
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// The job queue at the defaults (`bench_jobs`), judged against the targets it can be judged
+/// against alone.
+async fn job_queue(quick: bool) -> Result<(), BoxError> {
+    println!("\n== Job queue (bench_jobs at the defaults) ==\n");
+    let figures = jobs::bench(jobs::Options::defaults(quick)).await?;
+    println!("\nJob queue targets:");
+    if let (Some(one), Some(two)) = (figures.throughput.get(&1), figures.throughput.get(&2)) {
+        println!(
+            "  2 nodes at least as fast as 1: {two:.0} against {one:.0} jobs/s   {}",
+            verdict(two >= one)
+        );
+        println!(
+            "  1.5x graphile_worker's best tuning: needs its figure from the same server (`benches/peers`); 1.5x of its 41,100-48,700 jobs/s measured here is 61,700-73,100"
+        );
+    }
+    if let Some((p50, p99)) = figures.latency_ms {
+        println!(
+            "  pickup latency p50 {p50:.2} ms (<= 1.5), p99 {p99:.2} ms (<= 4)   {}",
+            verdict(p50 <= 1.5 && p99 <= 4.0)
+        );
+    }
+    println!();
+    Ok(())
 }
 
 fn write_config(dir: &Path, name: &str, url: &str, extra: &str) -> Result<PathBuf, BoxError> {
