@@ -557,6 +557,14 @@ async fn a_promoted_standby_that_missed_the_last_election_accepts_no_stale_write
     };
     let a = node("a").await.unwrap();
     assert_eq!(wait_leads(&on_primary, "scheduler", "a").await, 1);
+    let first = wait_until(
+        "a to hold its tenure",
+        SOON,
+        Duration::from_millis(5),
+        || async { a.leadership(&Role::SCHEDULER).map(|l| l.fence_token()) },
+    )
+    .await
+    .unwrap();
     let b = node("b").await.unwrap();
     // The standby has everything so far; then replication stalls.
     primary.wait_caught_up(&standby, SOON).await.unwrap();
@@ -586,7 +594,8 @@ async fn a_promoted_standby_that_missed_the_last_election_accepts_no_stale_write
     let on_standby = sqlx::PgPool::connect(&standby.url_for(db.name()))
         .await
         .unwrap();
-    // Leadership is re-established on the new primary within seconds, at epoch 2 again.
+    // Leadership is re-established on the new primary within seconds, at epoch 2 again. (Until
+    // then the standby still shows a's first tenure, whose lease it never saw end.)
     let epoch: i64 = wait_until(
         "a leader on the new primary",
         SOON,
@@ -594,9 +603,9 @@ async fn a_promoted_standby_that_missed_the_last_election_accepts_no_stale_write
         || async {
             sqlx::query_scalar(
                 "SELECT epoch FROM forge.leaders WHERE role = 'scheduler' AND released_at IS NULL
-                    AND lease_until > clock_timestamp() AND tenure <> $1",
+                    AND lease_until > clock_timestamp() AND tenure <> ALL ($1)",
             )
-            .bind(stale.tenure)
+            .bind([first.tenure, stale.tenure])
             .fetch_optional(&on_standby)
             .await
             .ok()
