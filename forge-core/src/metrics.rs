@@ -262,6 +262,9 @@ impl Metrics {
     pub fn serve(listen: SocketAddr) -> Result<Metrics> {
         let (recorder, exporter) = builder()
             .with_http_listener(listen)
+            // The exporter's own upkeep would run on an async worker as well: the node's
+            // (`run_upkeep`, on a blocking thread) is the only one.
+            .upkeep_timeout(Duration::from_secs(365 * 24 * 3600))
             .build()
             .map_err(|err| Error::Metrics {
                 listen: listen.to_string(),

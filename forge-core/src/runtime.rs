@@ -683,7 +683,13 @@ impl Runtime {
 async fn upkeep(metrics: Metrics, shutdown: CancellationToken) {
     loop {
         tokio::select! {
-            _ = sleep(Metrics::UPKEEP_EVERY) => metrics.run_upkeep(),
+            _ = sleep(Metrics::UPKEEP_EVERY) => {
+                // It drains every histogram of the registry, whether it recorded or not: tens
+                // of milliseconds with thousands of crons. On a blocking thread, so that the
+                // async workers keep firing ticks and answering round trips meanwhile.
+                let metrics = metrics.clone();
+                let _ = tokio::task::spawn_blocking(move || metrics.run_upkeep()).await;
+            }
             _ = shutdown.cancelled() => return,
         }
     }
