@@ -37,6 +37,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use forge_core::Leadership;
 use futures_util::FutureExt;
+use metrics::{Counter, Histogram};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -100,7 +101,9 @@ pub(super) async fn supervise(
         claimer,
         gater,
         finisher,
+        gate_passed: Arc::new(GatePassed::default()),
     };
+    let gate_passed = batchers.gate_passed.clone();
     let mut loops = JoinSet::new();
     for cron in crons.iter() {
         let resume = resume.remove(&cron.name).unwrap_or_default();
@@ -123,7 +126,21 @@ pub(super) async fn supervise(
     let gating = tokio::spawn(batches(
         leadership.clone(),
         gates,
-        |l, r: Vec<()>| async move { Ok(vec![ledger::gate(&l).await?; r.len()]) },
+        move |l, ticks: Vec<DateTime<Utc>>| {
+            let passed = gate_passed.clone();
+            async move {
+                // Asks queued while the previous answer travelled are answered by it when it
+                // covers their instants (see `GatePassed`).
+                if let Some(at) = ticks.iter().max().and_then(|t| passed.covers(*t)) {
+                    return Ok(vec![Some(at); ticks.len()]);
+                }
+                let now = ledger::gate(&l).await?;
+                if let Some(now) = now {
+                    passed.record(now);
+                }
+                Ok(vec![now; ticks.len()])
+            }
+        },
     ));
     let finishing = tokio::spawn(batches(leadership.clone(), outcomes, |l, r| async move {
         ledger::finish_many(&l, &r).await
@@ -143,7 +160,7 @@ struct Ask<Q, A> {
 
 type Claimer = mpsc::UnboundedSender<Ask<ClaimRequest, Claim>>;
 /// Answers the gate: the database's time while this tenure is current, `None` otherwise.
-type Gater = mpsc::UnboundedSender<Ask<(), Option<DateTime<Utc>>>>;
+type Gater = mpsc::UnboundedSender<Ask<DateTime<Utc>, Option<DateTime<Utc>>>>;
 type Finisher = mpsc::UnboundedSender<Ask<FinishRequest, Finish>>;
 
 /// The tenure's batchers, as the cron loops reach them.
@@ -155,6 +172,39 @@ struct Batchers {
     gater: Gater,
     /// The runs' outcomes.
     finisher: Finisher,
+    /// The latest time at which a gate found this tenure current.
+    gate_passed: Arc<GatePassed>,
+}
+
+/// The latest database time at which the gate found this tenure the current one. A tick whose
+/// instant is at or before it passes the gate without asking again: the gate's promise - a
+/// tick started by this tenure has its instant at or before a time at which the tenure was
+/// current, so before any newer tenure's `acquired_at` (ARCHITECTURE.md, "Claiming ahead") -
+/// holds for it as it did for the ticks of the answer. So the ticks due at one instant need
+/// one read, even when they wake across two timer ticks and the second batch would otherwise
+/// wait for the session behind the first runs' outcomes.
+#[derive(Debug)]
+struct GatePassed(std::sync::atomic::AtomicI64);
+
+impl Default for GatePassed {
+    fn default() -> Self {
+        GatePassed(std::sync::atomic::AtomicI64::new(i64::MIN))
+    }
+}
+
+impl GatePassed {
+    fn record(&self, at: DateTime<Utc>) {
+        self.0
+            .fetch_max(at.timestamp_micros(), std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// The recorded time, if `tick` is at or before it.
+    fn covers(&self, tick: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let at = self.0.load(std::sync::atomic::Ordering::Acquire);
+        (at >= tick.timestamp_micros())
+            .then(|| DateTime::from_timestamp_micros(at))
+            .flatten()
+    }
 }
 
 /// Serves asks in batches: whatever is waiting when a batch goes out goes in one statement
@@ -253,6 +303,7 @@ async fn run_cron(
     batchers: Batchers,
 ) {
     let mut runs = Runs {
+        metrics: Arc::new(CronMetrics::new(&cron, &leadership)),
         cron: cron.clone(),
         leadership: leadership.clone(),
         board: settings.board.clone(),
@@ -361,6 +412,7 @@ fn backlog(
 /// The runs of one cron in one tenure.
 struct Runs {
     cron: CronJob,
+    metrics: Arc<CronMetrics>,
     leadership: Leadership,
     board: SharedBoard,
     /// The tenure's batchers.
@@ -461,10 +513,7 @@ impl Runs {
         };
         match slot {
             Slot::Skip(why) => {
-                self.leadership
-                    .metrics()
-                    .counter(&CRON_RUNS, &outcome_labels(&self.cron, TickState::Skipped))
-                    .increment(1);
+                self.metrics.runs(TickState::Skipped).increment(1);
                 info!(target: "forge::cron", cron = %self.cron.name, %tick, why, "tick skipped");
             }
             // A run whose claim had to be retried starts late through no fault of its
@@ -506,7 +555,10 @@ impl Runs {
                 self.unclaim(tick).await;
                 return false;
             }
-            let gate = tokio::time::timeout(bound, ask(&self.batchers.gater, ())).await;
+            if self.batchers.gate_passed.covers(tick).is_some() {
+                return true;
+            }
+            let gate = tokio::time::timeout(bound, ask(&self.batchers.gater, tick)).await;
             match gate {
                 Ok(Ok(Some(now))) if now >= tick => return true,
                 Ok(Ok(Some(now))) => {
@@ -688,13 +740,7 @@ impl Runs {
                 self.spawn_run(tick, attempt as u32, true);
             }
             Ok(Some(_)) => {
-                self.leadership
-                    .metrics()
-                    .counter(
-                        &CRON_RUNS,
-                        &outcome_labels(&self.cron, TickState::Abandoned),
-                    )
-                    .increment(1);
+                self.metrics.runs(TickState::Abandoned).increment(1);
                 warn!(target: "forge::cron", cron = %self.cron.name, %tick, attempt, previous_epoch = epoch,
                       "abandoned a tick whose run was cut short by its leader's death");
             }
@@ -707,9 +753,10 @@ impl Runs {
 
     fn spawn_run(&mut self, tick: DateTime<Utc>, attempt: u32, backlog: bool) {
         let cron = self.cron.clone();
+        let metrics = self.metrics.clone();
         let leadership = self.leadership.clone();
         let finisher = self.batchers.finisher.clone();
-        let run = async move { run_tick(cron, leadership, finisher, tick, attempt).await };
+        let run = async move { run_tick(cron, metrics, leadership, finisher, tick, attempt).await };
         if backlog {
             self.backlog.spawn(run);
         } else {
@@ -721,6 +768,7 @@ impl Runs {
 /// Runs a claimed tick's handler and records the outcome.
 async fn run_tick(
     cron: CronJob,
+    metrics: Arc<CronMetrics>,
     leadership: Leadership,
     finisher: Finisher,
     tick: DateTime<Utc>,
@@ -732,12 +780,8 @@ async fn run_tick(
         return;
     }
     let fired_at = Utc::now();
-    let metrics = leadership.metrics().clone();
-    let labels = labels(&cron);
     let lag = (fired_at - tick).to_std().unwrap_or_default();
-    metrics
-        .histogram(&CRON_LAG, &labels)
-        .record(lag.as_secs_f64());
+    metrics.lag.record(lag.as_secs_f64());
     let cancel = CancellationToken::new();
     let ctx = CronContext {
         name: cron.name.as_str().into(),
@@ -751,11 +795,9 @@ async fn run_tick(
     let started = tokio::time::Instant::now();
     let (state, error) = run_handler(&cron, ctx, &cancel).await;
     let took = started.elapsed().as_secs_f64();
-    metrics.histogram(&CRON_DURATION, &labels).record(took);
-    metrics
-        .counter(&CRON_RUNS, &outcome_labels(&cron, state))
-        .increment(1);
-    let tally = metrics.tally();
+    metrics.duration.record(took);
+    metrics.runs(state).increment(1);
+    let tally = leadership.metrics().tally();
     tally.add(Series::CronRuns.as_str(), &cron.name, 1.0);
     if state != TickState::Succeeded {
         tally.add(Series::CronFailures.as_str(), &cron.name, 1.0);
@@ -882,10 +924,78 @@ fn labels(cron: &CronJob) -> [(&'static str, &str); 2] {
     [("cron", cron.name.as_str()), ("role", cron.role.name())]
 }
 
-fn outcome_labels(cron: &CronJob, outcome: TickState) -> [(&'static str, &str); 3] {
-    [
-        ("cron", cron.name.as_str()),
-        ("role", cron.role.name()),
-        ("outcome", outcome.as_str()),
-    ]
+/// One cron's Prometheus handles, looked up once per tenure: a tick then records without
+/// building and looking up label sets (with thousands of crons due at one instant, that was
+/// much of the time between the first tick's start and the last one's).
+struct CronMetrics {
+    lag: Histogram,
+    duration: Histogram,
+    /// `forge_cron_runs_total` by outcome, in the order of [`CronMetrics::OUTCOMES`].
+    runs: [Counter; 5],
+}
+
+impl CronMetrics {
+    const OUTCOMES: [TickState; 5] = [
+        TickState::Succeeded,
+        TickState::Failed,
+        TickState::TimedOut,
+        TickState::Skipped,
+        TickState::Abandoned,
+    ];
+
+    fn new(cron: &CronJob, leadership: &Leadership) -> CronMetrics {
+        let metrics = leadership.metrics();
+        let labels = labels(cron);
+        CronMetrics {
+            lag: metrics.histogram(&CRON_LAG, &labels),
+            duration: metrics.histogram(&CRON_DURATION, &labels),
+            runs: Self::OUTCOMES.map(|outcome| {
+                metrics.counter(
+                    &CRON_RUNS,
+                    &[
+                        ("cron", cron.name.as_str()),
+                        ("role", cron.role.name()),
+                        ("outcome", outcome.as_str()),
+                    ],
+                )
+            }),
+        }
+    }
+
+    /// The run counter of an outcome (`running` is not one: it counts as succeeded, which
+    /// no caller passes).
+    fn runs(&self, outcome: TickState) -> &Counter {
+        let at = Self::OUTCOMES.iter().position(|o| *o == outcome);
+        &self.runs[at.unwrap_or(0)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gate_answer_covers_the_ticks_at_or_before_it_and_only_grows() {
+        let passed = GatePassed::default();
+        let t = |ms: i64| DateTime::from_timestamp_millis(1_800_000_000_000 + ms).unwrap();
+        assert_eq!(passed.covers(t(0)), None, "nothing passed yet");
+        passed.record(t(2));
+        assert_eq!(passed.covers(t(0)), Some(t(2)));
+        assert_eq!(
+            passed.covers(t(2)),
+            Some(t(2)),
+            "the instant itself is covered"
+        );
+        assert_eq!(
+            passed.covers(t(3)),
+            None,
+            "a later instant needs its own gate"
+        );
+        passed.record(t(1));
+        assert_eq!(
+            passed.covers(t(2)),
+            Some(t(2)),
+            "an older answer does not move it back"
+        );
+    }
 }
