@@ -11,7 +11,12 @@
 //! cargo run --release --example bench_jobs -- --only throughput --extra-config $'[jobs]\ncompleted_retention = "0s"'
 //! cargo run --release --example bench_jobs -- --quick --only latency --backlog 1000000 --history 10000000
 //! cargo run --release --example bench_jobs -- --only throughput --setup-sql 'DROP INDEX forge.jobs_finished'
+//! cargo run --release --example bench_jobs -- --only throughput --peers   # graphile_worker side by side
 //! ```
+//!
+//! Side by side with the peer: `--peers` builds `benches/peers` and runs graphile_worker at its
+//! best tuning (poll every 10 ms, local queue of 500, batched completions) for one round before
+//! each of FORGE's throughput rounds, on the same server, and prints FORGE's rate over its.
 //!
 //! Flat with backlog and history: `--backlog N` inserts N available jobs in another queue
 //! (`backlog`, which no node works) and `--history N` N completed jobs (queue `history`,
@@ -121,6 +126,20 @@ async fn main() -> ExitCode {
         setup_sql: value("--setup-sql"),
         ..Options::defaults(args.iter().any(|a| a == "--quick"))
     };
+    let options = if args.iter().any(|a| a == "--peers") {
+        match build_peer().await {
+            Ok(peer) => Options {
+                peer: Some(peer),
+                ..options
+            },
+            Err(err) => {
+                eprintln!("error: --peers: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        options
+    };
     match bench(options).await {
         Ok(_) => ExitCode::SUCCESS,
         Err(err) => {
@@ -128,6 +147,58 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The peer FORGE's drain rate is judged against (issue 11): graphile_worker 0.14 polling every
+/// 10 ms with a local queue of 500 and batched completions (`benches/peers`, `--tuning full`).
+pub(crate) const PEER_LABEL: &str = "graphile_worker best tuning";
+
+/// Builds `benches/peers` (its own workspace and lock file; the first build fetches and
+/// compiles graphile_worker and riverqueue, a few minutes) and returns its binary.
+pub(crate) async fn build_peer() -> Result<PathBuf, BoxError> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers");
+    let target = dir.join("target");
+    println!("Building benches/peers (graphile_worker, riverqueue) for the side-by-side rounds...");
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--release", "--quiet", "--manifest-path"])
+        .arg(dir.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .await
+        .map_err(|err| format!("could not run cargo to build benches/peers: {err}"))?;
+    if !status.success() {
+        return Err(format!(
+            "building benches/peers failed ({status}); it needs crates.io (graphile_worker 0.14, riverqueue 0.5)"
+        )
+        .into());
+    }
+    Ok(target.join("release/forge-peers-bench"))
+}
+
+/// One round of the peer on the server of `url` (a database of its own): its drain rate.
+async fn peer_round(binary: &Path, url: &str) -> Result<f64, BoxError> {
+    let output = Command::new(binary)
+        .args([
+            url, "--quick", "--only", "graphile", "--tuning", "full", "--cap", "60",
+        ])
+        .output()
+        .await
+        .map_err(|err| format!("could not start {}: {err}", binary.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!(
+            "exited with {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+        .into());
+    }
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("PEER ")?.split("median ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| format!("no PEER line in its output: {}", stdout.trim()).into())
 }
 
 /// The argument that makes this binary a node process (`bench_scale` re-executes itself the
@@ -193,6 +264,9 @@ pub(crate) struct Options {
     setup_sql: Option<String>,
     database_url: Option<String>,
     pg_log: Option<PathBuf>,
+    /// The built `benches/peers` binary: graphile_worker at its best tuning runs one round
+    /// before each of FORGE's throughput rounds, on the same server (`--peers`).
+    pub(crate) peer: Option<PathBuf>,
 }
 
 impl Options {
@@ -209,6 +283,7 @@ impl Options {
             setup_sql: None,
             database_url: None,
             pg_log: None,
+            peer: None,
         }
     }
 }
@@ -219,6 +294,9 @@ pub(crate) struct Figures {
     pub(crate) throughput: BTreeMap<usize, f64>,
     /// Pickup latency p50 and p99, milliseconds (enqueue call to handler start).
     pub(crate) latency_ms: Option<(f64, f64)>,
+    /// graphile_worker's median drain rate at its best tuning, measured between FORGE's
+    /// throughput rounds on the same server (`peer`).
+    pub(crate) peer: Option<f64>,
 }
 
 struct Bench {
@@ -391,6 +469,10 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
     // Let autovacuum/analyze notice the new rows as it would in steady state.
     sqlx::query("ANALYZE forge.jobs").execute(&pool).await?;
 
+    // The queue stays paused until every node is ready: a node's start takes about as long as
+    // the drain, and the first node up would otherwise drain alone for a while.
+    let workload = forge::inspect::Workload::new(pool.clone(), forge::LockNamespace::default());
+    workload.pause_queue("default", "bench").await?;
     let spawned = Instant::now();
     let mut processes = Vec::new();
     for _ in 0..nodes {
@@ -399,6 +481,7 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
     for process in &mut processes {
         Bench::ready(process).await?;
     }
+    workload.resume_queue("default", "bench").await?;
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         // Cheap while the nodes work (two probes of partial indexes, every 20 ms): this
@@ -739,26 +822,47 @@ pub(crate) async fn bench(options: Options) -> Result<Figures, BoxError> {
     let mut figures = Figures {
         throughput: BTreeMap::new(),
         latency_ms: None,
+        peer: None,
     };
     let part = |name: &str| options.only.as_deref().is_none_or(|only| only == name);
     let only_nodes: Option<usize> = options.nodes;
-    for nodes in [1, 2]
+    let node_counts: Vec<usize> = [1, 2]
         .into_iter()
         .filter(|n| part("throughput") && only_nodes.is_none_or(|only| only == *n))
-    {
-        let mut drains = Vec::new();
-        let mut walls = Vec::new();
-        let mut enqueues = Vec::new();
-        for round in 1..=rounds {
+        .collect();
+    // Rounds interleaved (peer, 1 node, 2 nodes, then again), so that a slow minute of a shared
+    // machine falls on all of them rather than on one.
+    let mut peer = options.peer.clone().filter(|_| !node_counts.is_empty());
+    let mut rates: BTreeMap<usize, [Vec<f64>; 3]> = BTreeMap::new();
+    let mut peer_rates = Vec::new();
+    for round in 1..=rounds {
+        if let Some(binary) = &peer {
+            match peer_round(binary, &bench.server.url()).await {
+                Ok(rate) => {
+                    println!(
+                        "  throughput, {PEER_LABEL}, round {round}: {rate:>8.0} jobs/s (run() -> no job left)"
+                    );
+                    peer_rates.push(rate);
+                }
+                Err(err) => {
+                    println!("  {PEER_LABEL}: failed ({err}); FORGE's rounds go on without it");
+                    peer = None;
+                }
+            }
+        }
+        for &nodes in &node_counts {
             let d = drain(&mut bench, nodes, total).await?;
             println!(
                 "  throughput, {nodes} node(s), round {round}: {:>8.0} jobs/s (first claim -> last completion), {:>8.0} jobs/s (process start -> all completed); per node {:?}",
                 d.drain_per_s, d.wall_per_s, d.per_node
             );
+            let [drains, walls, enqueues] = rates.entry(nodes).or_default();
             drains.push(d.drain_per_s);
             walls.push(d.wall_per_s);
             enqueues.push(d.enqueue_per_s);
         }
+    }
+    for (nodes, [drains, walls, enqueues]) in rates {
         let drain = median(drains);
         figures.throughput.insert(nodes, drain);
         println!(
@@ -766,9 +870,25 @@ pub(crate) async fn bench(options: Options) -> Result<Figures, BoxError> {
             median(walls)
         );
         println!(
-            "BULK ENQUEUE: median {:.0} jobs/s (enqueue_many, 1,000 jobs per statement)\n",
+            "BULK ENQUEUE: median {:.0} jobs/s (enqueue_many, 1,000 jobs per statement)",
             median(enqueues)
         );
+    }
+    if !peer_rates.is_empty() {
+        let best = median(peer_rates);
+        figures.peer = Some(best);
+        println!(
+            "PEER {PEER_LABEL}: median {best:.0} jobs/s (20,000 no-op jobs, concurrency 16; same server, rounds interleaved with FORGE's)"
+        );
+        for (nodes, rate) in &figures.throughput {
+            println!(
+                "  FORGE {nodes} node(s) / {PEER_LABEL}: {:.2}x",
+                rate / best
+            );
+        }
+    }
+    if !node_counts.is_empty() {
+        println!();
     }
 
     if part("limit") {

@@ -8,6 +8,7 @@
 //! cargo run --release --example bench_scale                       # 100 nodes, 10 kills, 10,000 crons
 //! cargo run --release --example bench_scale -- --quick            # 20 nodes, 5 kills, 2,000 crons, short windows
 //! cargo run --release --example bench_scale -- --only scale       # or crons, or jobs
+//! cargo run --release --example bench_scale -- --no-peers         # without graphile_worker's rounds
 //! cargo run --release --example bench_scale -- --nodes 50 --kills 20 --crons 5000 --idle-secs 60 --cron-secs 60
 //! cargo run --release --example bench_scale -- --extra-config '[cluster.leader_election]
 //! lock_timeout = "15s"'                                           # other timings (TOML added to forge.toml)
@@ -37,8 +38,9 @@
 //!
 //! * Jobs: `bench_jobs` at the defaults on a throwaway server of its own (its node processes are
 //!   this binary re-executed with `--jobs-node`). The throughput target is relative to
-//!   graphile_worker's best tuning, which needs Node.js and runs apart: `benches/peers` on the
-//!   same server (README, "Benchmarks", has both side by side).
+//!   graphile_worker's best tuning (the Rust crate graphile_worker 0.14): `benches/peers`, a
+//!   project of its own, is built (crates.io) and run for one round before each of FORGE's
+//!   throughput rounds on the same server; `--no-peers` skips it.
 //!
 //! Prints PASS/MISS next to each figure with a target; exits non-zero only when the harness
 //! itself fails.
@@ -98,6 +100,7 @@ async fn main() -> ExitCode {
         cron_secs: number("--cron-secs").unwrap_or(if quick { 15 } else { 60 }) as u64,
         only: value("--only"),
         extra_config: value("--extra-config").unwrap_or_default(),
+        peers: !args.iter().any(|a| a == "--no-peers"),
     };
     if let Some(only) = &options.only
         && only != "scale"
@@ -126,6 +129,8 @@ struct Options {
     only: Option<String>,
     /// TOML appended to the nodes' forge.toml (to try other timings).
     extra_config: String,
+    /// Run graphile_worker's best tuning between the job queue's rounds (`--no-peers`: not).
+    peers: bool,
 }
 
 fn verdict(met: bool) -> &'static str {
@@ -314,7 +319,7 @@ async fn bench(options: Options) -> Result<(), BoxError> {
     }
     let part = |name: &str| options.only.as_deref().is_none_or(|only| only == name);
     if part("jobs") {
-        job_queue(options.quick).await?;
+        job_queue(options.quick, options.peers).await?;
     }
     if !part("scale") && !part("crons") {
         return Ok(());
@@ -358,20 +363,43 @@ async fn bench(options: Options) -> Result<(), BoxError> {
     result
 }
 
-/// The job queue at the defaults (`bench_jobs`), judged against the targets it can be judged
-/// against alone.
-async fn job_queue(quick: bool) -> Result<(), BoxError> {
+/// The job queue at the defaults (`bench_jobs`), with graphile_worker's best tuning between
+/// its throughput rounds on the same server unless `--no-peers`, judged against the targets.
+async fn job_queue(quick: bool, peers: bool) -> Result<(), BoxError> {
     println!("\n== Job queue (bench_jobs at the defaults) ==\n");
-    let figures = jobs::bench(jobs::Options::defaults(quick)).await?;
+    let peer = if peers {
+        match jobs::build_peer().await {
+            Ok(binary) => Some(binary),
+            Err(err) => {
+                println!("  (no side-by-side rounds: {err})");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut options = jobs::Options::defaults(quick);
+    options.peer = peer;
+    let figures = jobs::bench(options).await?;
     println!("\nJob queue targets:");
     if let (Some(one), Some(two)) = (figures.throughput.get(&1), figures.throughput.get(&2)) {
         println!(
             "  2 nodes at least as fast as 1: {two:.0} against {one:.0} jobs/s   {}",
             verdict(two >= one)
         );
-        println!(
-            "  1.5x graphile_worker's best tuning: needs its figure from the same server (`benches/peers`); 1.5x of its 41,100-48,700 jobs/s measured here is 61,700-73,100"
-        );
+        match figures.peer {
+            Some(best) => println!(
+                "  1.5x {}: 1 node {:.2}x, 2 nodes {:.2}x ({best:.0} jobs/s; medians of interleaved rounds on one server)   {}",
+                jobs::PEER_LABEL,
+                one / best,
+                two / best,
+                verdict(one.min(*two) >= 1.5 * best)
+            ),
+            None => println!(
+                "  1.5x {}: not measured (without --no-peers this runs benches/peers between the rounds)",
+                jobs::PEER_LABEL
+            ),
+        }
     }
     if let Some((p50, p99)) = figures.latency_ms {
         println!(
@@ -904,6 +932,24 @@ async fn crons(server: &PgServer, dir: &Path, options: &Options) -> Result<(), B
         .collect();
     println!("{}", summary("first tick of each second", &firsts, "ms"));
     println!("{}", summary("last tick of each second", &lasts, "ms"));
+    // Which seconds were worst (to match them with the leader's periodic work).
+    let mut worst: Vec<(i64, f64)> = per_second
+        .iter()
+        .filter_map(|(at, v)| Some((*at, v.iter().copied().reduce(f64::max)?)))
+        .collect();
+    worst.sort_by(|a, b| b.1.total_cmp(&a.1));
+    println!(
+        "  worst seconds (last tick's lag): {}",
+        worst
+            .iter()
+            .take(3)
+            .map(|(at, lag)| {
+                let at = chrono::DateTime::from_timestamp_micros(*at).unwrap_or_default();
+                format!("{} {lag:.1} ms", at.format("%H:%M:%S"))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!(
         "  leader process: CPU {} of one core over the window, RSS {rss:.1} MiB",
         cpu.map_or("-".into(), |c| format!("{c:.1} %"))

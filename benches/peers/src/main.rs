@@ -3,7 +3,11 @@
 //!
 //! ```text
 //! cargo run --release --manifest-path benches/peers/Cargo.toml -- <DATABASE_URL> [--quick] [--only graphile|river]
+//! cargo run --release --manifest-path benches/peers/Cargo.toml -- <DATABASE_URL> --quick --only graphile --tuning full
 //! ```
+//!
+//! `--tuning defaults|polling|full` runs one configuration only (`bench_jobs --peers` and
+//! `bench_scale` run graphile_worker's `full` once per round, between FORGE's rounds).
 //!
 //! Each run gets a fresh database on the server of `DATABASE_URL` (its user must be allowed to
 //! create databases). Runs at the libraries' defaults stop after `--cap` seconds (default 30)
@@ -203,7 +207,7 @@ async fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().collect();
     let Some(url) = args.get(1).filter(|a| !a.starts_with("--")).cloned() else {
         eprintln!(
-            "usage: forge-peers-bench <DATABASE_URL> [--quick] [--only graphile|river] [--cap <seconds>]"
+            "usage: forge-peers-bench <DATABASE_URL> [--quick] [--only graphile|river] [--tuning defaults|polling|full] [--cap <seconds>]"
         );
         std::process::exit(2);
     };
@@ -218,6 +222,16 @@ async fn main() -> Result<(), BoxError> {
         3
     };
     let only = value("--only").cloned();
+    let only_tuning = match value("--tuning").map(String::as_str) {
+        None => None,
+        Some("defaults") => Some(Tuning::Defaults),
+        Some("polling") => Some(Tuning::Polling),
+        Some("full") => Some(Tuning::Full),
+        Some(other) => {
+            eprintln!("--tuning: expected defaults, polling or full, got {other:?}");
+            std::process::exit(2);
+        }
+    };
     let cap = Duration::from_secs(value("--cap").and_then(|v| v.parse().ok()).unwrap_or(30));
     let admin = PgPoolOptions::new()
         .max_connections(1)
@@ -243,7 +257,7 @@ async fn main() -> Result<(), BoxError> {
         ("river", Tuning::Polling),
         ("river", Tuning::Full),
     ] {
-        if only.as_deref().is_some_and(|o| o != name) {
+        if only.as_deref().is_some_and(|o| o != name) || only_tuning.is_some_and(|t| t != tuning) {
             continue;
         }
         let label = format!(
