@@ -12,16 +12,43 @@ const W = 640;
 const H = 220;
 const M = { left: 52, right: 12, top: 12, bottom: 26 };
 
-/** series -> label -> Map(at ms -> value) */
+/** Series sampled by the aggregator; every other series counts, and has no point where it counted 0. */
+const SAMPLED = new Set(['queue_depth', 'oldest_job_age_seconds', 'dead_jobs']);
+
+function gcd(a, b) {
+  while (b) [a, b] = [b, a % b];
+  return a;
+}
+
+/**
+ * series -> label -> Map(at ms -> value). A counter has no point in an interval where it did not
+ * move: it gets a 0 there, at every interval from the oldest point to the newest (the interval,
+ * `[metrics] rollup_interval`, is the greatest common divisor of the points' distances).
+ */
 function index(points) {
   const out = new Map();
+  const instants = new Set();
   for (const p of points) {
     if (!out.has(p.series)) out.set(p.series, new Map());
     const byLabel = out.get(p.series);
     if (!byLabel.has(p.label)) byLabel.set(p.label, new Map());
     const at = new Date(p.at).getTime();
+    instants.add(at);
     const byTime = byLabel.get(p.label);
     byTime.set(at, (byTime.get(at) || 0) + p.value);
+  }
+  const sorted = [...instants].sort((a, b) => a - b);
+  let step = 0;
+  for (let i = 1; i < sorted.length; i++) step = gcd(step, sorted[i] - sorted[i - 1]);
+  if (step > 0) {
+    const first = sorted[0];
+    const last = sorted[sorted.length - 1];
+    for (const [series, byLabel] of out) {
+      if (SAMPLED.has(series)) continue;
+      for (const byTime of byLabel.values()) {
+        for (let t = first; t <= last; t += step) if (!byTime.has(t)) byTime.set(t, 0);
+      }
+    }
   }
   return out;
 }

@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[MigrationSource] = &[
         "tally_changes",
         include_str!("../../migrations/0010_tally_changes.sql"),
     ),
+    (
+        16,
+        "stats_rollup_moved_only",
+        include_str!("../../migrations/0016_stats_rollup_moved_only.sql"),
+    ),
 ];
 
 /// The parsed connection options for `database`, with `application_name` set (PostgreSQL

@@ -540,7 +540,8 @@ impl Cluster {
     /// `jobs_failed`, `jobs_retried`, `jobs_dead`, `jobs_cancelled`, `job_attempts` and
     /// `job_duration_seconds_sum` by queue; `cron_runs`, `cron_failures`,
     /// `cron_lag_seconds_sum` and `cron_duration_seconds_sum` by cron; `queue_depth`,
-    /// `oldest_job_age_seconds` and `dead_jobs` by queue (sampled).
+    /// `oldest_job_age_seconds` and `dead_jobs` by queue (sampled). A counted series has no
+    /// point for an interval in which it did not move: read a missing point as 0.
     pub async fn series(&self, names: &[&str], since: DateTime<Utc>) -> Result<Vec<SeriesPoint>> {
         let rows = sqlx::query(
             "SELECT at, series, label, value FROM forge.stats

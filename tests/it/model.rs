@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use chrono::{TimeDelta, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use forge::cron::{CatchUp, CronJob, TickState};
 use forge::inspect::{EventFilter, EventKind, JobFilter, NodeState, PageRequest, TenureEnd};
 use forge::jobs::{JobState, NewJob};
@@ -549,6 +549,44 @@ async fn rollups_come_from_whichever_node_leads_the_metrics_aggregator() {
         points.iter().any(|p| p.series == "jobs_completed"),
         "{points:?}"
     );
+    // An interval in which no counter moved writes no row (a missing point of a counter
+    // series is a 0): two rollups after the jobs, the counted series have not grown.
+    let counted_rows = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM forge.stats
+              WHERE series NOT IN ('queue_depth', 'oldest_job_age_seconds', 'dead_jobs')",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let rolled = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, Option<DateTime<Utc>>>("SELECT max(at) FROM forge.stats_cursor")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let rollup_after = |since: DateTime<Utc>| {
+        let pool = pool.clone();
+        wait_until(
+            "a rollup with nothing to count",
+            SOON,
+            Duration::from_millis(100),
+            move || {
+                let pool = pool.clone();
+                async move { rolled(pool).await.filter(|at| *at > since) }
+            },
+        )
+    };
+    // (One rollup first, for a heartbeat that was still under way.)
+    rollup_after(Utc::now() + TimeDelta::seconds(1))
+        .await
+        .unwrap();
+    let before = counted_rows(pool.clone()).await;
+    rollup_after(Utc::now() + TimeDelta::seconds(2))
+        .await
+        .unwrap();
+    assert_eq!(counted_rows(pool.clone()).await, before);
     let text = b.render_metrics();
     assert!(
         text.contains("forge_cluster_nodes{state=\"active\"} 1"),
