@@ -19,7 +19,19 @@ use std::process::ExitCode;
 
 use forge_testkit::{PgOptions, PgServer};
 
+const USAGE: &str = "usage: forge-pg (no arguments)
+Starts a throwaway PostgreSQL cluster (fsync on) on a free port, prints DATABASE_URL=, PGDATA=
+and PGLOG= lines, and keeps it until this process ends (Ctrl-C, kill), then removes it.";
+
 fn main() -> ExitCode {
+    if let Some(arg) = std::env::args().nth(1) {
+        if arg == "--help" || arg == "-h" {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        eprintln!("forge-pg: unexpected argument {arg:?}\n{USAGE}");
+        return ExitCode::from(2);
+    }
     let started = std::time::Instant::now();
     let server = match PgServer::start_with(PgOptions::default().durable(true)) {
         Ok(server) => server,
