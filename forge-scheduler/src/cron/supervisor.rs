@@ -962,17 +962,33 @@ impl CronMetrics {
         }
     }
 
-    /// The run counter of an outcome (`running` is not one: it counts as succeeded, which
-    /// no caller passes).
+    /// The run counter of an outcome (`running` is not an outcome; no caller passes it).
     fn runs(&self, outcome: TickState) -> &Counter {
-        let at = Self::OUTCOMES.iter().position(|o| *o == outcome);
-        &self.runs[at.unwrap_or(0)]
+        &self.runs[Self::slot(outcome)]
+    }
+
+    /// Where an outcome's counter is in `runs` (its place in [`CronMetrics::OUTCOMES`]).
+    fn slot(outcome: TickState) -> usize {
+        match outcome {
+            TickState::Succeeded | TickState::Running => 0,
+            TickState::Failed => 1,
+            TickState::TimedOut => 2,
+            TickState::Skipped => 3,
+            TickState::Abandoned => 4,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_outcome_counts_in_its_own_counter() {
+        for (at, outcome) in CronMetrics::OUTCOMES.iter().enumerate() {
+            assert_eq!(CronMetrics::slot(*outcome), at, "{outcome:?}");
+        }
+    }
 
     #[test]
     fn a_gate_answer_covers_the_ticks_at_or_before_it_and_only_grows() {
