@@ -1,0 +1,158 @@
+-- Campaign for a role on the calling session, in one round trip.
+--
+-- A first try takes a free lock without waiting. Then, with p_wait, the session waits inside
+-- pg_advisory_lock (bounded by its lock_timeout) - unless p_standbys sessions wait for the key
+-- already (NULL: no limit): this follower is then a reserve (reserve = true), waits outside the
+-- lock, and its node closes the session; reserves learn from forge.standbys_wanted, through
+-- their node session's heartbeat, when to campaign again. Failover is unaffected: a standby is
+-- granted the lock the instant the leader's session ends.
+--
+-- On acquisition, in the same transaction: the epoch is bumped, a new random tenure id drawn
+-- (the epoch orders tenures; the tenure id tells apart two tenures given the same epoch by a
+-- promoted asynchronous standby that missed the bump), the lock session identified
+-- (backend_pid, backend_start: the fence checks it is alive on this server), leader_elected
+-- recorded (with failover and gap_ms) and a notification sent on channel forge_leader.
+--
+-- Not granted: the function reports the current leadership and who holds the key, and
+-- terminates the holder if it is the recorded FORGE leader and its lease has expired (the
+-- fallback for when idle_session_timeout did not end a frozen leader).
+--
+-- Any error after the lock was granted leaves the session-level lock held: the caller must then
+-- close the session.
+CREATE OR REPLACE FUNCTION forge.campaign(
+    p_namespace text,
+    p_role      text,
+    p_key       bigint,
+    p_node      text,
+    p_lease_ms  bigint,
+    p_wait      boolean,
+    p_standbys  integer
+) RETURNS TABLE (
+    acquired           boolean,
+    epoch              bigint,
+    tenure             bigint,
+    backend_start      timestamptz,
+    leader_node        text,
+    leader_since       timestamptz,
+    lease_until        timestamptz,
+    released           boolean,
+    failover           boolean,
+    my_pid             integer,
+    holder_pid         integer,
+    holder_application text,
+    fenced_pid         integer,
+    reserve            boolean
+)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    got        boolean;
+    found_prev boolean;
+    prev       forge.leaders%ROWTYPE;
+    new_epoch  bigint;
+    new_tenure bigint := (random() * 9e18)::bigint;
+    my_start   timestamptz := (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a);
+    at_time    timestamptz;
+    lease      interval := make_interval(secs => p_lease_ms / 1000.0);
+    h_pid      integer;
+    h_app      text;
+    fenced     integer;
+    stand_by   boolean := p_wait;
+BEGIN
+    got := pg_try_advisory_lock(p_key);
+    IF NOT got AND p_wait AND p_standbys IS NOT NULL
+       AND forge.lock_waiters(p_key) >= p_standbys THEN
+        -- Enough followers wait inside the lock already: this one waits outside it.
+        stand_by := false;
+    END IF;
+    IF NOT got AND stand_by THEN
+        BEGIN
+            PERFORM pg_advisory_lock(p_key);
+            got := true;
+        EXCEPTION WHEN lock_not_available THEN
+            got := false;
+        END;
+    END IF;
+
+    IF got THEN
+        -- FOR UPDATE waits for deposed leaders' fenced transactions (FOR KEY SHARE) to finish.
+        SELECT * INTO prev FROM forge.leaders l
+         WHERE l.namespace = p_namespace AND l.role = p_role
+           FOR UPDATE;
+        found_prev := FOUND;
+        at_time := clock_timestamp();
+        IF found_prev THEN
+            UPDATE forge.leaders l
+               SET epoch = l.epoch + 1, tenure = new_tenure, lock_key = p_key, node_id = p_node,
+                   backend_pid = pg_backend_pid(), backend_start = my_start, lease_ms = p_lease_ms,
+                   acquired_at = at_time, renewed_at = at_time, lease_until = at_time + lease,
+                   released_at = NULL
+             WHERE l.namespace = p_namespace AND l.role = p_role
+            RETURNING l.epoch INTO new_epoch;
+        ELSE
+            INSERT INTO forge.leaders AS l (namespace, role, lock_key, epoch, tenure, node_id,
+                                            backend_pid, backend_start, lease_ms, acquired_at,
+                                            renewed_at, lease_until)
+            VALUES (p_namespace, p_role, p_key, 1, new_tenure, p_node, pg_backend_pid(), my_start,
+                    p_lease_ms, at_time, at_time, at_time + lease)
+            RETURNING l.epoch INTO new_epoch;
+        END IF;
+        INSERT INTO forge.events (at, namespace, kind, node_id, role, epoch, detail)
+        VALUES (at_time, p_namespace, 'leader_elected', p_node, p_role, new_epoch,
+                jsonb_build_object(
+                    'previous_node', prev.node_id,
+                    'previous_epoch', prev.epoch,
+                    'failover', found_prev AND prev.released_at IS NULL,
+                    'previous_lease_until', prev.lease_until,
+                    'previous_released_at', prev.released_at,
+                    -- The gap: from the previous leader's release (handoff) or last renewal
+                    -- (failover) to this election.
+                    'gap_ms', CASE WHEN found_prev THEN round(extract(epoch FROM
+                        at_time - coalesce(prev.released_at, prev.renewed_at)) * 1000) END));
+        PERFORM pg_notify('forge_leader', json_build_object(
+            'namespace', p_namespace, 'role', p_role, 'epoch', new_epoch,
+            'node', p_node, 'event', 'elected')::text);
+        -- The leader's duties run on this session between renewals (Leadership::session):
+        -- bound each statement and lock wait to a sixth of the lease, so that none delays a
+        -- renewal past the leader's deadline. (This session waits for no lock any more.)
+        PERFORM set_config('statement_timeout', greatest(p_lease_ms / 6, 100)::text, false);
+        PERFORM set_config('lock_timeout', greatest(p_lease_ms / 6, 100)::text, false);
+        RETURN QUERY SELECT true, new_epoch, new_tenure, my_start, p_node, at_time, at_time + lease,
+                            false, found_prev AND prev.released_at IS NULL, pg_backend_pid(),
+                            NULL::integer, NULL::text, NULL::integer, false;
+        RETURN;
+    END IF;
+
+    -- Not granted: report the current leadership and the key's holder.
+    SELECT lk.pid, a.application_name INTO h_pid, h_app
+      FROM pg_locks lk
+      LEFT JOIN pg_stat_activity a ON a.pid = lk.pid
+     WHERE lk.locktype = 'advisory' AND lk.granted
+       AND lk.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+       AND lk.classid = ((p_key >> 32) & 4294967295)::oid
+       AND lk.objid = (p_key & 4294967295)::oid
+       AND lk.objsubid = 1
+     LIMIT 1;
+
+    SELECT * INTO prev FROM forge.leaders l WHERE l.namespace = p_namespace AND l.role = p_role;
+    found_prev := FOUND;
+
+    IF found_prev AND h_pid IS NOT NULL AND prev.backend_pid = h_pid
+       AND prev.released_at IS NULL AND prev.lease_until < clock_timestamp() THEN
+        -- The recorded leader holds the key past its lease: it is frozen or cut off. It has
+        -- already stopped trusting its leadership (its local deadline ends before the lease),
+        -- so ending its session is safe.
+        IF pg_terminate_backend(h_pid) THEN
+            fenced := h_pid;
+            INSERT INTO forge.events (namespace, kind, node_id, role, epoch, detail)
+            VALUES (p_namespace, 'leader_fenced', prev.node_id, p_role, prev.epoch,
+                    jsonb_build_object('terminated_pid', h_pid, 'by_node', p_node,
+                                       'lease_until', prev.lease_until));
+        END IF;
+    END IF;
+
+    RETURN QUERY SELECT false, prev.epoch, NULL::bigint, NULL::timestamptz, prev.node_id,
+                        prev.acquired_at, prev.lease_until, prev.released_at IS NOT NULL, false,
+                        pg_backend_pid(), h_pid, h_app, fenced, p_wait AND NOT stand_by;
+END;
+$$;

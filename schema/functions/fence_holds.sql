@@ -1,0 +1,29 @@
+-- The fence. forge.fence_holds answers whether (epoch, tenure) is the role's current,
+-- unreleased, unexpired tenure and its lock session is alive on this server, and holds
+-- FOR KEY SHARE on the role's row until the transaction ends: a newer leader's bump
+-- (FOR UPDATE) waits for it, so every write in the transaction either commits before a newer
+-- tenure exists or is refused. The transaction also commits synchronously and cannot idle for
+-- longer than the lease. forge.fence raises SQLSTATE FG001 instead of answering false. Every
+-- fenced statement uses one of the two.
+CREATE OR REPLACE FUNCTION forge.fence_holds(p_namespace text, p_role text, p_epoch bigint, p_tenure bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    l forge.leaders%ROWTYPE;
+BEGIN
+    SELECT * INTO l FROM forge.leaders
+     WHERE namespace = p_namespace AND role = p_role
+       FOR KEY SHARE;
+    IF NOT FOUND OR l.epoch <> p_epoch OR l.tenure <> p_tenure OR l.released_at IS NOT NULL
+       OR l.lease_until <= clock_timestamp()
+       -- A session of another database user shows no backend_start: count it alive.
+       OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(l.backend_pid) a
+                       WHERE a.backend_start IS NULL OR a.backend_start = l.backend_start) THEN
+        RETURN false;
+    END IF;
+    PERFORM set_config('synchronous_commit', 'on', true);
+    PERFORM set_config('idle_in_transaction_session_timeout', l.lease_ms::text, true);
+    RETURN true;
+END;
+$$;

@@ -1,0 +1,56 @@
+-- Gives running jobs back: retried at once (available), or dead when out of attempts, or
+-- cancelled when a cancel was requested. Guarded by (id, attempt, state = running), so a job
+-- that finished or was re-claimed meanwhile is left alone. An attempt that started counts; one
+-- that never started (claimed ahead, waiting for a slot) does not: max_attempts grows by one.
+CREATE OR REPLACE FUNCTION forge.jobs_rescue(
+    p_ids                  bigint[],
+    p_attempts             integer[],
+    p_reasons              text[],
+    p_default_max_attempts integer
+) RETURNS TABLE (id bigint, queue text, kind text, state text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids    bigint[];
+    v_queues text[];
+    v_kinds  text[];
+    v_states text[];
+    v_wake   text[];
+BEGIN
+    WITH r AS (
+        UPDATE forge.jobs j
+           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                            WHEN j.started_at IS NOT NULL
+                             AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts) THEN 'dead'
+                            ELSE 'available' END,
+               max_attempts = CASE WHEN j.started_at IS NULL
+                                   THEN coalesce(j.max_attempts, p_default_max_attempts) + 1
+                                   ELSE j.max_attempts END,
+               finished_at = CASE WHEN j.cancel_requested
+                                    OR (j.started_at IS NOT NULL
+                                        AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts))
+                                  THEN clock_timestamp() END,
+               run_at = CASE WHEN j.cancel_requested
+                               OR (j.started_at IS NOT NULL
+                                   AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts))
+                             THEN j.run_at ELSE clock_timestamp() END,
+               errors = j.errors || jsonb_build_array(jsonb_build_object(
+                   'at', clock_timestamp(), 'attempt', j.attempt, 'node', j.node_id,
+                   'reason', 'rescued',
+                   'error', l.reason || CASE WHEN j.started_at IS NULL
+                                             THEN ' (the attempt had not started; it does not count)'
+                                             ELSE '' END))
+          FROM unnest(p_ids, p_attempts, p_reasons) AS l(id, attempt, reason)
+         WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = 'running'
+        RETURNING j.id, j.queue, j.kind, j.state, j.role, j.namespace
+    )
+    SELECT array_agg(r.id), array_agg(r.queue), array_agg(r.kind), array_agg(r.state),
+           array_agg(DISTINCT r.namespace || ' ' || CASE WHEN r.role IS NULL THEN r.queue ELSE '@' || r.role END)
+               FILTER (WHERE r.state = 'available')
+      INTO v_ids, v_queues, v_kinds, v_states, v_wake
+      FROM r;
+    PERFORM pg_notify('forge_jobs', w) FROM unnest(v_wake) AS w;
+    RETURN QUERY SELECT * FROM unnest(v_ids, v_queues, v_kinds, v_states);
+END;
+$$;

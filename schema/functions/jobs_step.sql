@@ -1,0 +1,279 @@
+-- One round trip of a worker: mark claimed-ahead jobs that started (p_started), record the
+-- outcomes of finished attempts, then claim up to p_limit jobs, the first p_start of which
+-- start at once. Claims and outcomes commit with synchronous_commit = on, whatever the
+-- database's default. Performance-critical: every job passes through here twice.
+--
+-- Outcomes: completed, retryable (after p_delays_ms), available (retry now), dead, cancelled,
+-- released (interrupted by a graceful shutdown or a lost leadership: available again, or
+-- cancelled if a cancel was requested; attempt numbers never go back, so the interrupted
+-- attempt is not counted by raising max_attempts by one). Each is applied only if the job is
+-- still running this attempt on this node, so a node that was presumed dead and rescued cannot
+-- complete the job a second time. With p_keep_completed = false ([jobs] completed_retention =
+-- "0s") a completed job is deleted under the same guard instead of updated.
+--
+-- Rows returned:
+--   outcomes (claimed = false), only for the outcomes not recorded as asked:
+--     state = the state recorded instead (a retry that became 'cancelled' because a cancel was
+--             requested meanwhile). An outcome recorded as asked has no row: 'released' is
+--             recorded as 'available', the others as their own name; a 'completed' outcome of
+--             a job its handler completed in its own transaction counts as recorded, and so
+--             does one whose row is gone when completed jobs are deleted (deleted by this
+--             attempt's earlier report whose reply was lost, or by its handler's transaction;
+--             or - the one case it misreads - by another node's completion after a rescue).
+--     state = 'refused' when nothing was recorded: the job is no longer running this attempt
+--             on this node (it was rescued while this node seemed gone).
+--   claims (claimed = true): state 'running', or 'ahead' for jobs claimed ahead, not started
+--   yet (such an attempt never counts when it is rescued); priority and run_at give the
+--   worker its floor for the next claim.
+--
+-- A role worker (p_role set; p_queue NULL: every queue of the role) claims its role's jobs;
+-- its claims are fenced: a deposed leader claims nothing (its outcomes are still recorded,
+-- guarded as above). A paused queue (forge.queues) is not claimed from.
+--
+-- Rows found first, then written by ctid. Each write finds its rows first - the reported ones
+-- one by one by primary key (a LATERAL subquery with LIMIT 1 is never flattened into a join),
+-- the claimed ones by the claim's SELECT ... FOR UPDATE SKIP LOCKED - and then writes them
+-- through `ctid = ANY (...)`, a TID scan, whatever the statistics. Joining the ids back to
+-- forge.jobs let the planner choose: with the statistics of a table whose jobs were all queued
+-- when it was last analyzed it scanned the whole table for each claim and looped over all
+-- reported ids for each running job (55-74 ms for one round trip of 500 jobs, against 4-8 ms).
+-- A row found and not yet written cannot change meanwhile: the claim's and the reports'
+-- lookups lock their rows (a lookup that waits for another writer checks the guard again on
+-- the version it then locks). The write by ctid alone would rely on the TID scan checking its
+-- TID list again on a newer version, which PostgreSQL's sources have not always done
+-- (TidRecheck returned true); 15.18 does. Marking jobs started locks nothing; its update
+-- repeats its conditions instead, which are all it needs.
+--
+-- The reported rows are a subquery kept apart (OFFSET 0) that names 'running' through a column,
+-- so that the planner never matches the lookups to the partial index jobs_running (node_id
+-- WHERE state = 'running'): once ANALYZE has seen few running jobs, a generic plan would scan
+-- all this node's jobs_running entries, and while any snapshot older than the finished jobs'
+-- entries is open (a long query elsewhere, a count of a big backlog) those cannot be marked
+-- dead, so every report walks the entries of every job the node ran since (121-264 buffers for
+-- 1-2 rows, measured; a drain beside 10,000,000 finished jobs fell to 9,400-34,500 jobs/s,
+-- 32,300-45,700 with primary-key lookups).
+CREATE OR REPLACE FUNCTION forge.jobs_step(
+    p_namespace text,
+    p_node      text,
+    p_queue     text,
+    p_role      text,
+    p_epoch     bigint,
+    p_tenure    bigint,
+    p_kinds     text[],
+    p_limit     integer,
+    p_start     integer,
+    p_started   bigint[],
+    p_ids       bigint[],
+    p_attempts  integer[],
+    p_states    text[],
+    p_delays_ms bigint[],
+    p_errors    jsonb[],
+    p_default_max_attempts integer,
+    p_after_priority smallint,
+    p_after_run_at   timestamptz,
+    p_after_id       bigint,
+    p_keep_completed boolean
+) RETURNS TABLE (id bigint, claimed boolean, kind text, args jsonb, attempt integer,
+                 max_attempts integer, timeout_ms bigint, pickup_ms double precision, state text,
+                 priority smallint, run_at timestamptz)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_applied integer;
+    v_ids     bigint[];
+    v_states  text[];
+    v_due     timestamptz;
+    v_wake    text[];
+    v_tids    tid[];
+BEGIN
+    PERFORM set_config('synchronous_commit', 'on', true);
+
+    IF cardinality(p_started) > 0 THEN
+        -- (Rows found by primary key, then written by ctid: see this file's header.)
+        SELECT array_agg(x.tid) INTO v_tids
+          FROM (SELECT s.id, 'running'::text AS running FROM unnest(p_started) AS s(id)
+                OFFSET 0) s
+         CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+                              WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
+                                AND j.started_at IS NULL LIMIT 1) x;
+        -- (Not locked: a version written meanwhile is checked again by these conditions.)
+        UPDATE forge.jobs j SET started_at = clock_timestamp()
+         WHERE j.ctid = ANY (v_tids) AND j.node_id = p_node AND j.state = 'running'
+           AND j.started_at IS NULL;
+    END IF;
+
+    IF cardinality(p_ids) > 0 AND p_states <@ ARRAY['completed'] THEN
+        -- Only completions: the guarded rows, then one update or one delete of them.
+        SELECT array_agg(x.tid) INTO v_tids
+          FROM (SELECT o.id, o.attempt, 'running'::text AS running
+                  FROM unnest(p_ids, p_attempts) AS o(id, attempt) OFFSET 0) o
+         CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+                              WHERE j.id = o.id AND j.attempt = o.attempt AND j.node_id = p_node
+                                AND j.state = o.running LIMIT 1 FOR NO KEY UPDATE) x;
+        IF p_keep_completed THEN
+            UPDATE forge.jobs j
+               SET state = 'completed', finished_at = clock_timestamp()
+             WHERE j.ctid = ANY (v_tids);
+        ELSE
+            DELETE FROM forge.jobs j WHERE j.ctid = ANY (v_tids);
+        END IF;
+        GET DIAGNOSTICS v_applied = ROW_COUNT;
+        IF v_applied < cardinality(p_ids) THEN
+            -- Not all were recorded: report the ones taken away from this node (a job its
+            -- handler completed in its own transaction counts as recorded; when completed
+            -- jobs are deleted, so does a job that is gone).
+            RETURN QUERY
+            SELECT o.id, false, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
+                   NULL::bigint, NULL::double precision, 'refused'::text, NULL::smallint,
+                   NULL::timestamptz
+              FROM unnest(p_ids, p_attempts) AS o(id, attempt)
+             WHERE NOT EXISTS (SELECT 1 FROM forge.jobs j
+                                WHERE j.id = o.id AND j.state = 'completed'
+                                  AND j.attempt = o.attempt AND j.node_id = p_node)
+               AND (p_keep_completed OR EXISTS (SELECT 1 FROM forge.jobs j WHERE j.id = o.id));
+        END IF;
+    ELSIF cardinality(p_ids) > 0 THEN
+        -- The reported jobs still running this attempt here (the guard), with their rows.
+        WITH o AS MATERIALIZED (
+            SELECT o.*, x.tid
+              FROM (SELECT o.*, 'running'::text AS running
+                      FROM unnest(p_ids, p_attempts, p_states, p_delays_ms, p_errors)
+                           AS o(id, attempt, state, delay_ms, error) OFFSET 0) o
+             CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+                                  WHERE j.id = o.id AND j.attempt = o.attempt
+                                    AND j.node_id = p_node AND j.state = o.running
+                                  LIMIT 1 FOR NO KEY UPDATE) x
+        ), d AS (
+            -- Completed jobs are deleted when they are not kept.
+            DELETE FROM forge.jobs j
+             USING o
+             WHERE NOT p_keep_completed AND o.state = 'completed'
+               AND j.ctid = ANY (ARRAY(SELECT o.tid FROM o)) AND j.ctid = o.tid
+            RETURNING j.id, 'completed'::text AS state, j.run_at, j.queue, j.role
+        ), u AS (
+            UPDATE forge.jobs j
+               SET state = CASE
+                       WHEN o.state IN ('retryable', 'available', 'released') AND j.cancel_requested
+                           THEN 'cancelled'
+                       WHEN o.state = 'released' THEN 'available'
+                       ELSE o.state END,
+                   max_attempts = CASE WHEN o.state = 'released'
+                       THEN coalesce(j.max_attempts, p_default_max_attempts) + 1
+                       ELSE j.max_attempts END,
+                   run_at = CASE
+                       WHEN o.state = 'retryable'
+                           THEN clock_timestamp() + coalesce(o.delay_ms, 0) * interval '1 millisecond'
+                       WHEN o.state IN ('available', 'released') THEN clock_timestamp()
+                       ELSE j.run_at END,
+                   finished_at = CASE
+                       WHEN o.state IN ('completed', 'dead', 'cancelled')
+                         OR (o.state IN ('retryable', 'available', 'released') AND j.cancel_requested)
+                       THEN clock_timestamp() END,
+                   errors = CASE WHEN o.error IS NULL THEN j.errors
+                       ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                           'at', clock_timestamp(), 'attempt', j.attempt, 'node', p_node) || o.error)
+                       END
+              FROM o
+             WHERE (p_keep_completed OR o.state <> 'completed')
+               AND j.ctid = ANY (ARRAY(SELECT o.tid FROM o)) AND j.ctid = o.tid
+            RETURNING j.id, j.state, j.run_at, j.queue, j.role
+        ), a AS (
+            SELECT * FROM u UNION ALL SELECT * FROM d
+        )
+        SELECT array_agg(a.id), array_agg(a.state),
+               min(a.run_at) FILTER (WHERE a.state = 'retryable'),
+               array_agg(DISTINCT CASE WHEN a.role IS NULL THEN a.queue ELSE '@' || a.role END)
+                   FILTER (WHERE a.state = 'available')
+          INTO v_ids, v_states, v_due, v_wake
+          FROM a;
+        IF v_due IS NOT NULL THEN
+            PERFORM pg_notify('forge_jobs_due',
+                              p_namespace || ' ' || (extract(epoch FROM v_due) * 1000)::bigint);
+        END IF;
+        PERFORM pg_notify('forge_jobs', p_namespace || ' ' || w) FROM unnest(v_wake) AS w;
+        -- The exceptions: recorded otherwise than asked, or refused.
+        RETURN QUERY
+        SELECT o.id, false, NULL::text, NULL::jsonb, NULL::integer, NULL::integer,
+               NULL::bigint, NULL::double precision, coalesce(a.state, 'refused'), NULL::smallint,
+               NULL::timestamptz
+          FROM unnest(p_ids, p_attempts, p_states) AS o(id, attempt, asked)
+          LEFT JOIN unnest(v_ids, v_states) AS a(id, state) ON a.id = o.id
+         WHERE CASE WHEN a.id IS NOT NULL
+                    THEN a.state <> CASE o.asked WHEN 'released' THEN 'available' ELSE o.asked END
+                    ELSE NOT (o.asked = 'completed' AND (EXISTS (
+                             SELECT 1 FROM forge.jobs j
+                              WHERE j.id = o.id AND j.state = 'completed'
+                                AND j.attempt = o.attempt AND j.node_id = p_node)
+                             OR (NOT p_keep_completed
+                                 AND NOT EXISTS (SELECT 1 FROM forge.jobs j WHERE j.id = o.id))))
+               END;
+    END IF;
+
+    IF p_limit <= 0 OR (p_role IS NOT NULL
+                        AND NOT forge.fence_holds(p_namespace, p_role, p_epoch, p_tenure))
+       OR (p_queue IS NOT NULL AND EXISTS (SELECT 1 FROM forge.queues q
+                                            WHERE q.namespace = p_namespace AND q.queue = p_queue)) THEN
+        -- Nothing to claim, deposed, or the queue is paused.
+        RETURN;
+    END IF;
+    -- One claim of a queue (or a role's queue) at a time in the cluster. Claims running side
+    -- by side would each walk the rows the other just took: SKIP LOCKED skips the rows
+    -- locked now, but a row claimed and committed after this statement's snapshot is
+    -- re-checked (EvalPlanQual) and dropped one by one, which costs more than waiting a few
+    -- milliseconds for the other claim to commit. The claim below takes its snapshot after
+    -- this lock, so it sees the other's claim. (Two-int advisory keys: another key space
+    -- than the roles' bigint keys.)
+    PERFORM pg_advisory_xact_lock(hashtext('forge.jobs_claim'),
+                                  hashtext(p_namespace || ' ' || coalesce(p_queue, '@' || p_role)));
+    -- Three branches, so that each matches its partial index (jobs_claim, jobs_claim_role) in
+    -- plpgsql's cached generic plan. A queue worker may pass its floor: the claim order's
+    -- position of the last job it claimed. The claim then starts after it, instead of walking
+    -- the index entries of the jobs claimed before (dead, but not removable while any
+    -- snapshot may still see them: a standby waiting in its lock holds one for up to
+    -- lock_timeout). The worker claims from the head now and then, and whenever a claim
+    -- from its floor comes back short, for jobs that sort before it (a higher priority, a
+    -- promoted scheduled job, a job another claimer had locked).
+    IF p_role IS NULL AND p_after_id IS NOT NULL THEN
+        SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
+          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs j
+                 WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
+                   AND j.role IS NULL AND j.kind = ANY (p_kinds)
+                   AND (j.priority, j.run_at, j.id) > (p_after_priority, p_after_run_at, p_after_id)
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT p_limit
+                   FOR UPDATE SKIP LOCKED) c;
+    ELSIF p_role IS NULL THEN
+        SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
+          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs j
+                 WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
+                   AND j.role IS NULL AND j.kind = ANY (p_kinds)
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT p_limit
+                   FOR UPDATE SKIP LOCKED) c;
+    ELSE
+        SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
+          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs j
+                 WHERE j.namespace = p_namespace AND j.role = p_role
+                   AND (p_queue IS NULL OR j.queue = p_queue)
+                   AND NOT EXISTS (SELECT 1 FROM forge.queues q
+                                    WHERE q.namespace = p_namespace AND q.queue = j.queue)
+                   AND j.state = 'available' AND j.kind = ANY (p_kinds)
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT p_limit
+                   FOR UPDATE SKIP LOCKED) c;
+    END IF;
+    -- The claimed rows, locked above, by ctid: the first p_start of the claim order start now.
+    RETURN QUERY
+    UPDATE forge.jobs j
+       SET state = 'running', attempt = j.attempt + 1, node_id = p_node,
+           epoch = CASE WHEN p_role IS NOT NULL THEN p_epoch END,
+           tenure = CASE WHEN p_role IS NOT NULL THEN p_tenure END,
+           attempted_at = clock_timestamp(),
+           started_at = CASE WHEN j.ctid = ANY (v_tids[1:p_start]) THEN clock_timestamp() END
+     WHERE j.ctid = ANY (v_tids)
+    RETURNING j.id, true, j.kind, j.args, j.attempt, j.max_attempts, j.timeout_ms,
+              extract(epoch FROM j.attempted_at - j.run_at)::double precision * 1000,
+              CASE WHEN j.started_at IS NULL THEN 'ahead' ELSE j.state END, j.priority, j.run_at;
+END;
+$$;

@@ -1,0 +1,46 @@
+-- A heartbeat, on the node session, with the node's cumulative counters. Returns false when
+-- the row is not this incarnation's any more or the node was marked down (the node then
+-- rejoins: its running jobs were rescued).
+--
+-- Only the counters that changed are sent: with many crons a node's tally has tens of
+-- thousands of keys (four series per cron), a megabyte of JSON to parse and store every few
+-- seconds if sent whole. p_all = false merges the changed counters into the stored object
+-- (values are cumulative, so a counter sent twice is harmless); true replaces it (the node's
+-- first heartbeat after one that may not have landed).
+CREATE OR REPLACE FUNCTION forge.node_heartbeat(
+    p_namespace   text,
+    p_node        text,
+    p_incarnation bigint,
+    p_leads       text[],
+    p_tally       jsonb,
+    p_all         boolean
+) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_drifted timestamptz;
+    v_down    timestamptz;
+BEGIN
+    SELECT n.drifted_at, n.down_at INTO v_drifted, v_down FROM forge.nodes n
+     WHERE n.namespace = p_namespace AND n.node_id = p_node AND n.incarnation = p_incarnation
+       AND n.session_pid = pg_backend_pid() AND n.stopped_at IS NULL
+       FOR UPDATE;
+    IF NOT FOUND OR v_down IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    -- Nothing changed: the stored object is left as it is (not even rewritten).
+    UPDATE forge.nodes n
+       SET heartbeat_at = clock_timestamp(), leads = p_leads, drifted_at = NULL,
+           server_started_at = pg_postmaster_start_time(),
+           tally = CASE WHEN p_all THEN p_tally
+                        WHEN p_tally = '{}'::jsonb THEN n.tally
+                        ELSE n.tally || p_tally END
+     WHERE n.namespace = p_namespace AND n.node_id = p_node;
+    IF v_drifted IS NOT NULL THEN
+        INSERT INTO forge.events (namespace, kind, node_id, detail)
+        VALUES (p_namespace, 'node_recovered', p_node,
+                jsonb_build_object('drifted_at', v_drifted));
+    END IF;
+    RETURN true;
+END;
+$$;
