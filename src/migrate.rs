@@ -1,6 +1,7 @@
-//! FORGE's migrations outside a node: exactly what a node applies at start (schema `forge`,
-//! bookkeeping in [`TABLE`]), for tools and deploy pipelines that check or apply them first
-//! (`forge migrate status`, `forge migrate up`).
+//! FORGE's schema outside a node: exactly what a node applies at start - the numbered
+//! migrations (schema `forge`, bookkeeping in [`TABLE`]), then the function files whose SQL
+//! changed (bookkeeping in [`FUNCTIONS_TABLE`]) - for tools and deploy pipelines that check or
+//! apply them first (`forge migrate status`, `forge migrate up`).
 //!
 //! ```no_run
 //! # async fn demo(conn: &mut forge::sqlx::PgConnection) -> forge::Result<()> {
@@ -10,15 +11,21 @@
 //!     .into_iter()
 //!     .filter(|m| m.state == forge::migrate::MigrationState::Pending)
 //!     .count();
-//! if pending > 0 {
-//!     forge::migrate::apply(conn, &migrator).await?;
+//! let due = forge::migrate::function_status(conn)
+//!     .await?
+//!     .into_iter()
+//!     .filter(|f| f.state.is_due())
+//!     .count();
+//! if pending + due > 0 {
+//!     forge::migrate::up(conn).await?;
 //! }
 //! # Ok(()) }
 //! ```
 
 use std::collections::BTreeMap;
 
-use forge_core::{MigrationSource, Result};
+pub use forge_core::{FUNCTIONS_TABLE, FunctionState, FunctionStatus};
+use forge_core::{FunctionSource, MigrationSource, Result};
 use serde::Serialize;
 use sqlx::migrate::Migrator;
 use sqlx::types::chrono::{DateTime, Utc};
@@ -31,11 +38,23 @@ pub const TABLE: &str = forge_core::MIGRATIONS_TABLE;
 /// The table sqlx records the application's migrations in (`NodeBuilder::migrations`).
 pub const APP_TABLE: &str = "_sqlx_migrations";
 
+/// The parts of the schema a node applies: the core's and the scheduler's.
+const PARTS: [forge_core::Schema; 2] = [forge_core::SCHEMA, forge_scheduler::SCHEMA];
+
 /// Every migration a node applies (the core's and the scheduler's).
 pub fn sources() -> Vec<MigrationSource> {
-    forge_core::MIGRATIONS
+    PARTS
         .iter()
-        .chain(forge_scheduler::MIGRATIONS)
+        .flat_map(|part| part.migrations)
+        .copied()
+        .collect()
+}
+
+/// Every function file a node applies (the core's and the scheduler's).
+pub fn functions() -> Vec<FunctionSource> {
+    PARTS
+        .iter()
+        .flat_map(|part| part.functions)
         .copied()
         .collect()
 }
@@ -81,12 +100,17 @@ pub struct MigrationStatus {
 
 /// The state of each of `migrator`'s migrations in the database, by version, followed by the
 /// applied ones it does not know. `table` is where they are recorded: [`TABLE`] for FORGE's,
-/// [`APP_TABLE`] for the application's. Reads only.
+/// [`APP_TABLE`] for the application's. Reads only. For FORGE's, a database migrated by a
+/// development build from before FORGE's migrations were squashed is an error that says what
+/// to do.
 pub async fn status(
     conn: &mut PgConnection,
     migrator: &Migrator,
     table: &str,
 ) -> Result<Vec<MigrationStatus>> {
+    if table == TABLE {
+        forge_core::check_history(conn, migrator).await?;
+    }
     let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
         .bind(table)
         .fetch_one(&mut *conn)
@@ -145,9 +169,110 @@ pub async fn status(
     Ok(out)
 }
 
-/// Applies `migrator`'s pending migrations, as a node does at start: several processes doing
-/// it at once serialize on sqlx's migration lock, so each migration is applied once.
+/// The state of each of FORGE's function files in the database, by name, followed by the
+/// applied ones this binary does not know. Reads only.
+pub async fn function_status(conn: &mut PgConnection) -> Result<Vec<FunctionStatus>> {
+    forge_core::function_status(conn, &functions()).await
+}
+
+/// Applies `migrator`'s pending migrations (the application's: FORGE's are applied with
+/// [`up`]): several processes doing it at once serialize on sqlx's migration lock, so each
+/// migration is applied once.
 pub async fn apply(conn: &mut PgConnection, migrator: &Migrator) -> Result<()> {
     migrator.run_direct(None, conn, false).await?;
     Ok(())
+}
+
+/// Brings FORGE's schema up to date exactly as a node does at start: its pending migrations
+/// (serialized on sqlx's migration lock), then, in one transaction under a lock of their own,
+/// the function files whose state is due ([`FunctionState::is_due`]). Returns the names of the
+/// function files applied.
+pub async fn up(conn: &mut PgConnection) -> Result<Vec<&'static str>> {
+    forge_core::apply_schema(conn, &sources(), &functions()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    /// The `.sql` files of `schema/<dir>`, by file name.
+    fn folder(dir: &str) -> BTreeMap<String, String> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("schema")
+            .join(dir);
+        std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|entry| entry.unwrap().path())
+            .map(|path| {
+                let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+                assert!(name.ends_with(".sql"), "{} is no .sql file", path.display());
+                (name, std::fs::read_to_string(&path).unwrap())
+            })
+            .collect()
+    }
+
+    /// The names of the functions `sql` creates (`CREATE [OR REPLACE] FUNCTION forge.<name>(`).
+    fn created(sql: &str) -> Vec<&str> {
+        let lower = sql.to_lowercase();
+        lower
+            .match_indices("function forge.")
+            .filter(|(at, _)| {
+                let before = lower[..*at].trim_end();
+                before.ends_with("create") || before.ends_with("create or replace")
+            })
+            .map(|(at, head)| {
+                let name = &sql[at + head.len()..];
+                &name[..name.find('(').unwrap_or(name.len())]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_list_is_the_folder_one_migration_or_function_per_file() {
+        let mut migrations = folder("migrations");
+        let mut last = 0;
+        for (version, description, sql) in super::sources() {
+            assert!(version > last, "versions ascend without repeats: {version}");
+            last = version;
+            let file = format!("{version:04}_{description}.sql");
+            let text = migrations
+                .remove(&file)
+                .unwrap_or_else(|| panic!("migration {file} is listed but not in the folder"));
+            assert_eq!(text, sql, "{file} is listed with other SQL");
+            assert_eq!(
+                created(sql),
+                Vec::<&str>::new(),
+                "{file}: functions go in schema/functions/, one file each"
+            );
+        }
+        assert!(
+            migrations.is_empty(),
+            "listed nowhere: {:?}",
+            migrations.keys()
+        );
+
+        let mut functions = folder("functions");
+        for (name, sql) in super::functions() {
+            let file = format!("{name}.sql");
+            let text = functions
+                .remove(&file)
+                .unwrap_or_else(|| panic!("{file} is listed twice or not in the folder"));
+            assert_eq!(text, sql, "{file} is listed with other SQL");
+            assert_eq!(
+                created(sql),
+                [name],
+                "{file} defines forge.{name}, and only it"
+            );
+            assert!(
+                sql.contains(&format!("CREATE OR REPLACE FUNCTION forge.{name}(")),
+                "{file}: CREATE OR REPLACE, so that a changed file replaces the function"
+            );
+        }
+        assert!(
+            functions.is_empty(),
+            "listed nowhere: {:?}",
+            functions.keys()
+        );
+    }
 }

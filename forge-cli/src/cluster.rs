@@ -20,6 +20,8 @@ pub(crate) async fn status(ctx: &Ctx, json: bool) -> Outcome {
     let crons = workload.crons().await?;
     let queues = workload.queues().await?;
     let migrations = crate::migrate::forge_status(ctx).await?;
+    let functions = crate::migrate::forge_functions(ctx).await?;
+    let functions_due = functions.iter().filter(|f| f.state.is_due()).count();
     let server: String = forge::sqlx::query_scalar("SHOW server_version")
         .fetch_one(&ctx.pool)
         .await
@@ -42,6 +44,7 @@ pub(crate) async fn status(ctx: &Ctx, json: bool) -> Outcome {
             "database": ctx.url,
             "server_version": server,
             "migrations": { "applied": migrations.len() - pending, "pending": pending },
+            "functions": { "total": functions.len(), "due": functions_due },
             "nodes": states,
             "leaders": leaders.iter().map(leader_json).collect::<Vec<_>>(),
             "crons": { "total": crons.len(), "paused": paused },
@@ -56,6 +59,13 @@ pub(crate) async fn status(ctx: &Ctx, json: bool) -> Outcome {
         (
             "migrations",
             format!("{} applied, {pending} pending", migrations.len() - pending),
+        ),
+        (
+            "functions",
+            format!(
+                "{} applied, {functions_due} pending",
+                functions.len() - functions_due
+            ),
         ),
         (
             "nodes",

@@ -299,11 +299,31 @@ async fn migrations(ctx: &Ctx, report: &mut Report) -> bool {
             "the database was migrated by a newer FORGE: use a forge CLI of that version",
         );
     }
-    if broken.is_empty() && pending.is_empty() {
+    let functions = match crate::migrate::forge_functions(ctx).await {
+        Ok(functions) => functions,
+        Err(fail) => {
+            report.add("migrations", Level::Fail, fail.message);
+            return false;
+        }
+    };
+    let due = functions.iter().filter(|f| f.state.is_due()).count();
+    if due > 0 {
+        report.hint(
+            "migrations",
+            Level::Fail,
+            crate::migrate::functions_line(&functions),
+            "apply them: `forge migrate up` (or start a node with [database] migrate = true)",
+        );
+    }
+    if broken.is_empty() && pending.is_empty() && due == 0 {
         report.add(
             "migrations",
             Level::Ok,
-            format!("{} applied, none pending", applied.len()),
+            format!(
+                "{} applied, none pending; {} function files applied",
+                applied.len(),
+                functions.len()
+            ),
         );
     }
     // Reading the cluster needs every table; a partial schema is reported above.

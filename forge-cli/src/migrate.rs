@@ -1,9 +1,12 @@
-//! `migrate status` and `migrate up [--dry-run]`: FORGE's migrations exactly as a node applies
-//! them (`forge::migrate`), and optionally the application's own from a directory.
+//! `migrate status` and `migrate up [--dry-run]`: FORGE's schema (its migrations, then its
+//! function files) exactly as a node applies it (`forge::migrate`), and optionally the
+//! application's own migrations from a directory.
 
 use std::path::Path;
 
-use forge::migrate::{APP_TABLE, MigrationState, MigrationStatus, TABLE};
+use forge::migrate::{
+    APP_TABLE, FunctionState, FunctionStatus, MigrationState, MigrationStatus, TABLE,
+};
 use forge::sqlx::migrate::Migrator;
 use serde_json::json;
 
@@ -16,6 +19,59 @@ use crate::out::{self, Table};
 pub(crate) async fn forge_status(ctx: &Ctx) -> Result<Vec<MigrationStatus>, Fail> {
     let mut conn = ctx.pool.acquire().await.map_err(|e| Fail::database(&e))?;
     Ok(forge::migrate::status(&mut conn, &forge::migrate::migrator(), TABLE).await?)
+}
+
+/// FORGE's function files and their state in the cluster's database.
+pub(crate) async fn forge_functions(ctx: &Ctx) -> Result<Vec<FunctionStatus>, Fail> {
+    let mut conn = ctx.pool.acquire().await.map_err(|e| Fail::database(&e))?;
+    Ok(forge::migrate::function_status(&mut conn).await?)
+}
+
+/// Names, comma-separated: all of them when there are few, else how many.
+fn names<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.into_iter().collect();
+    if names.len() <= 10 {
+        names.join(", ")
+    } else {
+        format!("{} of them", names.len())
+    }
+}
+
+/// "2 migrations and 3 function files", leaving out a kind there is none of.
+fn counted(migrations: usize, functions: usize) -> String {
+    match (migrations, functions) {
+        (m, 0) => format!("{m} migrations"),
+        (0, f) => format!("{f} function files"),
+        (m, f) => format!("{m} migrations and {f} function files"),
+    }
+}
+
+/// One line on FORGE's function files: how many are applied, and which are not (or are
+/// someone else's).
+pub(crate) fn functions_line(functions: &[FunctionStatus]) -> String {
+    let named = |state: FunctionState| -> Vec<&str> {
+        functions
+            .iter()
+            .filter(|f| f.state == state)
+            .map(|f| f.name.as_str())
+            .collect()
+    };
+    let mut parts = vec![format!("{} applied", named(FunctionState::Applied).len())];
+    for (state, label) in [
+        (FunctionState::Pending, "pending"),
+        (
+            FunctionState::Changed,
+            "changed (applied again by `forge migrate up`)",
+        ),
+        (FunctionState::Newer, "applied by a newer FORGE (kept)"),
+        (FunctionState::Unknown, "unknown to this CLI"),
+    ] {
+        let these = named(state);
+        if !these.is_empty() {
+            parts.push(format!("{} {label}: {}", these.len(), names(these)));
+        }
+    }
+    format!("function files: {}", parts.join("; "))
 }
 
 async fn app_migrator(dir: &Path) -> Result<Migrator, Fail> {
@@ -106,6 +162,8 @@ pub(crate) async fn run(ctx: &Ctx, action: &MigrateCommand, json: bool) -> Outco
         name: "forge",
         migrations: forge::migrate::status(&mut conn, &forge_migrator, TABLE).await?,
     }];
+    let functions = forge::migrate::function_status(&mut conn).await?;
+    let due: Vec<&FunctionStatus> = functions.iter().filter(|f| f.state.is_due()).collect();
     if let Some(app) = &app {
         sets.push(Set {
             name: "app",
@@ -127,16 +185,20 @@ pub(crate) async fn run(ctx: &Ctx, action: &MigrateCommand, json: bool) -> Outco
             out::print_json(&json!({
                 "sets": sets.iter().map(set_json).collect::<Vec<_>>(),
                 "pending": pending.len(),
+                "functions": functions,
+                "functions_due": due.len(),
             }));
         } else {
             print_sets(&sets);
+            println!("{}", functions_line(&functions));
             println!();
-            match (blocking(&sets), pending.len()) {
-                (Some(why), _) => println!("{why}"),
-                (None, 0) => println!("up to date"),
-                (None, n) => {
-                    println!("{n} pending: apply with `forge migrate up` (or start a node)")
-                }
+            match (blocking(&sets), pending.len(), due.len()) {
+                (Some(why), _, _) => println!("{why}"),
+                (None, 0, 0) => println!("up to date"),
+                (None, n, f) => println!(
+                    "{} pending: apply with `forge migrate up` (or start a node)",
+                    counted(n, f)
+                ),
             }
         }
         return Ok(u8::from(blocking(&sets).is_some()));
@@ -155,28 +217,42 @@ pub(crate) async fn run(ctx: &Ctx, action: &MigrateCommand, json: bool) -> Outco
                     }
                     v
                 }).collect::<Vec<_>>(),
+                "would_apply_functions": due.iter().map(|f| {
+                    let mut v = json!({ "name": f.name, "state": f.state });
+                    if show_sql {
+                        v["sql"] = f.sql.clone().into();
+                    }
+                    v
+                }).collect::<Vec<_>>(),
             }));
-        } else if pending.is_empty() {
+        } else if pending.is_empty() && due.is_empty() {
             println!("nothing to apply: up to date");
         } else {
             println!(
-                "would apply {} migrations (dry run, nothing applied):",
-                pending.len()
+                "would apply {} (dry run, nothing applied):",
+                counted(pending.len(), due.len())
             );
-            for (set, m) in &pending {
-                println!("  {set} {:04}_{}", m.version, m.description);
+            let print_sql = |sql: &str| {
                 if show_sql {
                     println!();
-                    for line in m.sql.lines() {
+                    for line in sql.lines() {
                         println!("    {line}");
                     }
                     println!();
                 }
+            };
+            for (set, m) in &pending {
+                println!("  {set} {:04}_{}", m.version, m.description);
+                print_sql(&m.sql);
+            }
+            for f in &due {
+                println!("  forge function {}", f.name);
+                print_sql(&f.sql);
             }
         }
         return Ok(0);
     }
-    forge::migrate::apply(&mut conn, &forge_migrator).await?;
+    let applied_functions = forge::migrate::up(&mut conn).await?;
     if let Some(app) = &app {
         forge::migrate::apply(&mut conn, app).await.map_err(|err| {
             Fail::problem(format!("applying the application's migrations: {err}"))
@@ -187,12 +263,19 @@ pub(crate) async fn run(ctx: &Ctx, action: &MigrateCommand, json: bool) -> Outco
             "applied": pending.iter().map(|(set, m)| json!({
                 "set": set, "version": m.version, "description": m.description,
             })).collect::<Vec<_>>(),
+            "applied_functions": applied_functions,
         }));
-    } else if pending.is_empty() {
+    } else if pending.is_empty() && applied_functions.is_empty() {
         println!("nothing to apply: up to date");
     } else {
         for (set, m) in &pending {
             println!("applied {set} {:04}_{}", m.version, m.description);
+        }
+        if !applied_functions.is_empty() {
+            println!(
+                "applied forge function files: {}",
+                names(applied_functions.iter().copied())
+            );
         }
     }
     Ok(0)

@@ -111,8 +111,9 @@ pub struct DatabaseConfig {
     /// How long `Node::start` keeps trying to reach PostgreSQL before giving up.
     #[serde(with = "duration")]
     pub connect_timeout: Duration,
-    /// Apply FORGE's migrations (schema `forge`) on start. Several nodes starting at once
-    /// serialize on a lock, so this is safe to leave on.
+    /// Apply FORGE's schema (schema `forge`: its migrations, then its function files) on start.
+    /// Several nodes starting at once serialize on a lock, so this is safe to leave on. Off, a
+    /// node only checks that the schema is current (`forge migrate up` applies it).
     pub migrate: bool,
 }
 

@@ -1,56 +1,14 @@
-//! Connections: options, first contact with clear errors, the dedicated lock sessions, the
-//! transaction-pooler check, and FORGE's migrations.
+//! Connections: options, first contact with clear errors, the dedicated lock sessions and the
+//! transaction-pooler check. (FORGE's migrations and function files: `schema`.)
 
-use std::borrow::Cow;
 use std::time::Duration;
 
-use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, Row, SqlSafeStr};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, Row};
 use tokio::time::Instant;
 
 use crate::config::{DatabaseConfig, LeaderElectionConfig};
 use crate::error::{Error, Result, redact_url};
-
-/// One embedded migration: version, description, SQL. Every crate with tables brings its own
-/// list; a node applies them all, in version order, as one sequence in the `forge` schema with
-/// its own bookkeeping table (`forge._sqlx_migrations`), so they never clash with the host
-/// application's.
-pub type MigrationSource = (i64, &'static str, &'static str);
-
-/// The core's migrations: leadership, the cluster model.
-pub const MIGRATIONS: &[MigrationSource] = &[
-    (
-        1,
-        "leaders",
-        include_str!("../../migrations/0001_leaders.sql"),
-    ),
-    (
-        4,
-        "cluster",
-        include_str!("../../migrations/0004_cluster.sql"),
-    ),
-    (
-        7,
-        "stats_rollup",
-        include_str!("../../migrations/0007_stats_rollup.sql"),
-    ),
-    (
-        8,
-        "standbys",
-        include_str!("../../migrations/0008_standbys.sql"),
-    ),
-    (
-        10,
-        "tally_changes",
-        include_str!("../../migrations/0010_tally_changes.sql"),
-    ),
-    (
-        16,
-        "stats_rollup_moved_only",
-        include_str!("../../migrations/0016_stats_rollup_moved_only.sql"),
-    ),
-];
 
 /// The parsed connection options for `database`, with `application_name` set (PostgreSQL
 /// truncates it to 63 bytes).
@@ -270,76 +228,6 @@ pub(crate) async fn check_not_pooled(options: &PgConnectOptions, patience: Durat
         });
     }
     Ok(())
-}
-
-/// Applies FORGE's migrations (every crate's, sorted by version). Several nodes may run this
-/// at once: sqlx serializes migrators on an advisory lock, and the schema is created under
-/// that lock.
-pub(crate) async fn migrate(conn: &mut PgConnection, sources: &[MigrationSource]) -> Result<()> {
-    let migrator = migrator(sources);
-    // run_direct rather than run: `run` is generic over Acquire, which makes the future
-    // non-Send for higher-ranked lifetimes, and Node::start must be spawnable.
-    migrator.run_direct(None, conn, false).await?;
-    Ok(())
-}
-
-/// The table FORGE records its own migrations in.
-pub const MIGRATIONS_TABLE: &str = "forge._sqlx_migrations";
-
-/// `sources` (deduplicated, in version order) as a migrator set up the way a node runs it:
-/// schema `forge` created under sqlx's migration lock, bookkeeping in [`MIGRATIONS_TABLE`].
-pub fn migrator(sources: &[MigrationSource]) -> Migrator {
-    let mut sources = sources.to_vec();
-    sources.sort_by_key(|(version, _, _)| *version);
-    sources.dedup_by_key(|(version, _, _)| *version);
-    let migrations = sources
-        .iter()
-        .map(|(version, description, sql)| {
-            Migration::new(
-                *version,
-                Cow::Borrowed(*description),
-                MigrationType::Simple,
-                sql.into_sql_str(),
-                false,
-            )
-        })
-        .collect();
-    let mut migrator = Migrator::with_migrations(migrations);
-    migrator.create_schema("forge");
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
-}
-
-/// Checks that every FORGE migration is applied (for nodes started with `migrate = false`).
-pub(crate) async fn check_schema(
-    conn: &mut PgConnection,
-    sources: &[MigrationSource],
-) -> Result<()> {
-    let applied: Vec<i64> = sqlx::query_scalar(
-        "SELECT version FROM forge._sqlx_migrations WHERE success
-          UNION ALL SELECT -1 WHERE to_regclass('forge._sqlx_migrations') IS NULL",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap_or_default();
-    let missing: Vec<String> = sources
-        .iter()
-        .filter(|(version, _, _)| !applied.contains(version))
-        .map(|(version, description, _)| format!("{version:04}_{description}"))
-        .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Config {
-            path: None,
-            line: None,
-            key: "database.migrate".into(),
-            message: format!(
-                "FORGE's schema in this database is missing migrations {}: set [database] migrate = true for one start, or apply the files in migrations/",
-                missing.join(", ")
-            ),
-        })
-    }
 }
 
 /// Session settings of a lock session, so PostgreSQL itself ends a leader that stops renewing.

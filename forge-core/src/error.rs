@@ -135,6 +135,18 @@ pub enum Error {
     #[error("applying FORGE's database migrations failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
 
+    /// FORGE's schema in the database cannot be brought to this build's: it was made by
+    /// another line of migrations (a development build from before the pre-1.0 squash), or a
+    /// function file failed to apply.
+    #[error("{message}")]
+    Schema {
+        /// A full sentence: what is wrong and what to do.
+        message: String,
+        /// The database error, when there was one.
+        #[source]
+        source: Option<sqlx::Error>,
+    },
+
     /// Applying the application's own migrations (`NodeBuilder::migrations`) failed.
     #[error("applying the application's migrations failed: {0}")]
     AppMigrate(#[source] sqlx::migrate::MigrateError),

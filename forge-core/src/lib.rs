@@ -34,6 +34,7 @@ mod membership;
 pub mod metrics;
 mod role;
 mod runtime;
+mod schema;
 pub mod sql;
 mod util;
 
@@ -41,7 +42,6 @@ pub use config::{
     AdminConfig, ClusterConfig, CoreConfig, DatabaseConfig, Env, LeaderElectionConfig,
     MembershipConfig, MetricsConfig, NodeConfig, ProcessEnv, no_env,
 };
-pub use db::{MIGRATIONS, MIGRATIONS_TABLE, MigrationSource, migrator};
 pub use election::{LeaderInfo, RoleState};
 pub use error::{Error, Result, redact_url};
 pub use fence::FenceToken;
@@ -50,6 +50,11 @@ pub use membership::{ListenerEvent, NODES_CHANNEL};
 pub use metrics::{Metrics, Tally};
 pub use role::{Epoch, LockKey, LockNamespace, NodeId, Role};
 pub use runtime::{Assembly, Component, NodeContext, Runtime, shutdown_signal};
+pub use schema::{
+    FUNCTIONS_TABLE, FunctionSource, FunctionState, FunctionStatus, MIGRATIONS_TABLE,
+    MigrationSource, SCHEMA, Schema, apply_functions, apply_schema, check_history, function_status,
+    migrator,
+};
 
 #[doc(hidden)]
 pub use sqlx as __sqlx;

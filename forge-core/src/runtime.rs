@@ -4,7 +4,7 @@
 //! The `forge` facade's `Node` is the only node users see; it builds an [`Assembly`], installs
 //! the crons and jobs components (and the user's own), and starts it. This module knows
 //! nothing of crons or jobs: they arrive as leader tasks, services, LISTEN channels, metric
-//! descriptions, migrations and a shutdown budget.
+//! descriptions, their part of the schema and a shutdown budget.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::CoreConfig;
-use crate::db::{self, MigrationSource};
+use crate::db;
 use crate::duties::{self, Pruner};
 use crate::election::{Campaign, LeaderTask, RoleHandle, RoleState, lock_application_name};
 use crate::error::{Error, Result};
@@ -30,6 +30,7 @@ use crate::leadership::Leadership;
 use crate::membership::{self, Fault, LEADER_CHANNEL, ListenerEvent, Membership, NodeInfo};
 use crate::metrics::{MetricDef, Metrics, defs};
 use crate::role::{LockKey, LockNamespace, NodeId, Role};
+use crate::schema::{self, FunctionSource, MigrationSource, Schema};
 
 /// Work that plugs into a node: the crons, the job queue, the built-in roles' duties, or your
 /// own. A component is installed once, before the node connects, and describes everything it
@@ -39,7 +40,7 @@ pub trait Component: Send + 'static {
     fn name(&self) -> &'static str;
 
     /// Adds the component's leader tasks, services, LISTEN channels, metric descriptions,
-    /// migrations and shutdown budget to the node being assembled.
+    /// schema (migrations and function files) and shutdown budget to the node being assembled.
     fn install(self: Box<Self>, node: &mut Assembly) -> Result<()>;
 }
 
@@ -61,6 +62,7 @@ pub struct Assembly {
     channels: Vec<String>,
     drain_budget: Duration,
     migrations: Vec<MigrationSource>,
+    functions: Vec<FunctionSource>,
     metric_defs: Vec<&'static MetricDef>,
     /// Series exported from the start: (only when campaigning for this role, metric, labels).
     series: Vec<ExportedSeries>,
@@ -89,7 +91,8 @@ impl Assembly {
                 LEADER_CHANNEL.to_owned(),
                 membership::NODES_CHANNEL.to_owned(),
             ],
-            migrations: db::MIGRATIONS.to_vec(),
+            migrations: schema::SCHEMA.migrations.to_vec(),
+            functions: schema::SCHEMA.functions.to_vec(),
             metric_defs: Vec::new(),
             series: Vec::new(),
             queues: BTreeMap::new(),
@@ -184,10 +187,11 @@ impl Assembly {
         self
     }
 
-    /// FORGE migrations this component's tables need (applied with every other crate's, in
-    /// version order).
-    pub fn migrations(&mut self, sources: &[MigrationSource]) -> &mut Self {
-        self.migrations.extend_from_slice(sources);
+    /// The component's part of FORGE's schema: its migrations (applied with every other
+    /// crate's, in version order) and its function files (applied after them).
+    pub fn schema(&mut self, schema: Schema) -> &mut Self {
+        self.migrations.extend_from_slice(schema.migrations);
+        self.functions.extend_from_slice(schema.functions);
         self
     }
 
@@ -438,9 +442,9 @@ impl Assembly {
         let mut setup = db::connect_patiently(&setup_options, patience).await?;
         db::check_not_pooled(&setup_options, patience).await?;
         if self.config.database.migrate {
-            db::migrate(&mut setup, &self.migrations).await?;
+            schema::apply_schema(&mut setup, &self.migrations, &self.functions).await?;
         } else {
-            db::check_schema(&mut setup, &self.migrations).await?;
+            schema::check_schema(&mut setup, &self.migrations, &self.functions).await?;
         }
         if let Some(migrator) = self.app_migrator.take() {
             migrator

@@ -883,7 +883,11 @@ async fn migrate_status_and_up_on_a_fresh_database_then_a_node_needs_none() {
         .ok()
         .json();
     let migrations = status["sets"][0]["migrations"].as_array().unwrap();
-    assert!(migrations.len() >= 5, "{status}");
+    assert_eq!(
+        migrations.len(),
+        forge::migrate::sources().len(),
+        "{status}"
+    );
     assert!(
         migrations.iter().all(|m| m["state"] == "pending"),
         "{status}"
@@ -892,7 +896,7 @@ async fn migrate_status_and_up_on_a_fresh_database_then_a_node_needs_none() {
     let run = forge(url, &["migrate", "status"]).await.ok();
     assert!(run.stdout.starts_with("SET"), "{}", run.stdout);
     assert!(
-        run.stdout.contains("0001") && run.stdout.contains("leaders"),
+        run.stdout.contains("0001") && run.stdout.contains("core"),
         "{}",
         run.stdout
     );
@@ -908,7 +912,7 @@ async fn migrate_status_and_up_on_a_fresh_database_then_a_node_needs_none() {
         .await
         .ok();
     assert!(run.stdout.contains("would apply"), "{}", run.stdout);
-    assert!(run.stdout.contains("forge 0001_leaders"), "{}", run.stdout);
+    assert!(run.stdout.contains("forge 0001_core"), "{}", run.stdout);
     assert!(run.stdout.contains("app 0001_widgets"), "{}", run.stdout);
     let run = forge(url, &["migrate", "up", "--dry-run", "--sql"])
         .await

@@ -81,7 +81,7 @@ impl Component for Crons {
     }
 
     fn install(self: Box<Self>, node: &mut Assembly) -> Result<()> {
-        node.migrations(crate::MIGRATIONS)
+        node.schema(crate::SCHEMA)
             .describe_metrics(CRON_METRICS)
             .prune("cron_ticks", "prune_ticks", self.config.ledger_retention);
         if self.crons.is_empty() {

@@ -1,6 +1,6 @@
 //! The tick ledger (`forge.cron_ticks`): every statement the cron runtime makes, one round
-//! trip each. The SQL functions are in `migrations/0005_scheduler.sql` (and
-//! `0009_tick_finish_many.sql`). The leader's statements run on the role's lock session
+//! trip each. The SQL functions are in `schema/functions/`, one file each (`tick_claim.sql`,
+//! `tick_gate.sql`, ...). The leader's statements run on the role's lock session
 //! ([`Leadership::session`]); the node's (the registry, the board) on the pool.
 
 use std::collections::BTreeMap;
@@ -92,7 +92,7 @@ pub(super) struct ClaimRequest {
 /// Claims several ticks for this tenure in one transaction (one commit for all the ticks due
 /// at one instant), each as [`claim`] would but up to `ahead` before its instant by the
 /// database's clock; the claims in input order. A tick claimed ahead is started only after
-/// [`gate`] (see `migrations/0013_tick_claim_ahead.sql` for why).
+/// [`gate`] (see `schema/functions/tick_gate.sql` for why).
 pub(super) async fn claim_many(
     leadership: &Leadership,
     requests: &[ClaimRequest],
@@ -117,7 +117,7 @@ pub(super) async fn claim_many(
         .await?;
     if rows.len() != requests.len() {
         return Err(answer_mismatch(
-            "tick_claim_many",
+            "tick_claim_ahead_many",
             rows.len(),
             requests.len(),
         ));

@@ -583,7 +583,7 @@ impl Jobs {
 #[cfg(test)]
 mod tests {
     use super::CancelReply;
-    use crate::sql_source::{function, literals_after};
+    use crate::schema::source::{function, literals_after};
 
     #[test]
     fn every_answer_of_jobs_cancel_parses() {

@@ -264,7 +264,7 @@ forge_core::sql_enum! {
 #[cfg(test)]
 mod tests {
     use super::MaintainEvent;
-    use crate::sql_source::{function, literals_after};
+    use crate::schema::source::{function, literals_after};
 
     #[test]
     fn every_event_of_jobs_maintain_parses() {

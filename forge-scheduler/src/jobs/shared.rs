@@ -150,7 +150,7 @@ pub(crate) fn record_rescue(metrics: &Metrics, queue: &str, kind: &str, state: J
 #[cfg(test)]
 mod tests {
     use super::{AttemptReason, StepRow};
-    use crate::sql_source::{function, literals_after};
+    use crate::schema::source::{function, literals_after};
 
     #[test]
     fn every_row_state_of_jobs_step_is_one_the_sql_writes() {

@@ -1,0 +1,481 @@
+//! FORGE's schema: what each crate brings ([`Schema`]: its numbered migrations and its function
+//! files), and how a node applies it at start, or checks it with `[database] migrate = false`.
+//!
+//! Tables, indexes and other objects that hold data change through numbered migrations
+//! (`schema/migrations/NNNN_<what>.sql`, recorded by sqlx in [`MIGRATIONS_TABLE`]). Every SQL
+//! function is defined in exactly one file named after it (`schema/functions/<name>.sql`), with
+//! `CREATE OR REPLACE FUNCTION`. After the migrations, a node applies the function files whose
+//! SQL differs from what the database recorded in [`FUNCTIONS_TABLE`], all in one transaction,
+//! under an advisory lock of its own (nodes that start together apply them once), with
+//! `check_function_bodies = off` (a `LANGUAGE sql` body may name a function created later in the
+//! same step). A database whose function was applied by a newer FORGE release keeps it: an
+//! older node never puts back an older body (ARCHITECTURE.md, "Changing the schema").
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{Connection, PgConnection, SqlSafeStr};
+
+use crate::error::{Error, Result};
+
+/// One numbered migration: version, description (the file name after the number), SQL. The
+/// migrations of every crate form one sequence, recorded in [`MIGRATIONS_TABLE`] in the `forge`
+/// schema, so they never clash with the host application's.
+pub type MigrationSource = (i64, &'static str, &'static str);
+
+/// One function file: the function's name (the file's, `schema/functions/<name>.sql`) and its
+/// SQL (the comment that explains the function, then `CREATE OR REPLACE FUNCTION`).
+pub type FunctionSource = (&'static str, &'static str);
+
+/// What a crate brings to FORGE's schema: its migrations and its function files. The core's is
+/// [`SCHEMA`]; a component adds its own with [`Assembly::schema`](crate::Assembly::schema).
+#[derive(Clone, Copy, Debug)]
+pub struct Schema {
+    /// Its numbered migrations (tables, indexes, ...).
+    pub migrations: &'static [MigrationSource],
+    /// Its function files.
+    pub functions: &'static [FunctionSource],
+}
+
+/// The function files named, as `&[FunctionSource]`: `function_files!["audit", "fence"]` is
+/// `&[("audit", <schema/functions/audit.sql>), ...]`, for a crate's [`Schema`]. The path is
+/// relative to the invoking file, a crate's `src/schema.rs` (the workspace holds `schema/`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! function_files {
+    [$($name:literal),* $(,)?] => {
+        &[$((
+            $name,
+            include_str!(concat!("../../schema/functions/", $name, ".sql")),
+        )),*]
+    };
+}
+
+/// The core's part of the schema: leadership, the cluster's history, membership, the cluster
+/// series (the scheduler brings its own).
+pub const SCHEMA: Schema = Schema {
+    migrations: &[(
+        1,
+        "core",
+        include_str!("../../schema/migrations/0001_core.sql"),
+    )],
+    functions: crate::function_files![
+        "audit",
+        "campaign",
+        "fence",
+        "fence_holds",
+        "leader_lost",
+        "lock_waiters",
+        "node_heartbeat",
+        "node_join",
+        "node_leave",
+        "nodes_watch",
+        "prune_events",
+        "prune_nodes",
+        "prune_stats",
+        "release",
+        "standbys_wanted",
+        "stats_rollup",
+        "stats_sample",
+        "step_down",
+    ],
+};
+
+/// The table FORGE records its own migrations in.
+pub const MIGRATIONS_TABLE: &str = "forge._sqlx_migrations";
+
+/// The table FORGE records the function files it applied in.
+pub const FUNCTIONS_TABLE: &str = "forge.schema_functions";
+
+/// The FORGE release that applies function files (recorded with each, compared with the
+/// release that applied what the database has).
+const FORGE_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// `sources` (deduplicated, in version order) as a migrator set up the way a node runs it:
+/// schema `forge` created under sqlx's migration lock, bookkeeping in [`MIGRATIONS_TABLE`].
+pub fn migrator(sources: &[MigrationSource]) -> Migrator {
+    let mut sources = sources.to_vec();
+    sources.sort_by_key(|(version, _, _)| *version);
+    sources.dedup_by_key(|(version, _, _)| *version);
+    let migrations = sources
+        .iter()
+        .map(|(version, description, sql)| {
+            Migration::new(
+                *version,
+                Cow::Borrowed(*description),
+                MigrationType::Simple,
+                sql.into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.create_schema("forge");
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}
+
+/// Brings FORGE's schema up to date, as a node does at start: refuses a database migrated by
+/// another line of migrations ([`check_history`]), applies the pending migrations (several
+/// processes doing it at once serialize on sqlx's migration lock), then the function files
+/// ([`apply_functions`]). Returns the names of the function files it applied.
+pub async fn apply_schema(
+    conn: &mut PgConnection,
+    migrations: &[MigrationSource],
+    functions: &[FunctionSource],
+) -> Result<Vec<&'static str>> {
+    let migrator = migrator(migrations);
+    check_history(conn, &migrator).await?;
+    // run_direct rather than run: `run` is generic over Acquire, which makes the future
+    // non-Send for higher-ranked lifetimes, and Node::start must be spawnable.
+    migrator.run_direct(None, conn, false).await?;
+    apply_functions(conn, functions).await
+}
+
+/// Refuses a database whose FORGE migrations are another line than `migrator`'s: one of them
+/// was applied under the same version with another name. That is a database made by a
+/// development build from before FORGE squashed its migrations into one baseline (0.x), which
+/// cannot be upgraded in place; sqlx would only say that a migration's checksum changed.
+pub async fn check_history(conn: &mut PgConnection, migrator: &Migrator) -> Result<()> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(MIGRATIONS_TABLE)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Ok(());
+    }
+    let applied: Vec<(i64, String)> =
+        sqlx::query_as("SELECT version, description FROM forge._sqlx_migrations ORDER BY version")
+            .fetch_all(&mut *conn)
+            .await?;
+    let ours: BTreeMap<i64, &str> = migrator
+        .iter()
+        .map(|m| (m.version, m.description.as_ref()))
+        .collect();
+    let Some((version, theirs, ours)) = applied.iter().find_map(|(version, description)| {
+        ours.get(version)
+            .filter(|ours| **ours != description.as_str())
+            .map(|ours| (*version, description, *ours))
+    }) else {
+        return Ok(());
+    };
+    Err(Error::Schema {
+        message: format!(
+            "FORGE's schema in this database was made by a development build of FORGE from \
+             before its migrations were squashed into one baseline (it has migration \
+             {version:04}_{theirs} where this build has {version:04}_{ours}), and cannot be \
+             upgraded in place. Recreate it: `DROP SCHEMA forge CASCADE` deletes FORGE's \
+             tables (leadership, history, membership, the cron ledger, jobs; not your own), \
+             then start a node or run `forge migrate up`"
+        ),
+        source: None,
+    })
+}
+
+/// Where one function file stands in a database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FunctionState {
+    /// Applied, with the same SQL.
+    Applied,
+    /// Never applied: the next node start (or `forge migrate up`) applies it.
+    Pending,
+    /// Applied with other SQL, by this FORGE release or an older one: the next node start (or
+    /// `forge migrate up`) applies it again.
+    Changed,
+    /// Applied with other SQL by a newer FORGE release: left as it is (a newer body stays
+    /// compatible with older callers).
+    Newer,
+    /// Applied, but unknown to this binary (applied by a newer release).
+    Unknown,
+}
+
+impl FunctionState {
+    /// Whether applying the schema would apply this file.
+    pub fn is_due(self) -> bool {
+        matches!(self, FunctionState::Pending | FunctionState::Changed)
+    }
+}
+
+/// One function file and its state in a database.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct FunctionStatus {
+    /// The function's name (its file is `schema/functions/<name>.sql`).
+    pub name: String,
+    /// Where it stands.
+    pub state: FunctionState,
+    /// When it was applied.
+    pub applied_at: Option<DateTime<Utc>>,
+    /// The FORGE release that applied it.
+    pub forge_version: Option<String>,
+    /// Its SQL (empty for [`FunctionState::Unknown`]).
+    #[serde(skip)]
+    pub sql: String,
+}
+
+/// What the database recorded of one function file.
+struct Recorded {
+    name: String,
+    checksum: Vec<u8>,
+    forge_version: String,
+    applied_at: DateTime<Utc>,
+}
+
+/// The state of each function file in the database (sorted by name, duplicates dropped),
+/// followed by the applied ones it does not know. Reads only.
+pub async fn function_status(
+    conn: &mut PgConnection,
+    functions: &[FunctionSource],
+) -> Result<Vec<FunctionStatus>> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(FUNCTIONS_TABLE)
+        .fetch_one(&mut *conn)
+        .await?;
+    let recorded: Vec<(String, Vec<u8>, String, DateTime<Utc>)> = if exists {
+        sqlx::query_as(
+            "SELECT name, checksum, forge_version, applied_at FROM forge.schema_functions",
+        )
+        .fetch_all(&mut *conn)
+        .await?
+    } else {
+        Vec::new()
+    };
+    let recorded = recorded
+        .into_iter()
+        .map(|(name, checksum, forge_version, applied_at)| Recorded {
+            name,
+            checksum,
+            forge_version,
+            applied_at,
+        })
+        .collect();
+    Ok(states(functions, recorded, FORGE_VERSION))
+}
+
+fn states(
+    functions: &[FunctionSource],
+    recorded: Vec<Recorded>,
+    version: &str,
+) -> Vec<FunctionStatus> {
+    let mut recorded: BTreeMap<String, Recorded> =
+        recorded.into_iter().map(|r| (r.name.clone(), r)).collect();
+    let files: BTreeMap<&str, &str> = functions.iter().copied().collect();
+    let mut out: Vec<FunctionStatus> = files
+        .into_iter()
+        .map(|(name, sql)| {
+            let row = recorded.remove(name);
+            let state = match &row {
+                None => FunctionState::Pending,
+                Some(r) if r.checksum == checksum(sql) => FunctionState::Applied,
+                Some(r) if release(&r.forge_version) > release(version) => FunctionState::Newer,
+                Some(_) => FunctionState::Changed,
+            };
+            FunctionStatus {
+                name: name.to_owned(),
+                state,
+                applied_at: row.as_ref().map(|r| r.applied_at),
+                forge_version: row.map(|r| r.forge_version),
+                sql: sql.to_owned(),
+            }
+        })
+        .collect();
+    out.extend(recorded.into_values().map(|r| FunctionStatus {
+        name: r.name,
+        state: FunctionState::Unknown,
+        applied_at: Some(r.applied_at),
+        forge_version: Some(r.forge_version),
+        sql: String::new(),
+    }));
+    out
+}
+
+/// The SHA-256 of a function file's SQL, as recorded in [`FUNCTIONS_TABLE`].
+fn checksum(sql: &str) -> Vec<u8> {
+    Sha256::digest(sql.as_bytes()).to_vec()
+}
+
+/// A release's `major.minor.patch`, for ordering releases (a part that is no number counts as
+/// 0; pre-release and build suffixes are ignored, so builds of one version are equals).
+fn release(version: &str) -> [u64; 3] {
+    let core = version.split(['-', '+']).next().unwrap_or_default();
+    let mut parts = core.split('.').map(|p| p.parse().unwrap_or(0));
+    [(); 3].map(|()| parts.next().unwrap_or(0))
+}
+
+/// Applies the function files whose state is due ([`FunctionState::is_due`]) in one
+/// transaction, under an advisory lock of its own (several processes doing it at once apply
+/// each file once), with `check_function_bodies = off`, and records them in
+/// [`FUNCTIONS_TABLE`]. Returns the names of the files applied (none when every file is
+/// current: then it takes no lock).
+pub async fn apply_functions(
+    conn: &mut PgConnection,
+    functions: &[FunctionSource],
+) -> Result<Vec<&'static str>> {
+    let due = |status: Vec<FunctionStatus>| -> Vec<FunctionSource> {
+        let due: Vec<String> = status
+            .into_iter()
+            .filter(|s| s.state.is_due())
+            .map(|s| s.name)
+            .collect();
+        let mut files: Vec<FunctionSource> = functions
+            .iter()
+            .copied()
+            .filter(|(name, _)| due.iter().any(|d| d == name))
+            .collect();
+        files.sort();
+        files.dedup_by_key(|(name, _)| *name);
+        files
+    };
+    if due(function_status(conn, functions).await?).is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut tx = conn.begin().await?;
+    // A two-int key: another key space than the roles' and nodes' bigint keys.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('forge.schema_functions'), 0)")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("SET LOCAL check_function_bodies = off")
+        .execute(&mut *tx)
+        .await?;
+    // Again under the lock: another process may have applied them meanwhile.
+    let files = due(function_status(&mut tx, functions).await?);
+    for (name, sql) in &files {
+        sqlx::raw_sql(*sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(|err| Error::Schema {
+                message: format!(
+                    "applying FORGE's function file schema/functions/{name}.sql failed: {err}"
+                ),
+                source: Some(err),
+            })?;
+        sqlx::query(
+            "INSERT INTO forge.schema_functions (name, checksum, forge_version)
+             VALUES ($1, $2, $3)
+             ON CONFLICT (name) DO UPDATE
+                SET checksum = EXCLUDED.checksum, forge_version = EXCLUDED.forge_version,
+                    applied_at = clock_timestamp()",
+        )
+        .bind(name)
+        .bind(checksum(sql))
+        .bind(FORGE_VERSION)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(files.into_iter().map(|(name, _)| name).collect())
+}
+
+/// Checks that every FORGE migration is applied and every function file current (for nodes
+/// started with `migrate = false`).
+pub(crate) async fn check_schema(
+    conn: &mut PgConnection,
+    migrations: &[MigrationSource],
+    functions: &[FunctionSource],
+) -> Result<()> {
+    check_history(conn, &migrator(migrations)).await?;
+    let applied: Vec<i64> = sqlx::query_scalar(
+        "SELECT version FROM forge._sqlx_migrations WHERE success
+          UNION ALL SELECT -1 WHERE to_regclass('forge._sqlx_migrations') IS NULL",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap_or_default();
+    let missing: Vec<String> = migrations
+        .iter()
+        .filter(|(version, _, _)| !applied.contains(version))
+        .map(|(version, description, _)| format!("{version:04}_{description}"))
+        .collect();
+    let stale: Vec<String> = function_status(conn, functions)
+        .await?
+        .into_iter()
+        .filter(|s| s.state.is_due())
+        .map(|s| match s.state {
+            FunctionState::Changed => format!("{} (changed)", s.name),
+            _ => s.name,
+        })
+        .collect();
+    let mut lacks = Vec::new();
+    if !missing.is_empty() {
+        lacks.push(format!("migrations {}", missing.join(", ")));
+    }
+    if !stale.is_empty() {
+        lacks.push(format!(
+            "the current definitions of functions {}",
+            stale.join(", ")
+        ));
+    }
+    if lacks.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Config {
+        path: None,
+        line: None,
+        key: "database.migrate".into(),
+        message: format!(
+            "FORGE's schema in this database is missing {}: set [database] migrate = true for one start, or run `forge migrate up`",
+            lacks.join(" and ")
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recorded(name: &str, sql: &str, version: &str) -> Recorded {
+        Recorded {
+            name: name.to_owned(),
+            checksum: checksum(sql),
+            forge_version: version.to_owned(),
+            applied_at: DateTime::<Utc>::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn a_file_is_due_when_new_or_changed_by_this_or_an_older_release() {
+        let files = [
+            ("same", "a"),
+            ("new", "b"),
+            ("edited", "c2"),
+            ("older", "d2"),
+            ("newer", "e1"),
+        ];
+        let db = vec![
+            recorded("same", "a", "1.2.0"),
+            recorded("edited", "c1", "1.2.0"),
+            recorded("older", "d1", "1.1.9"),
+            recorded("newer", "e2", "1.10.0"),
+            recorded("gone", "f", "1.3.0"),
+        ];
+        let states: Vec<(String, FunctionState)> = states(&files, db, "1.2.0")
+            .into_iter()
+            .map(|s| (s.name, s.state))
+            .collect();
+        let expect = [
+            ("edited", FunctionState::Changed),
+            ("new", FunctionState::Pending),
+            ("newer", FunctionState::Newer),
+            ("older", FunctionState::Changed),
+            ("same", FunctionState::Applied),
+            ("gone", FunctionState::Unknown),
+        ];
+        let expect: Vec<(String, FunctionState)> =
+            expect.iter().map(|(n, s)| (n.to_string(), *s)).collect();
+        assert_eq!(states, expect);
+    }
+
+    #[test]
+    fn releases_order_by_number_not_text() {
+        assert!(release("1.10.0") > release("1.9.3"));
+        assert!(release("2.0.0") > release("1.99.99"));
+        assert_eq!(release("1.2.0-rc.1"), release("1.2.0"));
+        assert_eq!(release("1.2"), [1, 2, 0]);
+        assert_eq!(release("x"), [0, 0, 0]);
+    }
+}
