@@ -25,6 +25,9 @@
 //!   replies, refused fences, a clock that runs ahead.
 //! * `claim_ahead`: ticks claimed before their instant, with their leader cut off unaware,
 //!   SIGKILLed with and without a follower, and handing over before the instant.
+//! * `schema`: the function files (applied once, again when changed, never over a newer
+//!   release's; one function each, every body compiles), stale functions with migrations off,
+//!   a database from before the pre-1.0 squash.
 
 mod actions;
 mod admin;
@@ -41,5 +44,6 @@ mod jobs;
 mod model;
 mod observability;
 mod processes;
+mod schema;
 mod support;
 mod ui;
