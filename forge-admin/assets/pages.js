@@ -50,8 +50,19 @@ function stepDown(ctx, role) {
       `The leader of ${role} drains its leader-only work and hands over gracefully; another node takes over. `
       + 'It is asked through the database, whichever node leads.', 'Step down');
     if (!yes) return;
-    await ctx.act(() => api(`api/cluster/roles/${encodeURIComponent(role)}/step-down`, { method: 'POST' }),
-      (r) => `Asked the ${role} leader (epoch ${r.epoch}) to step down.`);
+    const url = `api/cluster/roles/${encodeURIComponent(role)}/step-down`;
+    await ctx.act(async () => {
+      try {
+        return await api(url, { method: 'POST' });
+      } catch (err) {
+        // Refused: no standby waits, so the role would be without a leader for a while.
+        if (err.status !== 409 || err.body.standbys !== 0) throw err;
+        const force = await confirmDialog(`No standby for ${role}`,
+          `${err.message}.`, 'Step down anyway');
+        if (!force) throw err;
+        return api(url, { method: 'POST', body: { force: true } });
+      }
+    }, (r) => `Asked the ${role} leader (epoch ${r.epoch}) to step down.`);
   }, { focus: `step-down-${role}`, action: 'step-down', kind: 'write' });
 }
 

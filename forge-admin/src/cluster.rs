@@ -9,13 +9,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use forge_core::Role;
-use forge_core::inspect::{EventFilter, EventKind, LeaderView, NodeState, PageRequest};
+use forge_core::inspect::{EventFilter, EventKind, LeaderView, NodeState, PageRequest, StepDown};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::auth::Actor;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiPath, ApiQuery};
+use crate::extract::{ApiOptionalJson, ApiPath, ApiQuery};
 use crate::{AdminState, views};
 
 /// `limit` (1..=500, default 50) and `before` as a [`PageRequest`].
@@ -347,37 +347,64 @@ pub(crate) async fn this(State(state): State<AdminState>) -> ApiResult<Json<Valu
     })))
 }
 
+/// The optional body of a step-down request.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StepDownBody {
+    /// Step down even though no standby waits for the role.
+    #[serde(default)]
+    force: bool,
+}
+
 pub(crate) async fn step_down(
     State(state): State<AdminState>,
     Extension(Actor(by)): Extension<Actor>,
     ApiPath(role): ApiPath<String>,
+    ApiOptionalJson(body): ApiOptionalJson<StepDownBody>,
 ) -> ApiResult<Response> {
     let role = parse_role(&role)?;
     let cluster = state.cluster.clone();
     let (asked, by_) = (role.clone(), by.clone());
-    let epoch = state
-        .write(async move { cluster.step_down(&asked, &by_).await })
+    let done = state
+        .write(async move { cluster.step_down(&asked, &by_, body.force).await })
         .await?;
-    let Some(epoch) = epoch else {
-        let leaders = state.read(state.cluster.leaders()).await?;
-        return Err(if leaders.iter().any(|l| l.role == role.name()) {
-            ApiError::conflict(format!(
-                "role {role} has no live leader to step down (released, or its lease ran out)"
+    let (epoch, node_id, standbys) = match done {
+        StepDown::Asked {
+            epoch,
+            node_id,
+            standbys,
+        } => (epoch, node_id, standbys),
+        StepDown::NoStandby { epoch, node_id } => {
+            return Err(ApiError::conflict(format!(
+                "no standby is waiting for role {role}: if {node_id} stepped down, the role would have no leader until a node campaigned again; start or wait for another eligible node, or send {{\"force\": true}} to step down anyway"
             ))
-        } else {
-            ApiError::not_found(format!(
-                "role {role} has never had a leader in this cluster"
-            ))
-        });
+            .with("epoch", json!(epoch))
+            .with("node_id", json!(node_id))
+            .with("standbys", json!(0)));
+        }
+        StepDown::NoLeader => {
+            let leaders = state.read(state.cluster.leaders()).await?;
+            return Err(if leaders.iter().any(|l| l.role == role.name()) {
+                ApiError::conflict(format!(
+                    "role {role} has no live leader to step down (released, or its lease ran out)"
+                ))
+            } else {
+                ApiError::not_found(format!(
+                    "role {role} has never had a leader in this cluster"
+                ))
+            });
+        }
     };
-    tracing::info!(target: "forge::admin", role = %role, epoch = epoch.0, by = %by, "step-down requested");
+    tracing::info!(target: "forge::admin", role = %role, epoch = epoch.0, by = %by, standbys, "step-down requested");
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({
             "role": role.name(),
             "epoch": epoch,
+            "node_id": node_id,
+            "standbys": standbys,
             "status": "requested",
-            "message": "the leader drains its leader-only work and hands over; watch GET /api/cluster/leaders",
+            "message": "the leader drains its leader-only work and hands over to a standby; watch GET /api/cluster/leaders",
         })),
     )
         .into_response())

@@ -59,3 +59,29 @@ where
             .map_err(|rejection| ApiError::bad_request(rejection.body_text()))
     }
 }
+
+/// An optional JSON body: none (empty) is `T::default()`; anything else must be JSON that
+/// deserializes as `T` (else 400).
+pub(crate) struct ApiOptionalJson<T>(pub(crate) T);
+
+impl<T, S> FromRequest<S> for ApiOptionalJson<T>
+where
+    T: DeserializeOwned + Default,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(ApiOptionalJson(T::default()));
+        }
+        serde_json::from_slice(&bytes)
+            .map(ApiOptionalJson)
+            .map_err(|err| {
+                ApiError::bad_request(format!("the body is not the JSON expected: {err}"))
+            })
+    }
+}

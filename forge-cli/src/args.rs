@@ -255,6 +255,10 @@ pub(crate) struct StepDownArgs {
     /// Wait until another tenure leads the role.
     #[arg(long)]
     pub(crate) wait: bool,
+    /// Step down even when no standby waits for the role (it is refused otherwise: the role
+    /// would be without a leader until a node campaigned again).
+    #[arg(long)]
+    pub(crate) force: bool,
     /// With --wait: how long to wait.
     #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
     pub(crate) timeout: Duration,

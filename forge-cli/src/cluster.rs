@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use forge::Role;
-use forge::inspect::{EventFilter, EventKind, EventView, LeaderView, NodeView, PageRequest};
+use forge::inspect::{
+    EventFilter, EventKind, EventView, LeaderView, NodeView, PageRequest, StepDown,
+};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -431,21 +433,22 @@ pub(crate) async fn nodes(ctx: &Ctx, node: Option<&str>, json: bool) -> Outcome 
 pub(crate) async fn step_down(ctx: &Ctx, args: &StepDownArgs, json: bool) -> Outcome {
     let role = parse_role(&args.role)?;
     let cluster = ctx.cluster();
-    let leader = cluster
-        .leaders()
-        .await?
-        .into_iter()
-        .find(|l| l.role == role.name() && l.is_led());
-    let Some(epoch) = cluster.step_down(&role, &ctx.by).await? else {
-        return Err(Fail::problem(format!(
-            "role {role} has no live leader in namespace {}: nothing to step down (see `forge leaders`)",
-            ctx.namespace
-        )));
+    let (epoch, from) = match cluster.step_down(&role, &ctx.by, args.force).await? {
+        StepDown::Asked { epoch, node_id, .. } => (epoch, node_id),
+        StepDown::NoStandby { epoch, node_id } => {
+            return Err(Fail::problem(format!(
+                "refused: no standby is waiting for role {role}; if {node_id} (epoch {epoch}) stepped down, \
+                 the role would have no leader until a node campaigned again. Start or wait for another \
+                 eligible node (see `forge leaders`), or pass --force to step down anyway"
+            )));
+        }
+        StepDown::NoLeader => {
+            return Err(Fail::problem(format!(
+                "role {role} has no live leader in namespace {}: nothing to step down (see `forge leaders`)",
+                ctx.namespace
+            )));
+        }
     };
-    let from = leader
-        .filter(|l| l.epoch == epoch)
-        .map(|l| l.node_id)
-        .unwrap_or_default();
     let mut successor: Option<LeaderView> = None;
     if args.wait {
         let deadline = Instant::now() + args.timeout;

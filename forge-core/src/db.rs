@@ -184,7 +184,22 @@ pub(crate) async fn connect_once(
 }
 
 /// The node's pool (fenced writes, job claims, the application's own queries).
-pub(crate) fn pool(database: &DatabaseConfig, options: PgConnectOptions) -> PgPool {
+///
+/// Its sessions start with `idle_in_transaction_session_timeout` = the lease: a transaction
+/// left open by a process that froze (SIGSTOP, a VM pause) or by a handler that forgot it
+/// would hold its row locks - on a job being rescued, say - for as long as the process stays
+/// frozen; the server ends it after a lease instead. A statement of the session can set
+/// another value for its own work (`SET idle_in_transaction_session_timeout = ...`).
+pub(crate) fn pool(
+    database: &DatabaseConfig,
+    options: PgConnectOptions,
+    election: &LeaderElectionConfig,
+) -> PgPool {
+    let idle_in_transaction = election.lease_duration.as_millis().max(1).to_string();
+    let options = options.options([(
+        "idle_in_transaction_session_timeout",
+        idle_in_transaction.as_str(),
+    )]);
     PgPoolOptions::new()
         .max_connections(database.max_connections)
         .min_connections(0)

@@ -214,8 +214,8 @@ enum SessionEnd {
     Shutdown,
     /// The session broke or leadership was lost: reconnect.
     Broken,
-    /// Handed over on an operator's request: campaign again after a pause that lets a
-    /// follower win.
+    /// Handed over on an operator's request: campaign again at once (a standby that waited
+    /// inside the lock holds it already).
     SteppedDown,
     /// Enough standbys wait inside the lock: wait outside it, as a reserve.
     Reserve,
@@ -356,14 +356,11 @@ impl Campaign {
                             continue;
                         }
                         SessionEnd::SteppedDown => {
-                            // Followers poll every check_interval (or wait in the lock): stay
-                            // out long enough for one of them to win.
-                            let pause =
-                                self.election.check_interval * 2 + self.election.lock_timeout;
-                            tokio::select! {
-                                _ = sleep(pause) => {}
-                                _ = self.shutdown.cancelled() => break,
-                            }
+                            // The release granted the lock to the first standby waiting inside
+                            // it (a step-down is refused without one, unless forced): wait
+                            // again as a standby at once, behind it. Forced with none waiting,
+                            // this node most likely leads again within milliseconds.
+                            backoff.reset();
                             continue;
                         }
                     }

@@ -348,6 +348,31 @@ pub struct Cluster {
     drift_after: Duration,
 }
 
+/// What a step-down request ([`Cluster::step_down`]) did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepDown {
+    /// The leader of this epoch was asked to hand over; `standbys` followers were waiting
+    /// inside the role's lock to take it.
+    Asked {
+        /// The tenure asked to step down.
+        epoch: Epoch,
+        /// Its node.
+        node_id: String,
+        /// Standbys waiting at that moment (0 only when forced).
+        standbys: u64,
+    },
+    /// Refused: no standby waits for the role, so stepping down would leave it without a
+    /// leader until a node campaigned again. Ask with `force` to insist.
+    NoStandby {
+        /// The current tenure.
+        epoch: Epoch,
+        /// Its node.
+        node_id: String,
+    },
+    /// The role has no live leader (never led, released, or its lease ran out).
+    NoLeader,
+}
+
 impl Cluster {
     /// Read models on `pool` for the cluster `namespace`; nodes silent for `drift_after`
     /// show as drifted (`[cluster.membership] drift_after`).
@@ -371,19 +396,36 @@ impl Cluster {
 
     /// Asks the leader of `role` to hand over gracefully; `by` (who and from where) goes to
     /// the audit trail. The request travels through the database, so any node - or a process
-    /// that is no node - may ask. The leader drains its leader-only work, releases, and stays
-    /// out of the campaign for two `check_interval`s plus `lock_timeout`, so that a follower
-    /// wins (when there is none, it leads again after that pause). Returns the epoch asked to
-    /// step down, or `None` when the role has no live leader. Best effort: a leader whose
-    /// notification session is down at that moment does not hear the request.
-    pub async fn step_down(&self, role: &Role, by: &str) -> Result<Option<Epoch>> {
-        let epoch: Option<i64> = sqlx::query_scalar("SELECT forge.step_down($1, $2, $3)")
-            .bind(&self.namespace)
-            .bind(role)
-            .bind(by)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(epoch.map(Epoch))
+    /// that is no node - may ask. The leader drains its leader-only work and releases; a
+    /// standby waiting inside the role's lock is granted it at once, and the stepped-down node
+    /// waits again as a standby.
+    ///
+    /// Refused ([`StepDown::NoStandby`]) when no standby waits: the role would have no leader
+    /// until a reserve or the same node campaigned again. `force` asks anyway (the same node
+    /// then most likely leads again, in a new tenure, milliseconds later). Best effort: a
+    /// leader whose notification session is down at that moment does not hear the request.
+    pub async fn step_down(&self, role: &Role, by: &str, force: bool) -> Result<StepDown> {
+        let row: Option<(i64, String, i64, bool)> = sqlx::query_as(
+            "SELECT epoch, node_id, standbys, asked FROM forge.step_down($1, $2, $3, $4)",
+        )
+        .bind(&self.namespace)
+        .bind(role)
+        .bind(by)
+        .bind(force)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(match row {
+            None => StepDown::NoLeader,
+            Some((epoch, node_id, standbys, true)) => StepDown::Asked {
+                epoch: Epoch(epoch),
+                node_id,
+                standbys: standbys.max(0) as u64,
+            },
+            Some((epoch, node_id, _, false)) => StepDown::NoStandby {
+                epoch: Epoch(epoch),
+                node_id,
+            },
+        })
     }
 
     /// Records an operator's write in the events history (kind `admin_action`). The write

@@ -46,7 +46,7 @@ pub use election::{LeaderInfo, RoleState};
 pub use error::{Error, Result, redact_url};
 pub use fence::FenceToken;
 pub use leadership::{LeaderSession, Leadership};
-pub use membership::{ListenerEvent, NODES_CHANNEL};
+pub use membership::{ListenerEvent, NODES_CHANNEL, Standing};
 pub use metrics::{Metrics, Tally};
 pub use role::{Epoch, LockKey, LockNamespace, NodeId, Role};
 pub use runtime::{Assembly, Component, NodeContext, Runtime, shutdown_signal};

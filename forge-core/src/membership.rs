@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, ConnectOptions, Row};
 use tokio::sync::{Notify, broadcast, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
@@ -43,6 +43,61 @@ pub(crate) const LEADER_CHANNEL: &str = "forge_leader";
 /// `<namespace> down <node id>` when the scheduler leader marks a node down, so that work
 /// waiting on it (job rescue) need not wait for its next pass.
 pub const NODES_CHANNEL: &str = "forge_nodes";
+
+/// How long this node may still count its running jobs as its own.
+///
+/// The scheduler leader marks a node down - and rescues its jobs elsewhere - only after
+/// `down_after` without a heartbeat, measured from when the last heartbeat reached the server
+/// (or from the leader's own start). So a node whose last heartbeat that landed was *sent* at
+/// `t` holds its jobs at least until `t + down_after`; it stops trusting that a margin before
+/// (`[cluster.membership] heartbeat_interval`, at most a quarter of `down_after`), as a leader
+/// stops trusting its lease. Job workers stop their attempts when this runs out (a node cut
+/// off from PostgreSQL), so a live node's attempt never runs beside its rescued successor.
+#[derive(Clone, Debug)]
+pub struct Standing {
+    until: Arc<watch::Sender<Instant>>,
+    window: Duration,
+}
+
+impl Standing {
+    pub(crate) fn new(config: &MembershipConfig) -> Standing {
+        let margin = config.heartbeat_interval.min(config.down_after / 4);
+        let window = config.down_after.saturating_sub(margin);
+        Standing {
+            until: Arc::new(watch::Sender::new(Instant::now() + window)),
+            window,
+        }
+    }
+
+    /// A heartbeat sent at `sent_at` landed.
+    pub(crate) fn landed(&self, sent_at: Instant) {
+        let until = sent_at + self.window;
+        self.until.send_if_modified(|current| {
+            let later = until > *current;
+            if later {
+                *current = until;
+            }
+            later
+        });
+    }
+
+    /// PostgreSQL was seen not running at `at` (refused, starting up, shutting down): the
+    /// scheduler leader's clock for missing heartbeats counts from its own start after the
+    /// server's, so it cannot mark this node down before `at + down_after`.
+    pub(crate) fn server_down(&self, at: Instant) {
+        self.landed(at);
+    }
+
+    /// The cluster says this node was marked down: its jobs are rescued already.
+    pub(crate) fn revoke(&self) {
+        self.until.send_replace(Instant::now());
+    }
+
+    /// Until when this node's running jobs are its own.
+    pub fn until(&self) -> Instant {
+        *self.until.borrow()
+    }
+}
 
 /// What the node session reports to the campaigns and to services.
 #[derive(Clone, Debug)]
@@ -100,6 +155,10 @@ pub(crate) struct Membership {
     pub(crate) fault: watch::Sender<Option<Fault>>,
     /// The node's work: cancelled on a fault.
     pub(crate) work: CancellationToken,
+    /// The node's pool: heartbeats go through it while the node session cannot be reopened.
+    pub(crate) pool: PgPool,
+    /// Until when this node's jobs are its own (see [`Standing`]).
+    pub(crate) standing: Standing,
 }
 
 /// Why a node had to stop on its own.
@@ -329,16 +388,17 @@ impl Membership {
 
     /// Reconnects after a loss, with backoff, until it works or the node stops.
     async fn reopen(&self, backoff: &mut Backoff, stop: &CancellationToken) -> Option<Session> {
+        // Meanwhile the node heartbeats through its pool, when the next heartbeat would have
+        // been due and every interval after: a node whose node session cannot be reopened
+        // (connections full, its flows cut) but whose pool works stays a live member.
+        let mut next_pool_beat = Instant::now() + self.config.heartbeat_interval;
         loop {
-            tokio::select! {
-                _ = sleep(backoff.next()) => {}
-                _ = stop.cancelled() => return None,
-            }
-            let opened = tokio::select! {
-                opened = self.open(self.election.check_interval) => opened,
-                _ = stop.cancelled() => return None,
-            };
-            match opened {
+            let pause = backoff.next();
+            let paused = self.beating_through_pool(sleep(pause), &mut next_pool_beat, stop);
+            paused.await?;
+            let open = self.open(self.election.check_interval);
+            let opened = self.beating_through_pool(open, &mut next_pool_beat, stop);
+            match opened.await? {
                 Ok(session) => {
                     backoff.reset();
                     self.metrics
@@ -363,6 +423,30 @@ impl Membership {
                 }
                 Err(OpenError::Other(err)) => {
                     debug!(target: "forge::node", node = %self.node_id, error = %err, "node session unavailable");
+                    if server_not_running(&err) {
+                        self.standing.server_down(Instant::now());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `work`, heartbeating through the pool whenever `next_beat` comes meanwhile;
+    /// `None` when the node stops first.
+    async fn beating_through_pool<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+        next_beat: &mut Instant,
+        stop: &CancellationToken,
+    ) -> Option<T> {
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                done = &mut work => return Some(done),
+                _ = stop.cancelled() => return None,
+                _ = sleep_until(*next_beat) => {
+                    self.heartbeat_through_pool().await;
+                    *next_beat = Instant::now() + self.config.heartbeat_interval;
                 }
             }
         }
@@ -423,9 +507,84 @@ impl Membership {
         }
     }
 
-    /// One heartbeat; for the roles this node is a reserve of, in the same statement, which of
-    /// them lack standbys (their campaigns are woken to take a standby's place).
+    /// One heartbeat on the node session; see [`Membership::heartbeat_on`].
     async fn heartbeat(&self, session: &mut Session) -> std::result::Result<bool, sqlx::Error> {
+        let sent = Instant::now();
+        let landed = self.heartbeat_on(&mut session.listener, false).await?;
+        if landed {
+            self.standing.landed(sent);
+        }
+        Ok(landed)
+    }
+
+    /// One heartbeat through the pool, while the node session is down and cannot be reopened
+    /// (the server refuses new connections, say): the process is alive, and its jobs stay its
+    /// own while this lands. `false` when it did not: the pool cannot reach the server either,
+    /// or this node was marked down or replaced (then its jobs are not its own any more).
+    async fn heartbeat_through_pool(&self) -> bool {
+        let sent = Instant::now();
+        let bound = self
+            .config
+            .heartbeat_interval
+            .clamp(Duration::from_millis(500), Duration::from_secs(5));
+        let beat = async {
+            let mut conn = self.pool.acquire().await?;
+            self.heartbeat_on(&mut *conn, true).await
+        };
+        match timeout(bound, beat).await {
+            Ok(Ok(true)) => {
+                self.standing.landed(sent);
+                debug!(target: "forge::node", node = %self.node_id, "heartbeat sent through the pool while the node session is down");
+                true
+            }
+            Ok(Ok(false)) => {
+                warn!(target: "forge::node", node = %self.node_id,
+                      "this node was marked down (or replaced) while its node session was down: stopping its attempts; its jobs run elsewhere");
+                self.standing.revoke();
+                false
+            }
+            Ok(Err(err)) => {
+                debug!(target: "forge::node", node = %self.node_id, error = %err, "heartbeat through the pool failed");
+                self.probe_server().await;
+                false
+            }
+            Err(_) => {
+                self.probe_server().await;
+                false
+            }
+        }
+    }
+
+    /// After a heartbeat through the pool failed: one direct connection attempt, to tell a
+    /// server that is not running (its clock for missing heartbeats does not run meanwhile,
+    /// see [`Standing::server_down`]) from one this node cannot reach (a partition: it does).
+    async fn probe_server(&self) {
+        let at = Instant::now();
+        match timeout(Duration::from_secs(1), self.options.connect()).await {
+            Ok(Ok(conn)) => {
+                let _ = sqlx::Connection::close(conn).await;
+            }
+            Ok(Err(err)) => {
+                if server_not_running(&Error::Database(err)) {
+                    debug!(target: "forge::node", node = %self.node_id, "PostgreSQL is not running: this node's jobs stay its own meanwhile");
+                    self.standing.server_down(at);
+                }
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// One heartbeat (`via_pool`: not on the node session); for the roles this node is a
+    /// reserve of, in the same statement, which of them lack standbys (their campaigns are
+    /// woken to take a standby's place).
+    async fn heartbeat_on<'c, E>(
+        &self,
+        conn: E,
+        via_pool: bool,
+    ) -> std::result::Result<bool, sqlx::Error>
+    where
+        E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+    {
         let leading = (self.leading)();
         let reserves = (self.reserves)();
         let tally = self.metrics.tally();
@@ -438,6 +597,7 @@ impl Membership {
                 .bind(&leading)
                 .bind(&counters)
                 .bind(all)
+                .bind(via_pool)
         };
         let landed = |row: &PgRow| {
             let landed: bool = row.try_get(0)?;
@@ -447,18 +607,18 @@ impl Membership {
             Ok::<bool, sqlx::Error>(landed)
         };
         if reserves.is_empty() {
-            let row = beat("SELECT forge.node_heartbeat($1, $2, $3, $4, $5, $6)")
-                .fetch_one(&mut session.listener)
+            let row = beat("SELECT forge.node_heartbeat($1, $2, $3, $4, $5, $6, $7)")
+                .fetch_one(conn)
                 .await?;
             return landed(&row);
         }
         let keys: Vec<i64> = reserves.iter().map(|(key, _)| key.0).collect();
         let row = beat(
-            "SELECT forge.node_heartbeat($1, $2, $3, $4, $5, $6), forge.standbys_wanted($7, $8)",
+            "SELECT forge.node_heartbeat($1, $2, $3, $4, $5, $6, $7), forge.standbys_wanted($8, $9)",
         )
         .bind(&keys)
         .bind(self.election.standbys.min(i32::MAX as u32) as i32)
-        .fetch_one(&mut session.listener)
+        .fetch_one(conn)
         .await?;
         let wanted: Vec<i64> = row.try_get(1)?;
         for (key, wake) in reserves {
@@ -551,5 +711,23 @@ pub(crate) async fn watch(leadership: Leadership, config: MembershipConfig) {
             _ = sleep(config.heartbeat_interval) => {}
             _ = leadership.stopping() => return,
         }
+    }
+}
+
+/// Whether a failure to reach PostgreSQL shows the server itself not running: the connection
+/// refused at its address, or the server starting up, shutting down or restarting after a
+/// crash. (A timeout shows nothing: the server may be up behind a partition.) This assumes the
+/// configured address leads to the cluster's current primary.
+fn server_not_running(err: &Error) -> bool {
+    let sqlx_error = match err {
+        Error::Connect { source, .. } | Error::Database(source) => source,
+        _ => return false,
+    };
+    match sqlx_error {
+        sqlx::Error::Io(io) => io.kind() == std::io::ErrorKind::ConnectionRefused,
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("57P01" | "57P02" | "57P03"))
+        }
+        _ => false,
     }
 }

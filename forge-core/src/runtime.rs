@@ -27,7 +27,9 @@ use crate::duties::{self, Pruner};
 use crate::election::{Campaign, LeaderTask, RoleHandle, RoleState, lock_application_name};
 use crate::error::{Error, Result};
 use crate::leadership::Leadership;
-use crate::membership::{self, Fault, LEADER_CHANNEL, ListenerEvent, Membership, NodeInfo};
+use crate::membership::{
+    self, Fault, LEADER_CHANNEL, ListenerEvent, Membership, NodeInfo, Standing,
+};
 use crate::metrics::{MetricDef, Metrics, defs};
 use crate::role::{LockKey, LockNamespace, NodeId, Role};
 use crate::schema::{self, FunctionSource, MigrationSource, Schema};
@@ -330,7 +332,11 @@ impl Assembly {
         };
         metrics.describe(&self.metric_defs);
         self.export_at_start(&metrics, &campaigned, &pruned_tables);
-        let pool = db::pool(&self.config.database, self.options("pool")?);
+        let pool = db::pool(
+            &self.config.database,
+            self.options("pool")?,
+            &self.config.cluster.leader_election,
+        );
         let shutdown = CancellationToken::new();
         let (events, _) = broadcast::channel(1024);
         let handles: Vec<Arc<RoleHandle>> = campaigned
@@ -338,7 +344,15 @@ impl Assembly {
             .map(|role| Arc::new(RoleHandle::new(role.clone())))
             .collect();
         let (fault, faults) = watch::channel(None);
-        let membership = self.membership(&handles, &events, &metrics, fault, shutdown.clone())?;
+        let membership = self.membership(
+            &handles,
+            &events,
+            &metrics,
+            fault,
+            shutdown.clone(),
+            pool.clone(),
+        )?;
+        let standing = membership.standing.clone();
         let session = membership.join().await?;
         let leave = CancellationToken::new();
         let membership_task = tokio::spawn(membership.run(session, leave.clone()));
@@ -370,6 +384,7 @@ impl Assembly {
             metrics,
             shutdown: shutdown.clone(),
             events,
+            standing,
         };
         for (name, service) in self.services {
             let service = service(context.clone());
@@ -467,6 +482,7 @@ impl Assembly {
         metrics: &Metrics,
         fault: watch::Sender<Option<Fault>>,
         work: CancellationToken,
+        pool: PgPool,
     ) -> Result<Membership> {
         let led: Vec<Arc<RoleHandle>> = handles.to_vec();
         let leading = Arc::new(move || {
@@ -514,6 +530,8 @@ impl Assembly {
             last_session: std::sync::Mutex::new(None),
             fault,
             work,
+            pool,
+            standing: Standing::new(&self.config.cluster.membership),
         })
     }
 }
@@ -536,9 +554,18 @@ pub struct NodeContext {
     metrics: Metrics,
     shutdown: CancellationToken,
     events: broadcast::Sender<ListenerEvent>,
+    standing: Standing,
 }
 
 impl NodeContext {
+    /// Until when this node's running jobs are its own: while the node session is down and
+    /// no heartbeat lands (not even through the pool), the scheduler leader may mark the node
+    /// down after `down_after` and rescue its jobs elsewhere. Work that must not run beside
+    /// its rescued successor stops at this instant (job workers do).
+    pub fn standing(&self) -> &Standing {
+        &self.standing
+    }
+
     /// This node's id.
     pub fn node_id(&self) -> &NodeId {
         &self.node_id
@@ -659,6 +686,7 @@ impl Runtime {
         let tasks =
             std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|e| e.into_inner()));
         let bound = self.inner.drain_budget + Duration::from_secs(10);
+        let aborts: Vec<_> = tasks.iter().map(|task| task.abort_handle()).collect();
         if timeout(bound, async {
             for task in tasks {
                 let _ = task.await;
@@ -667,7 +695,11 @@ impl Runtime {
         .await
         .is_err()
         {
-            warn!(target: "forge::node", node = %self.id(), "shutdown did not finish in time");
+            // (A node cut off from PostgreSQL: its tasks wait on statements that never end.)
+            warn!(target: "forge::node", node = %self.id(), "shutdown did not finish in time; stopping what is left");
+            for abort in aborts {
+                abort.abort();
+            }
         }
         let membership = self
             .inner
@@ -679,7 +711,8 @@ impl Runtime {
             leave.cancel();
             let _ = timeout(Duration::from_secs(10), task).await;
         }
-        self.inner.context.pool.close().await;
+        // A connection lost in a silent network is never given back: do not wait for it.
+        let _ = timeout(Duration::from_secs(5), self.inner.context.pool.close()).await;
         info!(target: "forge::node", node = %self.id(), "node stopped");
     }
 }

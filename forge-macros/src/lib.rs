@@ -51,7 +51,7 @@
 //! | `tz`              | the IANA time zone the expression is read in, such as `"Europe/Berlin"` | `"UTC"`     |
 //! | `catch_up`        | ticks missed while the role had no leader: `"skip"` none (a tick up to `[cron] misfire_threshold` late still runs), `"latest"` the most recent one once, `"all"` every one, oldest first | `"latest"` |
 //! | `catch_up_window` | how far back `"latest"` and `"all"` look, a duration such as `"1h"` | `"24h"`           |
-//! | `overlap`         | a tick due while the previous run still goes: `"skip"` it, `"wait"` for the previous run, or `"allow"` both at once | `"skip"` |
+//! | `overlap`         | a tick due while the previous run still goes: `"skip"` it, `"wait"` for the previous run, or `"allow"` both at once | `"skip"`; `"wait"` under `catch_up = "all"` |
 //! | `interrupted`     | a run cut short by its leader's death: `"rerun"` it on the next leader (`CronContext::attempt` > 1, at most 3 attempts), or `"abandon"` it | `"rerun"` |
 //! | `timeout`         | cancels a run that takes longer, a duration such as `"30s"`        | none               |
 //!
@@ -156,8 +156,8 @@ use proc_macro::TokenStream;
 /// * `catch_up`: ticks missed while the role had no leader: `"skip"`, `"latest"` (default:
 ///   the most recent one, once) or `"all"`.
 /// * `catch_up_window`: how far back catching up looks (default `"24h"`).
-/// * `overlap`: a tick due while the previous run is still going: `"skip"` (default),
-///   `"wait"` or `"allow"`.
+/// * `overlap`: a tick due while the previous run is still going: `"skip"` (the default, but
+///   `"wait"` under `catch_up = "all"`), `"wait"` or `"allow"`.
 /// * `interrupted`: a run cut short by its leader's death: `"rerun"` (default) or
 ///   `"abandon"`.
 /// * `timeout`: cancels a run that takes longer (default: none).

@@ -19,6 +19,13 @@
 --
 -- Any error after the lock was granted leaves the session-level lock held: the caller must then
 -- close the session.
+--
+-- The bump's FOR UPDATE waits for deposed tenures' fenced transactions (FOR KEY SHARE). One
+-- still open after lock_timeout that is idle (its process frozen or paused inside it), or open
+-- for longer than a lease (stuck), has its session ended (forge.fenced_sessions finds them) and
+-- a leader_fenced event records it: a frozen leader is replaced within its lease whatever
+-- transactions it left open. Safe: such a transaction commits before the new tenure or not at
+-- all, and now it does not. A busy, younger one (a commit in progress) is waited for.
 CREATE OR REPLACE FUNCTION forge.campaign(
     p_namespace text,
     p_role      text,
@@ -58,6 +65,8 @@ DECLARE
     h_app      text;
     fenced     integer;
     stand_by   boolean := p_wait;
+    ended      integer[];
+    tries      integer := 0;
 BEGIN
     got := pg_try_advisory_lock(p_key);
     IF NOT got AND p_wait AND p_standbys IS NOT NULL
@@ -76,10 +85,44 @@ BEGIN
 
     IF got THEN
         -- FOR UPDATE waits for deposed leaders' fenced transactions (FOR KEY SHARE) to finish.
-        SELECT * INTO prev FROM forge.leaders l
-         WHERE l.namespace = p_namespace AND l.role = p_role
-           FOR UPDATE;
-        found_prev := FOUND;
+        -- One still open after lock_timeout that is idle (its process frozen or paused inside
+        -- it) or that has been open for longer than a lease (stuck on something else) will
+        -- not finish soon: its session is ended and the bump goes ahead, rather than leaving
+        -- the role without a leader until the transaction ends by itself. Ending it is safe: it
+        -- was going to commit before the new tenure or not at all, and now it does not. One
+        -- that is busy and younger (a commit in progress) is waited for. Fenced transactions
+        -- are found by the shared advisory lock forge.fence_holds takes.
+        LOOP
+            BEGIN
+                SELECT * INTO prev FROM forge.leaders l
+                 WHERE l.namespace = p_namespace AND l.role = p_role
+                   FOR UPDATE;
+                found_prev := FOUND;
+                EXIT;
+            EXCEPTION WHEN lock_not_available THEN
+                tries := tries + 1;
+                -- (Up to two leases of waits: by then every transaction of the earlier tenure
+                -- is older than a lease, and so ended.)
+                IF tries > 2 + 2 * p_lease_ms / greatest(1000 * extract(epoch FROM
+                               current_setting('lock_timeout')::interval), 1) THEN
+                    RAISE;
+                END IF;
+                -- (The sessions first, then the terminations: a function call in a WHERE
+                -- clause may run before the other conditions, on every row.)
+                SELECT coalesce(array_agg(s.pid), '{}') INTO ended
+                  FROM forge.fenced_sessions(p_namespace, p_role) s
+                 WHERE s.pid <> pg_backend_pid()
+                   AND (s.state LIKE 'idle in transaction%' OR s.state IS NULL
+                        OR s.xact_start < clock_timestamp() - lease);
+                PERFORM pg_terminate_backend(e, 1000) FROM unnest(ended) AS e;
+                IF cardinality(ended) > 0 THEN
+                    INSERT INTO forge.events (namespace, kind, node_id, role, detail)
+                    VALUES (p_namespace, 'leader_fenced', p_node, p_role,
+                            jsonb_build_object('terminated_pids', ended, 'by_node', p_node,
+                                               'why', 'fenced transactions of an earlier tenure held the role''s row past lock_timeout'));
+                END IF;
+            END;
+        END LOOP;
         at_time := clock_timestamp();
         IF found_prev THEN
             UPDATE forge.leaders l

@@ -5,6 +5,9 @@
 --   ('rescued', queue, kind, new state, n)   jobs taken back
 --   ('next_due', NULL, NULL, NULL, ms, at)   how long until the next scheduled job is due, and
 --                                            the server's clock
+--
+-- Rescues skip rows another transaction holds (a frozen node's open transaction, until its
+-- sessions are ended): ('deferred', n) says how many, and the leader passes again soon.
 CREATE OR REPLACE FUNCTION forge.jobs_maintain(
     p_namespace            text,
     p_role                 text,
@@ -21,6 +24,9 @@ DECLARE
     v_ids      bigint[];
     v_attempts integer[];
     v_reasons  text[];
+    v_queues   text[];
+    v_kinds    text[];
+    v_states   text[];
     v_promote  record;
 BEGIN
     PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
@@ -48,10 +54,22 @@ BEGIN
       INTO v_ids, v_attempts, v_reasons
       FROM lost WHERE lost.reason IS NOT NULL;
     IF v_ids IS NOT NULL THEN
+        SELECT array_agg(r.queue), array_agg(r.kind), array_agg(r.state)
+          INTO v_queues, v_kinds, v_states
+          FROM forge.jobs_rescue(v_ids, v_attempts, v_reasons,
+                                 array_fill(true, ARRAY[cardinality(v_ids)]),
+                                 p_default_max_attempts, true) r;
         RETURN QUERY
-        SELECT 'rescued', r.queue, r.kind, r.state, count(*)::double precision, NULL::timestamptz
-          FROM forge.jobs_rescue(v_ids, v_attempts, v_reasons, p_default_max_attempts) r
-         GROUP BY r.queue, r.kind, r.state;
+        SELECT 'rescued', x.queue, x.kind, x.state, count(*)::double precision, NULL::timestamptz
+          FROM unnest(v_queues, v_kinds, v_states) AS x(queue, kind, state)
+         WHERE x.state <> 'locked'
+         GROUP BY x.queue, x.kind, x.state;
+        RETURN QUERY
+        SELECT 'deferred', NULL::text, NULL::text, NULL::text, count(*)::double precision,
+               NULL::timestamptz
+          FROM unnest(v_states) AS x(state)
+         WHERE x.state = 'locked'
+        HAVING count(*) > 0;
     END IF;
 
     SELECT * INTO v_promote FROM forge.jobs_promote(p_namespace, p_limit);

@@ -2,11 +2,19 @@
 -- cancelled when a cancel was requested. Guarded by (id, attempt, state = running), so a job
 -- that finished or was re-claimed meanwhile is left alone. An attempt that started counts; one
 -- that never started (claimed ahead, waiting for a slot) does not: max_attempts grows by one.
+--
+-- p_counted: whether each attempt counts (with started_at set); false for a claim whose
+-- handler never ran (a lost reply, found by the worker's reconciliation). p_skip_locked: a row
+-- another transaction holds is left as it is and returned with state 'locked' (the caller
+-- tries again later) instead of being waited for.
+DROP FUNCTION IF EXISTS forge.jobs_rescue(bigint[], integer[], text[], integer);
 CREATE OR REPLACE FUNCTION forge.jobs_rescue(
     p_ids                  bigint[],
     p_attempts             integer[],
     p_reasons              text[],
-    p_default_max_attempts integer
+    p_counted              boolean[],
+    p_default_max_attempts integer,
+    p_skip_locked          boolean
 ) RETURNS TABLE (id bigint, queue text, kind text, state text)
 LANGUAGE plpgsql
 AS $$
@@ -17,22 +25,36 @@ DECLARE
     v_kinds  text[];
     v_states text[];
     v_wake   text[];
+    v_locked bigint[];
 BEGIN
+    -- Lock the rows still running this attempt; note the ones another transaction holds.
+    IF p_skip_locked THEN
+        SELECT array_agg(l.id) FILTER (WHERE x.tid IS NULL) INTO v_locked
+          FROM (SELECT l.*, 'running'::text AS running
+                  FROM unnest(p_ids, p_attempts, p_reasons, p_counted) AS l(id, attempt, reason, counted)
+                OFFSET 0) l
+          LEFT JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+                              WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = l.running
+                              LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED) x ON true
+         WHERE x.tid IS NOT NULL OR EXISTS (
+               SELECT 1 FROM forge.jobs j
+                WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = 'running');
+    END IF;
     WITH r AS (
         UPDATE forge.jobs j
            SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                            WHEN j.started_at IS NOT NULL
+                            WHEN l.counted AND j.started_at IS NOT NULL
                              AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts) THEN 'dead'
                             ELSE 'available' END,
-               max_attempts = CASE WHEN j.started_at IS NULL
+               max_attempts = CASE WHEN NOT l.counted OR j.started_at IS NULL
                                    THEN coalesce(j.max_attempts, p_default_max_attempts) + 1
                                    ELSE j.max_attempts END,
                finished_at = CASE WHEN j.cancel_requested
-                                    OR (j.started_at IS NOT NULL
+                                    OR (l.counted AND j.started_at IS NOT NULL
                                         AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts))
                                   THEN clock_timestamp() END,
                run_at = CASE WHEN j.cancel_requested
-                               OR (j.started_at IS NOT NULL
+                               OR (l.counted AND j.started_at IS NOT NULL
                                    AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts))
                              THEN j.run_at ELSE clock_timestamp() END,
                errors = j.errors || jsonb_build_array(jsonb_build_object(
@@ -40,9 +62,12 @@ BEGIN
                    'reason', 'rescued',
                    'error', l.reason || CASE WHEN j.started_at IS NULL
                                              THEN ' (the attempt had not started; it does not count)'
+                                             WHEN NOT l.counted
+                                             THEN ' (its handler never ran; it does not count)'
                                              ELSE '' END))
-          FROM unnest(p_ids, p_attempts, p_reasons) AS l(id, attempt, reason)
+          FROM unnest(p_ids, p_attempts, p_reasons, p_counted) AS l(id, attempt, reason, counted)
          WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = 'running'
+           AND NOT (l.id = ANY (coalesce(v_locked, '{}')))
         RETURNING j.id, j.queue, j.kind, j.state, j.role, j.namespace
     )
     SELECT array_agg(r.id), array_agg(r.queue), array_agg(r.kind), array_agg(r.state),
@@ -51,6 +76,8 @@ BEGIN
       INTO v_ids, v_queues, v_kinds, v_states, v_wake
       FROM r;
     PERFORM pg_notify('forge_jobs', w) FROM unnest(v_wake) AS w;
-    RETURN QUERY SELECT * FROM unnest(v_ids, v_queues, v_kinds, v_states);
+    RETURN QUERY SELECT * FROM unnest(v_ids, v_queues, v_kinds, v_states)
+                 UNION ALL
+                 SELECT k, NULL::text, NULL::text, 'locked'::text FROM unnest(v_locked) AS k;
 END;
 $$;

@@ -1,5 +1,8 @@
 -- At a node's start: rescues the jobs the node's previous run left running. The node holds its
 -- id's advisory lock (its node session), so no other live process can be running them.
+--
+-- A row a transaction of the previous run still holds is waited for (that session's
+-- idle-in-transaction timeout bounds the wait).
 CREATE OR REPLACE FUNCTION forge.jobs_rescue_own(
     p_namespace            text,
     p_node                 text,
@@ -19,7 +22,8 @@ BEGIN
         RETURN QUERY SELECT * FROM forge.jobs_rescue(
             v_ids, v_attempts,
             array_fill('node ' || p_node || ' restarted during the attempt', ARRAY[cardinality(v_ids)]),
-            p_default_max_attempts);
+            array_fill(true, ARRAY[cardinality(v_ids)]),
+            p_default_max_attempts, false);
     END IF;
 END;
 $$;

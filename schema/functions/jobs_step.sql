@@ -87,6 +87,10 @@ DECLARE
     v_wake    text[];
     v_tids    tid[];
 BEGIN
+    -- The worker's lane lock, held shared until this round trip's transaction ends: the
+    -- worker's reconciliation waits for it, or ends this session (forge.jobs_reconcile).
+    PERFORM pg_advisory_xact_lock_shared(hashtext('forge.jobs_worker'),
+        hashtext(p_namespace || ' ' || p_node || ' ' || coalesce(p_queue, '@' || p_role)));
     PERFORM set_config('synchronous_commit', 'on', true);
 
     IF cardinality(p_started) > 0 THEN

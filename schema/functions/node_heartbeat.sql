@@ -7,13 +7,21 @@
 -- seconds if sent whole. p_all = false merges the changed counters into the stored object
 -- (values are cumulative, so a counter sent twice is harmless); true replaces it (the node's
 -- first heartbeat after one that may not have landed).
+--
+-- p_via_pool: sent on a pool connection because the node session is down and cannot be
+-- reopened (the server refuses new connections, its flows are cut): it proves the process
+-- alive and keeps its jobs its own, without being the session that holds the node's id (that
+-- lock is then free; a twin that takes it changes the incarnation, and this heartbeat answers
+-- false).
+DROP FUNCTION IF EXISTS forge.node_heartbeat(text, text, bigint, text[], jsonb, boolean);
 CREATE OR REPLACE FUNCTION forge.node_heartbeat(
     p_namespace   text,
     p_node        text,
     p_incarnation bigint,
     p_leads       text[],
     p_tally       jsonb,
-    p_all         boolean
+    p_all         boolean,
+    p_via_pool    boolean
 ) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
@@ -23,7 +31,7 @@ DECLARE
 BEGIN
     SELECT n.drifted_at, n.down_at INTO v_drifted, v_down FROM forge.nodes n
      WHERE n.namespace = p_namespace AND n.node_id = p_node AND n.incarnation = p_incarnation
-       AND n.session_pid = pg_backend_pid() AND n.stopped_at IS NULL
+       AND (p_via_pool OR n.session_pid = pg_backend_pid()) AND n.stopped_at IS NULL
        FOR UPDATE;
     IF NOT FOUND OR v_down IS NOT NULL THEN
         RETURN false;

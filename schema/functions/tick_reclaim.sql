@@ -1,5 +1,8 @@
 -- Takes over a tick an earlier tenure left running (rerun: attempt + 1) or marks it abandoned,
 -- fenced. Returns the tick's attempt number when this tenure took it.
+--
+-- Fenced: raises FG001 when this tenure is not the current one (NULL then meant two things, and
+-- the leader could not tell); NULL means no earlier tenure's run of the tick is left.
 CREATE OR REPLACE FUNCTION forge.tick_reclaim(
     p_namespace text,
     p_role      text,
@@ -15,9 +18,7 @@ AS $$
 DECLARE
     v_attempt integer;
 BEGIN
-    IF NOT forge.fence_holds(p_namespace, p_role, p_epoch, p_tenure) THEN
-        RETURN NULL;
-    END IF;
+    PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
     UPDATE forge.cron_ticks t
        SET attempt = t.attempt + CASE WHEN p_rerun THEN 1 ELSE 0 END,
            epoch = p_epoch, tenure = p_tenure, node_id = p_node,

@@ -7,9 +7,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use forge::cron::CronJob;
 use forge::inspect::Workload;
-use forge::inspect::{Change, EventFilter, EventKind, JobFilter, PageRequest};
+use forge::inspect::{Change, EventFilter, EventKind, JobFilter, PageRequest, StepDown};
 use forge::jobs::{JobState, NewJob};
-use forge::{CronContext, LockNamespace, Node, Role, RoleState, Schedule};
+use forge::{CronContext, Epoch, LockNamespace, Node, Role, RoleState, Schedule};
 use forge_testkit::wait_until;
 use sqlx::PgPool;
 
@@ -43,7 +43,7 @@ async fn audit_trail(node: &Node) -> Vec<(String, String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_asked_to_step_down_hands_over_to_a_follower() {
-    let (db, _pool) = setup().await;
+    let (db, pool) = setup().await;
     let start = |id: &'static str| {
         let mut config = config(db.url(), id);
         config.node.roles = vec!["scheduler".into()];
@@ -55,13 +55,22 @@ async fn a_leader_asked_to_step_down_hands_over_to_a_follower() {
     let (leader, epoch) = wait_single_leader(&[&a, &b], &Role::SCHEDULER).await;
     let (old, new) = if leader == 0 { (&a, &b) } else { (&b, &a) };
 
-    // Asked from the follower: the request travels through the database.
+    // Asked from the follower, once it waits inside the lock (without a standby the request
+    // is refused): the request travels through the database.
+    wait_standby(&pool, "scheduler").await;
     let asked = new
         .cluster()
-        .step_down(&Role::SCHEDULER, "test operator")
+        .step_down(&Role::SCHEDULER, "test operator", false)
         .await
         .unwrap();
-    assert_eq!(asked.map(|e| e.0), Some(epoch));
+    assert_eq!(
+        asked,
+        StepDown::Asked {
+            epoch: Epoch(epoch),
+            node_id: old.id().to_string(),
+            standbys: 1
+        }
+    );
     let next = wait_until(
         "the follower to lead",
         SOON,
@@ -111,12 +120,82 @@ async fn a_leader_asked_to_step_down_hands_over_to_a_follower() {
     // A role nobody leads: nothing to ask.
     let none = new
         .cluster()
-        .step_down(&Role::new("nobody").unwrap(), "test operator")
+        .step_down(&Role::new("nobody").unwrap(), "test operator", true)
         .await
         .unwrap();
-    assert_eq!(none, None);
+    assert_eq!(none, StepDown::NoLeader);
     a.shutdown().await;
     b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_down_without_a_standby_is_refused_and_a_forced_one_leaves_no_gap() {
+    let (db, pool) = setup().await;
+    let alone = start_node(db.url(), "alone", &[Role::SCHEDULER]).await;
+    let (_, epoch) = wait_single_leader(&[&alone], &Role::SCHEDULER).await;
+
+    // The only eligible node: stepping down would leave the scheduler without a leader.
+    let refused = alone
+        .cluster()
+        .step_down(&Role::SCHEDULER, "test operator", false)
+        .await
+        .unwrap();
+    assert_eq!(
+        refused,
+        StepDown::NoStandby {
+            epoch: Epoch(epoch),
+            node_id: "alone".into()
+        }
+    );
+    assert!(
+        audit_trail(&alone).await.is_empty(),
+        "a refusal changes nothing"
+    );
+
+    // Forced: the node hands over and campaigns again at once, so it leads again with the
+    // next epoch after a handoff's gap (it used to stay out for two check_intervals plus
+    // lock_timeout: 2 s with these timings).
+    let asked = alone
+        .cluster()
+        .step_down(&Role::SCHEDULER, "test operator", true)
+        .await
+        .unwrap();
+    assert_eq!(
+        asked,
+        StepDown::Asked {
+            epoch: Epoch(epoch),
+            node_id: "alone".into(),
+            standbys: 0
+        }
+    );
+    let next = wait_until(
+        "the node to lead again",
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            match alone.role_state(&Role::SCHEDULER) {
+                Some(RoleState::Leader { epoch: e, .. }) if e.0 > epoch => Some(e.0),
+                _ => None,
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let gap_ms: f64 = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM e.at - r.at) * 1000)::float8 FROM forge.events e, forge.events r
+          WHERE e.kind = 'leader_elected' AND e.epoch = $1 AND e.role = 'scheduler'
+            AND r.kind = 'leader_released' AND r.epoch = $2 AND r.role = 'scheduler'",
+    )
+    .bind(next)
+    .bind(epoch)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        gap_ms < 1000.0,
+        "the scheduler had no leader for {gap_ms} ms after a forced step-down"
+    );
+    alone.shutdown().await;
 }
 
 /// Manual ticks of `cron`: (scheduled_at, node, state).

@@ -396,7 +396,9 @@ async fn the_cluster_endpoints_show_nodes_leaders_history_events_config_and_step
         assert!(shown_url.contains(":***@"), "{shown_url}");
     }
 
-    // Step-down, asked on the follower: the leader hands over, a newer epoch leads.
+    // Step-down, asked on the follower once it waits as a standby: the leader hands over, a
+    // newer epoch leads.
+    wait_standby(&db.pool().await.unwrap(), "scheduler").await;
     let follower = if leader_id == "a" { &api_b } else { &api_a };
     follower
         .post("/api/cluster/roles/scheduler/step-down")
@@ -1313,4 +1315,51 @@ async fn a_node_serves_the_api_on_admin_listen_records_its_url_and_stops_it_on_s
     let gone = api.send("GET", "/api/health/live", None).await;
     assert!(gone.is_err(), "still answering after shutdown: {gone:?}");
     quiet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_down_with_no_standby_is_refused_with_409_unless_forced() {
+    let db = fresh_db().await;
+    let solo = admin_node(db.url(), "solo", Some(TOKEN)).await;
+    let (_, epoch) = wait_single_leader(&[&solo], &Role::SCHEDULER).await;
+    let api = Api::of(&solo).with_token(TOKEN);
+    let refused = api
+        .post("/api/cluster/roles/scheduler/step-down")
+        .await
+        .expect_error(409);
+    assert!(
+        refused.contains("no standby") && refused.contains("force"),
+        "{refused}"
+    );
+    api.post_json(
+        "/api/cluster/roles/scheduler/step-down",
+        "{\"forse\": true}",
+    )
+    .await
+    .expect_error(400);
+    let asked = api
+        .post_json(
+            "/api/cluster/roles/scheduler/step-down",
+            "{\"force\": true}",
+        )
+        .await
+        .expect(202);
+    assert_eq!(asked["epoch"], epoch, "{asked}");
+    assert_eq!(asked["standbys"], 0, "{asked}");
+    wait_for(
+        "the node to lead the scheduler again",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            let now = api.get("/api/cluster/leaders/scheduler").await.expect(200);
+            if now["led"] == true && now["epoch"].as_i64().unwrap() > epoch {
+                Ok(())
+            } else {
+                Err(now.to_string())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    solo.shutdown().await;
 }

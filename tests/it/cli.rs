@@ -398,6 +398,8 @@ async fn step_down_hands_the_role_over_and_is_audited() {
     let b = start("sd-b").await.unwrap();
     let (leader, epoch) = wait_single_leader(&[&a, &b], &Role::SCHEDULER).await;
     let url = db.url();
+    let pool = db.pool().await.unwrap();
+    wait_standby(&pool, "scheduler").await;
     let run = forge(
         url,
         &[
@@ -419,6 +421,7 @@ async fn step_down_hands_the_role_over_and_is_audited() {
     assert!(new_leader["epoch"].as_i64().unwrap() > epoch, "{out}");
     assert_eq!(new_leader["node_id"], ["sd-b", "sd-a"][leader], "{out}");
 
+    wait_standby(&pool, "scheduler").await;
     let run = forge(url, &["step-down", "scheduler", "--wait"]).await.ok();
     assert!(run.stdout.contains("to hand over"), "{}", run.stdout);
     assert!(run.stdout.contains("is now led by"), "{}", run.stdout);
@@ -443,8 +446,24 @@ async fn step_down_hands_the_role_over_and_is_audited() {
     assert!(run.stderr.contains("no live leader"), "{}", run.stderr);
     let run = forge(url, &["step-down", "Not A Role"]).await.expect(2);
     assert!(run.stderr.contains("role"), "{}", run.stderr);
-    a.shutdown().await;
-    b.shutdown().await;
+
+    // With the follower gone no standby waits: refused, unless forced.
+    let (leading, follower) = match wait_single_leader(&[&a, &b], &Role::SCHEDULER).await {
+        (0, _) => (a, b),
+        _ => (b, a),
+    };
+    follower.shutdown().await;
+    let run = forge(url, &["step-down", "scheduler"]).await.expect(1);
+    assert!(
+        run.stderr.contains("no standby") && run.stderr.contains("--force"),
+        "{}",
+        run.stderr
+    );
+    let run = forge(url, &["step-down", "scheduler", "--force", "--wait"])
+        .await
+        .ok();
+    assert!(run.stdout.contains("is now led by"), "{}", run.stdout);
+    leading.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

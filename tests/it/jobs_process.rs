@@ -440,6 +440,23 @@ async fn a_node_killed_while_draining_a_backlog_of_short_jobs_loses_none() {
     .unwrap();
     n1.process.kill().unwrap();
     n1.process.wait_exit(SOON).await.unwrap();
+    // A round trip n1 sent before it died still commits on the server: count after it.
+    wait_until(
+        "n1's sessions to end",
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            let left: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'forge:%:n1'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (left == 0).then_some(())
+        },
+    )
+    .await
+    .unwrap();
     let held: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM forge.jobs WHERE state = 'running' AND node_id = 'n1'",
     )

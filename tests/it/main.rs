@@ -45,5 +45,6 @@ mod model;
 mod observability;
 mod processes;
 mod schema;
+mod stalls;
 mod support;
 mod ui;

@@ -84,6 +84,28 @@ pub(crate) async fn start_node(url: &str, id: &str, roles: &[Role]) -> Node {
     builder.start().await.expect("node starts")
 }
 
+/// Waits until a standby waits inside the lock of `role` (a step-down is refused without one).
+pub(crate) async fn wait_standby(pool: &PgPool, role: &str) {
+    wait_until(
+        &format!("a standby of {role} waiting inside its lock"),
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            let waiting: Option<i64> = sqlx::query_scalar(
+                "SELECT forge.lock_waiters(lock_key) FROM forge.leaders WHERE role = $1",
+            )
+            .bind(role)
+            .fetch_optional(pool)
+            .await
+            .ok()
+            .flatten();
+            waiting.filter(|n| *n > 0).map(|_| ())
+        },
+    )
+    .await
+    .unwrap();
+}
+
 /// Waits until exactly one of `nodes` leads `role`, and returns its index and epoch.
 pub(crate) async fn wait_single_leader(nodes: &[&Node], role: &Role) -> (usize, i64) {
     wait_until(

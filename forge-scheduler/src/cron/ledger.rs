@@ -287,7 +287,8 @@ pub(super) async fn reclaim(
         .bind(tick)
         .bind(rerun)
         .fetch_one(&mut *leadership.session().await?)
-        .await?
+        .await
+        .map_err(|err| token.map_error(err))?
         .try_get(0)
         .map_err(Error::from)
 }

@@ -94,11 +94,13 @@ pub enum CatchUp {
 }
 
 /// What to do when a tick is due while the previous run of the same cron is still going.
+/// The default is `Skip`, and `Wait` under [`CatchUp::All`] (which asks for every tick).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Overlap {
-    /// Record the tick as `skipped` and do not run it (the default).
+    /// Record the tick as `skipped` and do not run it (the default, but under
+    /// [`CatchUp::All`]).
     Skip,
-    /// Run it as soon as the previous run ends.
+    /// Run it as soon as the previous run ends (the default under [`CatchUp::All`]).
     Wait,
     /// Run it alongside the previous run.
     Allow,
@@ -235,7 +237,8 @@ pub struct CronJob {
     pub(crate) role: Role,
     pub(crate) catch_up: CatchUp,
     pub(crate) catch_up_window: Duration,
-    pub(crate) overlap: Overlap,
+    /// As set; `None`: the default for the catch-up policy (see [`CronJob::overlap_policy`]).
+    pub(crate) overlap: Option<Overlap>,
     pub(crate) interrupted: Interrupted,
     pub(crate) timeout: Option<Duration>,
     pub(crate) handler: Handler,
@@ -263,7 +266,7 @@ impl CronJob {
             role: Role::SCHEDULER,
             catch_up: CatchUp::Latest,
             catch_up_window: CronJob::DEFAULT_CATCH_UP_WINDOW,
-            overlap: Overlap::Skip,
+            overlap: None,
             interrupted: Interrupted::Rerun,
             timeout: None,
             handler,
@@ -288,10 +291,19 @@ impl CronJob {
         self
     }
 
-    /// The overlap policy.
+    /// The overlap policy. Unset, it is [`Overlap::Wait`] under [`CatchUp::All`] (every tick
+    /// runs: one that comes due while a run goes runs after it) and [`Overlap::Skip`] otherwise.
     pub fn overlap(mut self, overlap: Overlap) -> Self {
-        self.overlap = overlap;
+        self.overlap = Some(overlap);
         self
+    }
+
+    /// The overlap policy in force: as set, or the default for the catch-up policy.
+    pub fn overlap_policy(&self) -> Overlap {
+        self.overlap.unwrap_or(match self.catch_up {
+            CatchUp::All => Overlap::Wait,
+            CatchUp::Skip | CatchUp::Latest => Overlap::Skip,
+        })
     }
 
     /// The policy for runs cut short by a leader's death.
@@ -365,11 +377,11 @@ impl CronJob {
             job.catch_up_window = window;
         }
         if let Some(text) = overlap {
-            job.overlap = Overlap::parse(text).ok_or_else(|| {
+            job.overlap = Some(Overlap::parse(text).ok_or_else(|| {
                 invalid(format!(
                     "overlap {text:?}: use \"skip\", \"wait\" or \"allow\""
                 ))
-            })?;
+            })?);
         }
         if let Some(text) = interrupted {
             job.interrupted = Interrupted::parse(text).ok_or_else(|| {
@@ -389,7 +401,7 @@ impl CronJob {
             && self.role == other.role
             && self.catch_up == other.catch_up
             && self.catch_up_window == other.catch_up_window
-            && self.overlap == other.overlap
+            && self.overlap_policy() == other.overlap_policy()
             && self.interrupted == other.interrupted
             && self.timeout == other.timeout
     }
@@ -402,7 +414,7 @@ impl fmt::Debug for CronJob {
             .field("schedule", &self.schedule.to_string())
             .field("role", &self.role)
             .field("catch_up", &self.catch_up)
-            .field("overlap", &self.overlap)
+            .field("overlap", &self.overlap_policy())
             .field("interrupted", &self.interrupted)
             .field("timeout", &self.timeout)
             .finish()

@@ -41,7 +41,7 @@ use metrics::{Counter, Histogram};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use super::ledger::{self, Board, Claim, ClaimRequest, Finish, FinishRequest, Resume};
 use super::{CatchUp, CronContext, CronJob, Interrupted, Overlap, TickState};
@@ -101,7 +101,7 @@ pub(super) async fn supervise(
         claimer,
         gater,
         finisher,
-        gate_passed: Arc::new(GatePassed::default()),
+        gate_passed: Arc::new(GatePassed::new(settings.claim_ahead)),
     };
     let gate_passed = batchers.gate_passed.clone();
     let mut loops = JoinSet::new();
@@ -183,25 +183,36 @@ struct Batchers {
 /// holds for it as it did for the ticks of the answer. So the ticks due at one instant need
 /// one read, even when they wake across two timer ticks and the second batch would otherwise
 /// wait for the session behind the first runs' outcomes.
+///
+/// One answer covers only the ticks within `claim_ahead` before it: the ticks of its own
+/// instant and those that woke a timer tick later. An answer read while the database's clock
+/// had been stepped far ahead would otherwise let every later tick of the tenure start without
+/// a gate, long after the tenure might have ended.
 #[derive(Debug)]
-struct GatePassed(std::sync::atomic::AtomicI64);
-
-impl Default for GatePassed {
-    fn default() -> Self {
-        GatePassed(std::sync::atomic::AtomicI64::new(i64::MIN))
-    }
+struct GatePassed {
+    at: std::sync::atomic::AtomicI64,
+    /// `[cron] claim_ahead`, in microseconds.
+    reach: i64,
 }
 
 impl GatePassed {
+    fn new(claim_ahead: Duration) -> GatePassed {
+        GatePassed {
+            at: std::sync::atomic::AtomicI64::new(i64::MIN),
+            reach: claim_ahead.as_micros().min(i64::MAX as u128) as i64,
+        }
+    }
+
     fn record(&self, at: DateTime<Utc>) {
-        self.0
+        self.at
             .fetch_max(at.timestamp_micros(), std::sync::atomic::Ordering::AcqRel);
     }
 
-    /// The recorded time, if `tick` is at or before it.
+    /// The recorded time, if `tick` is at or before it and within `claim_ahead` of it.
     fn covers(&self, tick: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let at = self.0.load(std::sync::atomic::Ordering::Acquire);
-        (at >= tick.timestamp_micros())
+        let at = self.at.load(std::sync::atomic::Ordering::Acquire);
+        let tick = tick.timestamp_micros();
+        (at >= tick && at.saturating_sub(tick) <= self.reach)
             .then(|| DateTime::from_timestamp_micros(at))
             .flatten()
     }
@@ -314,8 +325,15 @@ async fn run_cron(
         backlog: JoinSet::new(),
     };
     let mut board = settings.board.subscribe();
-    for (at, attempt, epoch) in &resume.interrupted {
-        runs.recover(*at, *attempt, *epoch).await;
+    if !resume.interrupted.is_empty() {
+        // Backlog: the catch-up and on-time ticks wait for it (but under overlap = "allow").
+        runs.backlog.spawn(recover(
+            cron.clone(),
+            runs.metrics.clone(),
+            leadership.clone(),
+            runs.batchers.finisher.clone(),
+            resume.interrupted.clone(),
+        ));
     }
     let start = Utc::now();
     let from = resume.frontier.or(resume.first_seen).unwrap_or(start);
@@ -461,7 +479,7 @@ impl Runs {
         if self.board.borrow().paused.contains(&self.cron.name) {
             return Slot::Skip("paused");
         }
-        if self.cron.overlap == Overlap::Allow {
+        if self.cron.overlap_policy() == Overlap::Allow {
             return Slot::Run { backlog };
         }
         if backlog {
@@ -479,7 +497,7 @@ impl Runs {
         if self.on_time.is_empty() {
             return Slot::Run { backlog: false };
         }
-        match self.cron.overlap {
+        match self.cron.overlap_policy() {
             Overlap::Skip => Slot::Skip(STILL_GOING),
             _ => {
                 while self.on_time.join_next().await.is_some() {}
@@ -631,7 +649,7 @@ impl Runs {
         if !self.leadership.is_valid() || self.leadership.is_draining() {
             return false;
         }
-        if self.cron.overlap != Overlap::Allow {
+        if self.cron.overlap_policy() != Overlap::Allow {
             self.wait_all().await;
         }
         match self.claim(at, TickState::Running, None, true).await {
@@ -727,30 +745,6 @@ impl Runs {
         }
     }
 
-    /// Handles a tick an earlier tenure claimed but did not finish.
-    async fn recover(&mut self, tick: DateTime<Utc>, attempt: i32, epoch: i64) {
-        let rerun = self.cron.interrupted == Interrupted::Rerun && attempt < MAX_TICK_ATTEMPTS;
-        match ledger::reclaim(&self.cron, &self.leadership, tick, rerun).await {
-            Ok(Some(attempt)) if rerun => {
-                warn!(target: "forge::cron", cron = %self.cron.name, %tick, attempt, previous_epoch = epoch,
-                      "rerunning a tick whose run was cut short by its leader's death");
-                if self.cron.overlap != Overlap::Allow {
-                    self.wait_all().await;
-                }
-                self.spawn_run(tick, attempt as u32, true);
-            }
-            Ok(Some(_)) => {
-                self.metrics.runs(TickState::Abandoned).increment(1);
-                warn!(target: "forge::cron", cron = %self.cron.name, %tick, attempt, previous_epoch = epoch,
-                      "abandoned a tick whose run was cut short by its leader's death");
-            }
-            Ok(None) => {}
-            Err(err) => {
-                error!(target: "forge::cron", cron = %self.cron.name, %tick, error = %err, "cannot recover an interrupted tick");
-            }
-        }
-    }
-
     fn spawn_run(&mut self, tick: DateTime<Utc>, attempt: u32, backlog: bool) {
         let cron = self.cron.clone();
         let metrics = self.metrics.clone();
@@ -761,6 +755,69 @@ impl Runs {
             self.backlog.spawn(run);
         } else {
             self.on_time.spawn(run);
+        }
+    }
+}
+
+/// Handles the ticks earlier tenures claimed and did not finish, one after another: takes
+/// each over (rerun as the next attempt, or abandoned), retrying a failed take-over until it
+/// is known or this leadership ends - a tick left `running` under a dead tenure would
+/// otherwise wait for the next failover - then reruns it.
+async fn recover(
+    cron: CronJob,
+    metrics: Arc<CronMetrics>,
+    leadership: Leadership,
+    finisher: Finisher,
+    interrupted: Vec<(DateTime<Utc>, i32, i64)>,
+) {
+    for (tick, attempt, epoch) in interrupted {
+        let rerun = cron.interrupted == Interrupted::Rerun && attempt < MAX_TICK_ATTEMPTS;
+        let mut pause = Duration::from_millis(50);
+        let taken = loop {
+            if !leadership.is_valid() || leadership.is_draining() {
+                return;
+            }
+            let bound = leadership.lease_duration();
+            match tokio::time::timeout(bound, ledger::reclaim(&cron, &leadership, tick, rerun))
+                .await
+            {
+                Ok(Ok(taken)) => break taken,
+                Ok(Err(err)) => {
+                    warn!(target: "forge::cron", cron = %cron.name, %tick, error = %err,
+                          "cannot take over an interrupted tick yet; retrying");
+                }
+                Err(_) => {
+                    warn!(target: "forge::cron", cron = %cron.name, %tick,
+                          "taking over an interrupted tick got no answer in time; retrying");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = leadership.stopping() => return,
+            }
+            pause = (pause * 2).min(Duration::from_secs(2));
+        };
+        match taken {
+            Some(attempt) if rerun => {
+                warn!(target: "forge::cron", cron = %cron.name, %tick, attempt, previous_epoch = epoch,
+                      "rerunning a tick whose run was cut short by its leader's death");
+                run_tick(
+                    cron.clone(),
+                    metrics.clone(),
+                    leadership.clone(),
+                    finisher.clone(),
+                    tick,
+                    attempt as u32,
+                )
+                .await;
+            }
+            Some(_) => {
+                metrics.runs(TickState::Abandoned).increment(1);
+                warn!(target: "forge::cron", cron = %cron.name, %tick, attempt, previous_epoch = epoch,
+                      "abandoned a tick whose run was cut short by its leader's death");
+            }
+            // Finished meanwhile (the earlier tenure's outcome landed late): nothing to do.
+            None => {}
         }
     }
 }
@@ -992,7 +1049,7 @@ mod tests {
 
     #[test]
     fn a_gate_answer_covers_the_ticks_at_or_before_it_and_only_grows() {
-        let passed = GatePassed::default();
+        let passed = GatePassed::new(Duration::from_millis(50));
         let t = |ms: i64| DateTime::from_timestamp_millis(1_800_000_000_000 + ms).unwrap();
         assert_eq!(passed.covers(t(0)), None, "nothing passed yet");
         passed.record(t(2));
@@ -1013,5 +1070,20 @@ mod tests {
             Some(t(2)),
             "an older answer does not move it back"
         );
+    }
+
+    #[test]
+    fn a_gate_answer_covers_only_the_ticks_within_claim_ahead_before_it() {
+        let passed = GatePassed::new(Duration::from_millis(50));
+        let t = |ms: i64| DateTime::from_timestamp_millis(1_800_000_000_000 + ms).unwrap();
+        // Read while the database's clock was an hour ahead.
+        passed.record(t(3_600_000));
+        assert_eq!(
+            passed.covers(t(1_000)),
+            None,
+            "a tick an hour before the answer asks the gate again"
+        );
+        assert_eq!(passed.covers(t(3_600_000 - 50)), Some(t(3_600_000)));
+        assert_eq!(passed.covers(t(3_600_000 - 51)), None);
     }
 }

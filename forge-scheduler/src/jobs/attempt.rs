@@ -409,8 +409,10 @@ fn outcome_of(
         }
         // The job is no longer this node's: nothing to record.
         AttemptResult::Interrupted(CancelReason::Rescued) => return None,
-        AttemptResult::Interrupted(CancelReason::Shutdown) => {
-            let why = if origin.leadership.is_some() {
+        AttemptResult::Interrupted(reason @ (CancelReason::Shutdown | CancelReason::CutOff)) => {
+            let why = if reason == CancelReason::CutOff {
+                "its node lost contact with the cluster for longer than it may hold its jobs"
+            } else if origin.leadership.is_some() {
                 "the leadership it ran under wound down"
             } else {
                 "its node shut down"

@@ -46,6 +46,7 @@ pub(crate) async fn run(shared: Arc<Shared>, leadership: Leadership) {
         metrics: ctx.metrics().clone(),
         offset_ms: 0.0,
         last_promote: None,
+        deferred: false,
     };
     let interval = shared.config.maintenance_interval;
     let mut next_pass = Instant::now();
@@ -67,7 +68,10 @@ pub(crate) async fn run(shared: Arc<Shared>, leadership: Leadership) {
                     // A tenure that began because the previous leader's node died starts
                     // while that node's other sessions may still be closing (milliseconds
                     // after its lock session): a second pass soon after finds them gone.
-                    let pause = if passes == 1 { interval.min(SECOND_PASS) } else { interval };
+                    // So does a pass that had to leave jobs whose rows another transaction
+                    // held (a frozen node's, until its sessions are gone).
+                    let soon = passes == 1 || std::mem::take(&mut state.deferred);
+                    let pause = if soon { interval.min(SECOND_PASS) } else { interval };
                     next_pass = Instant::now() + pause;
                 } else {
                     next_due = state.promote().await;
@@ -100,6 +104,8 @@ struct Maintenance {
     /// due times announced in database time into local instants.
     offset_ms: f64,
     last_promote: Option<Instant>,
+    /// The last pass left jobs to rescue whose rows another transaction held.
+    deferred: bool,
 }
 
 fn wall_ms() -> f64 {
@@ -220,6 +226,12 @@ impl Maintenance {
         for row in rows {
             match row.try_get("event") {
                 Ok(MaintainEvent::Rescued) => self.rescued(&row),
+                Ok(MaintainEvent::Deferred) => {
+                    let n = row.try_get::<f64, _>("n").unwrap_or_default() as u64;
+                    info!(target: "forge::job", jobs = n,
+                          "jobs to rescue are held by another transaction (a frozen node's, say); rescuing them at the next pass");
+                    self.deferred = true;
+                }
                 Ok(MaintainEvent::NextDue) => {
                     self.observe_clock(row.try_get("at").ok());
                     next_due = self.due_in(row.try_get("n").unwrap_or_default());
@@ -256,6 +268,8 @@ forge_core::sql_enum! {
     pub(crate) enum MaintainEvent {
         /// `n` running jobs of a queue and kind were rescued into `state`.
         Rescued = "rescued",
+        /// `n` jobs to rescue were held by another transaction: the next pass tries again.
+        Deferred = "deferred",
         /// The next scheduled job or retry is due in `n` ms; `at` is the server's clock.
         NextDue = "next_due",
     }

@@ -391,6 +391,11 @@ pub enum CancelReason {
     /// ended, or no heartbeat for `[cluster.membership] down_after`) and the job rescued;
     /// another attempt may be running elsewhere, and this attempt's outcome would be refused.
     Rescued,
+    /// The node lost contact with the cluster (no heartbeat landed) for nearly
+    /// `[cluster.membership] down_after`: the scheduler leader may mark it down and run the job
+    /// elsewhere, so this attempt stops first. The job is released (the attempt does not count)
+    /// if it is still this node's when the node reaches PostgreSQL again.
+    CutOff,
 }
 
 #[derive(Debug, Default)]
@@ -406,6 +411,7 @@ impl CancelSignal {
             CancelReason::TimedOut => 2,
             CancelReason::Shutdown => 3,
             CancelReason::Rescued => 4,
+            CancelReason::CutOff => 5,
         };
         // The first reason wins.
         let _ = self
@@ -420,6 +426,7 @@ impl CancelSignal {
             2 => Some(CancelReason::TimedOut),
             3 => Some(CancelReason::Shutdown),
             4 => Some(CancelReason::Rescued),
+            5 => Some(CancelReason::CutOff),
             _ => None,
         }
     }

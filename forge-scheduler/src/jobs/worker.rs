@@ -70,6 +70,10 @@ struct Floor {
 /// How often a worker looks for jobs while the node session (and so LISTEN) is down.
 const POLL_WHILE_DEAF: Duration = Duration::from_secs(1);
 
+/// How soon a worker reconciles again after its reconciliation found jobs of its own that
+/// another transaction held (a rescue or an operator's action in progress).
+const RECONCILE_AGAIN: Duration = Duration::from_secs(1);
+
 /// Runs a queue's worker on this node until the node shuts down, then drains.
 pub(crate) async fn run_node_worker(shared: Arc<Shared>, ctx: NodeContext, spec: WorkerSpec) {
     let shutdown = ctx.shutdown().clone();
@@ -173,6 +177,12 @@ struct Wants {
     stopping: bool,
     /// The node session is down: poll for jobs.
     deaf: bool,
+    /// No heartbeat of this node has landed for nearly `down_after`: its jobs may be rescued
+    /// elsewhere, so its attempts were stopped and it claims nothing until it is heard again.
+    cut_off: bool,
+    /// Reconcile again then: the last reconciliation found jobs of this worker that another
+    /// transaction held.
+    reconcile_at: Option<Instant>,
 }
 
 struct Worker {
@@ -295,8 +305,12 @@ impl Worker {
     }
 
     fn fill(&mut self) {
-        self.attempts
-            .fill(self.spec.concurrency, self.wants.stopping, &self.origin);
+        // A node cut off from the cluster starts nothing: it releases what it claimed ahead.
+        self.attempts.fill(
+            self.spec.concurrency,
+            self.wants.stopping || self.wants.cut_off,
+            &self.origin,
+        );
         if self.attempts.durations.is_empty() {
             return;
         }
@@ -365,6 +379,20 @@ impl Worker {
                 }
                 _ = sleep(POLL_WHILE_DEAF), if self.wants.deaf => {
                     self.wants.claim = true;
+                    None
+                }
+                _ = sleep_until(self.ctx.standing().until()),
+                    if self.wants.deaf && !self.wants.cut_off && self.attempts.has_tasks() => {
+                    // (A heartbeat through the pool may have moved the instant meanwhile.)
+                    if Instant::now() >= self.ctx.standing().until() {
+                        self.cut_off();
+                    }
+                    None
+                }
+                _ = async { sleep_until(self.wants.reconcile_at.expect("guarded")).await },
+                    if self.wants.reconcile_at.is_some() => {
+                    self.wants.reconcile_at = None;
+                    self.wants.reconcile = true;
                     None
                 }
                 // Idle for a while: give the connections back to the pool. (Kept meanwhile, so
@@ -491,6 +519,7 @@ impl Worker {
                 // reconciles: after a lossy failover the new primary can hold a job running
                 // here whose completion committed on the old primary only.
                 self.wants.deaf = false;
+                self.wants.cut_off = false;
                 self.wants.claim = true;
                 self.wants.reconcile = true;
             }
@@ -510,8 +539,9 @@ impl Worker {
             .leadership
             .as_ref()
             .is_some_and(|l| !l.is_valid());
-        if deposed {
-            // A deposed leader claims nothing; its outcomes are still recorded (guarded).
+        if deposed || self.wants.cut_off {
+            // A deposed leader, or a node cut off from the cluster, claims nothing; outcomes
+            // are still recorded (guarded).
             self.wants.claim = false;
         }
         let (limit, start) = if lane == Lane::Claim && self.wants.claim && !self.wants.stopping {
@@ -600,6 +630,19 @@ impl Worker {
         }))
     }
 
+    /// No heartbeat of this node has landed for nearly `down_after` (see
+    /// [`forge_core::Standing`]): stop every attempt and give back the jobs claimed ahead
+    /// before the scheduler leader can rescue them, so that no attempt of this node runs
+    /// beside its successor. Their outcomes (released) are recorded if the node reaches
+    /// PostgreSQL again while the jobs are still its own.
+    fn cut_off(&mut self) {
+        warn!(target: "forge::job", queue = %self.spec.queue, running = self.attempts.running(),
+              "no heartbeat of this node has landed for nearly down_after: stopping its attempts, which may be rescued elsewhere");
+        self.wants.cut_off = true;
+        self.wants.claim = false;
+        self.attempts.cancel_all(CancelReason::CutOff);
+    }
+
     /// Takes in what a round trip brought back.
     fn receive(&mut self, trip: RoundTrip) -> Result<(), sqlx::Error> {
         let asked = trip.limit > 0;
@@ -621,8 +664,10 @@ impl Worker {
             Ok(rows) => rows,
             Err(err) => {
                 // Send them again: outcomes are guarded, so a repeat of an outcome that was
-                // recorded after all changes nothing. A claim that committed unseen is found by
-                // the reconciliation.
+                // recorded after all changes nothing. A claim whose answer was lost is settled
+                // by the reconciliation: it first waits for (or ends) every round trip of this
+                // worker still in flight on the server, so a claim that commits late is seen
+                // and its jobs given back (see `forge.jobs_reconcile`).
                 let mut records = trip.records;
                 records.append(&mut self.attempts.records);
                 self.attempts.records = records;
@@ -704,6 +749,10 @@ impl Worker {
             let status: String = row.try_get("status")?;
             if status == "cancel" {
                 self.attempts.cancel(id, CancelReason::Requested);
+            } else if status == "unsettled" {
+                debug!(target: "forge::job", queue = %self.spec.queue, id,
+                       "a job of this worker is held by another transaction; reconciling again shortly");
+                self.wants.reconcile_at = Some(Instant::now() + RECONCILE_AGAIN);
             } else {
                 warn!(target: "forge::job", queue = %self.spec.queue, id,
                       "the job was taken away from this node (rescued while it seemed down); stopping the attempt");
@@ -808,6 +857,9 @@ struct Step {
     after: Option<Floor>,
     /// Record completions as `completed` rows (or delete the jobs).
     keep_completed: bool,
+    /// How long the reconciliation waits, each time, for a round trip of this worker still in
+    /// flight on the server before it ends that trip's session (see `forge.jobs_reconcile`).
+    reconcile_wait_ms: i32,
 }
 
 impl Step {
@@ -841,6 +893,8 @@ impl Step {
             default_max: worker.shared.default_max_attempts(),
             after: None,
             keep_completed: worker.origin.keep_completed,
+            // Up to three waits and two session ends fit in one round trip's bound.
+            reconcile_wait_ms: (worker.shared.statement_bound / 8).as_millis().max(1) as i32,
         }
     }
 
@@ -893,17 +947,20 @@ impl Step {
         conn: &mut PoolConnection<Postgres>,
         (known, known_attempts): (Vec<i64>, Vec<i32>),
     ) -> Result<Vec<PgRow>, sqlx::Error> {
-        sqlx::query("SELECT id, status FROM forge.jobs_reconcile($1, $2, $3, $4, $5, $6, $7, $8)")
-            .bind(&self.namespace)
-            .bind(&self.node)
-            .bind(&self.queue)
-            .bind(self.role.as_deref())
-            .bind(self.tenure)
-            .bind(&known)
-            .bind(&known_attempts)
-            .bind(self.default_max)
-            .fetch_all(&mut **conn)
-            .await
+        sqlx::query(
+            "SELECT id, status FROM forge.jobs_reconcile($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(&self.namespace)
+        .bind(&self.node)
+        .bind(&self.queue)
+        .bind(self.role.as_deref())
+        .bind(self.tenure)
+        .bind(&known)
+        .bind(&known_attempts)
+        .bind(self.default_max)
+        .bind(self.reconcile_wait_ms)
+        .fetch_all(&mut **conn)
+        .await
     }
 
     async fn step(&self, conn: &mut PoolConnection<Postgres>) -> Result<Vec<PgRow>, sqlx::Error> {

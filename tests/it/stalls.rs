@@ -1,0 +1,617 @@
+//! Liveness under stalls: a frozen transaction, a stalled write or a step-down never strands
+//! work or a role. Rescue skips rows another transaction holds and a down node's sessions are
+//! ended; pool transactions left idle end after a lease; a claim that commits after its worker
+//! gave up is settled by the reconciliation, and a claim whose reply was lost costs no attempt;
+//! a successor ends the stuck fenced transactions of a frozen leader; an interrupted tick
+//! whose take-over fails is taken over later; `catch_up = "all"` runs ticks that came due
+//! during a long run; a node whose node session cannot be reopened but whose pool works stays
+//! a member, and a node cut off from PostgreSQL stops its attempts before they can be rescued.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use forge::cron::{CatchUp, CronJob};
+use forge::jobs::{Job, JobContext, JobError, JobId, JobOptions, JobState};
+use forge::{CronContext, Node, Role, RoleState, Schedule};
+use forge_testkit::{Filter, PgProxy, PgServer, wait_until};
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::time::Instant;
+
+use crate::jobs::{Behave, job_config, plain, setup, wait_state};
+use crate::support::*;
+
+/// Keeps a fault in place for `d`. (The length of the fault is the experiment.)
+async fn fault_window(d: Duration) {
+    tokio::time::sleep(d).await;
+}
+
+async fn jobs_node(config: forge::Config) -> Node {
+    Node::builder(config)
+        .auto_register(false)
+        .job(plain)
+        .job(Span)
+        .start()
+        .await
+        .expect("node starts")
+}
+
+/// A job of a node that is not running: `node` marked down, the job running there.
+async fn ghost_job(pool: &PgPool, node: &str, down: bool) -> JobId {
+    sqlx::query(
+        "INSERT INTO forge.nodes (namespace, node_id, started_at, heartbeat_at, down_at, down_reason)
+         VALUES ('forge', $1, now() - interval '1 hour', now() - interval '1 hour',
+                 CASE WHEN $2 THEN now() END, CASE WHEN $2 THEN 'test' END)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(node)
+    .bind(down)
+    .execute(pool)
+    .await
+    .unwrap();
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO forge.jobs (namespace, queue, kind, args, state, run_at, attempt,
+                                 node_id, attempted_at, started_at)
+         VALUES ('forge', 'default', 'plain', jsonb_build_object('tag', $1::text), 'running',
+                 now(), 1, $1, now(), now())
+         RETURNING id",
+    )
+    .bind(node)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    JobId(id)
+}
+
+/// A connection named `application_name` that holds the row lock of job `id` in an open
+/// transaction (a frozen process's transaction, as the server sees it).
+async fn hold_job_row(url: &str, application_name: &str, id: JobId) -> PgConnection {
+    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    let mut conn = PgConnection::connect_with(&options.application_name(application_name))
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; SELECT 1 FROM forge.jobs WHERE id = {} FOR UPDATE",
+        id.0
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_row_another_transaction_holds_does_not_stop_the_rescue_of_the_others() {
+    let (db, pool) = setup().await;
+    let held = ghost_job(&pool, "ghost-1", true).await;
+    let free = ghost_job(&pool, "ghost-2", true).await;
+    // Not a session of the ghost's: the rescue cannot end it, only step around it.
+    let holder = hold_job_row(db.url(), "someone else", held).await;
+    let node = jobs_node(job_config(db.url(), "a")).await;
+    let job = wait_state(&pool, free, JobState::Completed).await;
+    assert_eq!((job.attempt, job.node_id.as_deref()), (2, Some("a")));
+    let still = client(&pool).get(held).await.unwrap().unwrap();
+    assert_eq!(
+        (still.state, still.node_id.as_deref()),
+        (JobState::Running, Some("ghost-1")),
+        "a row held by another transaction waits for it"
+    );
+    holder.close().await.unwrap();
+    let job = wait_state(&pool, held, JobState::Completed).await;
+    assert_eq!((job.attempt, job.node_id.as_deref()), (2, Some("a")));
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_marked_down_has_its_sessions_ended_so_that_its_row_locks_go() {
+    let (db, pool) = setup().await;
+    // A frozen node: no heartbeat for an hour, and its pool session inside a transaction that
+    // holds its running job's row.
+    let id = ghost_job(&pool, "frozen", false).await;
+    let mut frozen_pool = hold_job_row(db.url(), "forge:pool:frozen", id).await;
+    let node = jobs_node(job_config(db.url(), "a")).await;
+    let job = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!((job.attempt, job.node_id.as_deref()), (2, Some("a")));
+    assert!(
+        job.errors[0].error.contains("no heartbeat"),
+        "{:?}",
+        job.errors
+    );
+    let down: serde_json::Value = sqlx::query_scalar(
+        "SELECT detail FROM forge.events WHERE kind = 'node_down' AND node_id = 'frozen'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        down["ended_sessions"],
+        serde_json::json!(["forge:pool:frozen"]),
+        "{down}"
+    );
+    let after = sqlx::query("SELECT 1").execute(&mut frozen_pool).await;
+    assert!(after.is_err(), "the frozen node's session was ended");
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_transaction_left_idle_is_ended_after_a_lease() {
+    let (db, pool) = setup().await;
+    let node = jobs_node(job_config(db.url(), "a")).await;
+    let mut tx = node.pool().begin().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    // The transaction stays open, idle, as a frozen process would leave it.
+    wait_until(
+        "the server to end the idle transaction's session",
+        SOON,
+        Duration::from_millis(50),
+        || async {
+            let alive: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+                    .bind(pid)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            (!alive).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    assert!(sqlx::query("SELECT 1").execute(&mut *tx).await.is_err());
+    drop(tx);
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_commits_after_its_worker_gave_up_on_it_is_settled() {
+    let (db, pool) = setup().await;
+    let node = jobs_node(job_config(db.url(), "a")).await;
+    // The queue's claim lock held elsewhere: the worker's claim stalls on the server past the
+    // worker's bound (5 s), as a commit waiting for a stalled synchronous standby would.
+    let mut stall = PgConnection::connect(db.url()).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(hashtext('forge.jobs_claim'), hashtext('forge default'))")
+        .execute(&mut stall)
+        .await
+        .unwrap();
+    let id = node
+        .jobs()
+        .enqueue(plain, Behave::tag("stalled"))
+        .await
+        .unwrap()
+        .id();
+    fault_window(Duration::from_millis(6500)).await;
+    // Released: a claim the worker gave up on must not take the job now and strand it.
+    sqlx::query(
+        "SELECT pg_advisory_unlock(hashtext('forge.jobs_claim'), hashtext('forge default'))",
+    )
+    .execute(&mut stall)
+    .await
+    .unwrap();
+    let job = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!(job.node_id.as_deref(), Some("a"));
+    assert!(
+        job.errors.iter().all(|e| e.reason == "rescued"),
+        "{:?}",
+        job.errors
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_reply_was_lost_does_not_cost_an_attempt() {
+    let (db, pool) = setup().await;
+    let node = jobs_node(job_config(db.url(), "a")).await;
+    wait_until(
+        "node a to lead the scheduler",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            matches!(
+                node.role_state(&Role::SCHEDULER),
+                Some(RoleState::Leader { .. })
+            )
+            .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    // A job claimed by a's worker (one attempt allowed) whose reply never reached it.
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO forge.jobs (namespace, queue, kind, args, state, run_at, attempt,
+                                 max_attempts, node_id, attempted_at, started_at)
+         VALUES ('forge', 'default', 'plain', '{\"tag\": \"lost reply\"}', 'running', now(), 1, 1,
+                 'a', now(), now())
+         RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    // The worker reconciles when its node session comes back.
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'forge:node:a'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let job = wait_state(&pool, JobId(id), JobState::Completed).await;
+    assert_eq!((job.attempt, job.max_attempts), (2, Some(2)), "{job:?}");
+    assert!(
+        job.errors[0].error.contains("never ran"),
+        "{:?}",
+        job.errors
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_ends_a_stuck_fenced_transaction_of_the_leader_it_replaces() {
+    let (db, pool) = setup().await;
+    let a = start_node(db.url(), "a", &[Role::SCHEDULER]).await;
+    let b = start_node(db.url(), "b", &[Role::SCHEDULER]).await;
+    let (leader, epoch) = wait_single_leader(&[&a, &b], &Role::SCHEDULER).await;
+    let (old, new) = if leader == 0 { (&a, &b) } else { (&b, &a) };
+    wait_standby(&pool, "scheduler").await;
+    // A fenced transaction of the leader's tenure that does not end: stuck in a statement.
+    let tenure: i64 =
+        sqlx::query_scalar("SELECT tenure FROM forge.leaders WHERE role = 'scheduler'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let mut stuck = PgConnection::connect(db.url()).await.unwrap();
+    let stuck_task = tokio::spawn(async move {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "BEGIN; SELECT forge.fence_holds('forge', 'scheduler', {epoch}, {tenure}); SELECT pg_sleep(3600)"
+        )))
+        .execute(&mut stuck)
+        .await
+    });
+    wait_until(
+        "the stuck fenced transaction",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            let sleeping: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'
+                             AND query LIKE '%fence_holds%')",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            sleeping.then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    // The leader's lock session ends (as a frozen leader's does at its lease).
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(format!("forge:scheduler:{}", old.id()))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let next = wait_until(
+        "the standby to lead",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            match new.role_state(&Role::SCHEDULER) {
+                Some(RoleState::Leader { epoch: e, .. }) if e.0 > epoch => Some(e.0),
+                _ => None,
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(next > epoch);
+    let ended = tokio::time::timeout(SOON, stuck_task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(ended.is_err(), "the stuck transaction's session was ended");
+    let fenced: serde_json::Value = sqlx::query_scalar(
+        "SELECT detail FROM forge.events WHERE kind = 'leader_fenced' AND role = 'scheduler'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        fenced["terminated_pids"].as_array().map(Vec::len),
+        Some(1),
+        "{fenced}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_tick_whose_take_over_fails_is_taken_over_later() {
+    let (db, pool) = setup().await;
+    sqlx::raw_sql("CREATE TABLE yearly_runs (scheduled_at timestamptz, attempt integer)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // A tick a dead tenure left running, and its row held by another transaction for a while
+    // (a slow disk, a long operator query): the first take-overs fail.
+    let tick: DateTime<Utc> = sqlx::query_scalar(
+        "INSERT INTO forge.cron_ticks (namespace, cron, scheduled_at, role, epoch, node_id, attempt,
+                                       state, tenure)
+         VALUES ('forge', 'yearly', date_trunc('second', now()) - interval '1 minute', 'scheduler',
+                 0, 'ghost', 1, 'running', 12345)
+         RETURNING scheduled_at",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let mut holder = PgConnection::connect(db.url()).await.unwrap();
+    sqlx::raw_sql("BEGIN; SELECT 1 FROM forge.cron_ticks WHERE cron = 'yearly' FOR UPDATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let mut config = config(db.url(), "a");
+    config.node.roles = vec!["scheduler".into()];
+    let yearly = CronJob::new(
+        "yearly",
+        Schedule::parse("0 0 1 1 *").unwrap(),
+        |ctx: CronContext| async move {
+            sqlx::query("INSERT INTO yearly_runs VALUES ($1, $2)")
+                .bind(ctx.scheduled_at())
+                .bind(ctx.attempt() as i32)
+                .execute(ctx.pool())
+                .await
+                .map(|_| ())
+        },
+    );
+    let node = Node::builder(config)
+        .auto_register(false)
+        .cron(yearly)
+        .start()
+        .await
+        .unwrap();
+    fault_window(Duration::from_millis(1500)).await;
+    holder.close().await.unwrap();
+    let run: (DateTime<Utc>, i32) = wait_until(
+        "the interrupted tick to be rerun",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            sqlx::query_as("SELECT scheduled_at, attempt FROM yearly_runs")
+                .fetch_optional(&pool)
+                .await
+                .unwrap()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(run, (tick, 2));
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catch_up_all_runs_every_tick_that_came_due_during_a_long_run() {
+    let (db, pool) = setup().await;
+    let mut config = config(db.url(), "a");
+    config.node.roles = vec!["scheduler".into()];
+    let first = Arc::new(AtomicBool::new(true));
+    let every_second = CronJob::new(
+        "every_second",
+        Schedule::parse("* * * * * *").unwrap(),
+        move |_ctx: CronContext| {
+            let slow = first.swap(false, Ordering::SeqCst);
+            async move {
+                if slow {
+                    // A stall: the handler waits on something for 3.5 s.
+                    tokio::time::sleep(Duration::from_millis(3500)).await;
+                }
+            }
+        },
+    )
+    .catch_up(CatchUp::All);
+    let node = Node::builder(config)
+        .auto_register(false)
+        .cron(every_second)
+        .start()
+        .await
+        .unwrap();
+    // Until ticks due well after the stall have run.
+    let ticks: Vec<(DateTime<Utc>, String)> = wait_until(
+        "ticks after the stall",
+        SOON,
+        Duration::from_millis(50),
+        || async {
+            let ticks: Vec<(DateTime<Utc>, String)> = sqlx::query_as(
+                "SELECT scheduled_at, state FROM forge.cron_ticks WHERE cron = 'every_second'
+                  ORDER BY scheduled_at",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            let succeeded = ticks.iter().filter(|(_, s)| s == "succeeded").count();
+            (succeeded >= 7).then_some(ticks)
+        },
+    )
+    .await
+    .unwrap();
+    let skipped: Vec<_> = ticks.iter().filter(|(_, s)| s == "skipped").collect();
+    assert_eq!(skipped, Vec::<&(DateTime<Utc>, String)>::new(), "{ticks:?}");
+    for pair in ticks.windows(2) {
+        assert_eq!(
+            (pair[1].0 - pair[0].0).num_seconds(),
+            1,
+            "every second has its tick: {ticks:?}"
+        );
+    }
+    node.shutdown().await;
+}
+
+/// The running spans of [`Span`] attempts, by tag: (node, attempt, started, ended).
+type Spans = BTreeMap<String, Vec<(String, u32, Instant, Option<Instant>)>>;
+static SPANS: Mutex<Spans> = Mutex::new(BTreeMap::new());
+
+/// Records when it ran in this process (both nodes of a test are in it), until its attempt
+/// ends or is stopped.
+#[derive(Clone, Copy, Debug)]
+struct Span;
+
+struct SpanGuard(String, usize);
+
+impl Drop for SpanGuard {
+    fn drop(&mut self) {
+        let mut spans = SPANS.lock().unwrap();
+        if let Some(span) = spans.get_mut(&self.0).and_then(|v| v.get_mut(self.1)) {
+            span.3 = Some(Instant::now());
+        }
+    }
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct SpanArgs {
+    tag: String,
+    /// How long the first attempt takes (later ones end at once).
+    sleep_ms: u64,
+}
+
+impl Job for Span {
+    type Args = SpanArgs;
+    const KIND: &'static str = "span";
+
+    fn options(&self) -> JobOptions {
+        JobOptions::new()
+    }
+
+    async fn run(&self, ctx: JobContext, args: SpanArgs) -> Result<(), JobError> {
+        let at = {
+            let mut spans = SPANS.lock().unwrap();
+            let spans = spans.entry(args.tag.clone()).or_default();
+            spans.push((
+                ctx.node_id().to_string(),
+                ctx.attempt(),
+                Instant::now(),
+                None,
+            ));
+            spans.len() - 1
+        };
+        let _guard = SpanGuard(args.tag, at);
+        if ctx.attempt() == 1 {
+            tokio::time::sleep(Duration::from_millis(args.sleep_ms)).await;
+        }
+        Ok(())
+    }
+}
+
+fn spans(tag: &str) -> Vec<(String, u32, Instant, Option<Instant>)> {
+    SPANS.lock().unwrap().get(tag).cloned().unwrap_or_default()
+}
+
+/// Node `a` (the scheduler's leader, no queue) on the server directly; node `b` (the default
+/// queue, no role) through a proxy.
+async fn b_behind_a_proxy() -> (forge_testkit::TestDatabase, PgPool, PgProxy, Node, Node) {
+    let (db, pool) = setup().await;
+    let server = PgServer::shared().unwrap();
+    let proxy = PgProxy::start(server.host(), server.port()).unwrap();
+    let mut a_config = job_config(db.url(), "a");
+    a_config.jobs.queues.clear();
+    let a = jobs_node(a_config).await;
+    wait_until(
+        "a to lead the scheduler",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            matches!(
+                a.role_state(&Role::SCHEDULER),
+                Some(RoleState::Leader { .. })
+            )
+            .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let mut b_config = job_config(&proxy.url_for(server, db.name()), "b");
+    b_config.node.roles = vec![];
+    let b = jobs_node(b_config).await;
+    (db, pool, proxy, a, b)
+}
+
+/// Enqueues a [`Span`] job on `node` and waits until `node` runs it.
+async fn span_running(node: &Node, tag: &str, sleep_ms: u64) -> JobId {
+    let id = node
+        .jobs()
+        .enqueue(
+            Span,
+            SpanArgs {
+                tag: tag.into(),
+                sleep_ms,
+            },
+        )
+        .await
+        .unwrap()
+        .id();
+    wait_until(
+        &format!("{} to run {tag}", node.id()),
+        SOON,
+        Duration::from_millis(10),
+        || async { spans(tag).first().map(|_| ()) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(spans(tag)[0].0, node.id().as_str());
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_node_session_cannot_reopen_but_whose_pool_works_stays_a_member() {
+    let (_db, pool, proxy, a, b) = b_behind_a_proxy().await;
+    let id = span_running(&b, "member", 6000).await;
+    // b's node session is cut (the server sees it end at once) and cannot be reopened (as
+    // when the server's connections are full); its pool still works.
+    let node_session = Filter::application_prefix("forge:node:b");
+    proxy.blackhole(node_session.clone());
+    assert_eq!(proxy.sever(&node_session), 1);
+    let job = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!(
+        (job.attempt, job.node_id.as_deref()),
+        (1, Some("b")),
+        "{job:?}"
+    );
+    let down: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM forge.events WHERE kind = 'node_down'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(down, 0, "b was never marked down");
+    assert_eq!(spans("member").len(), 1, "{:?}", spans("member"));
+    proxy.heal(&node_session);
+    b.shutdown().await;
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_stops_its_attempts_before_they_can_be_rescued() {
+    let (db, pool, proxy, a, b) = b_behind_a_proxy().await;
+    let id = span_running(&b, "cut off", 15_000).await;
+    // A node that can run the job once it is rescued.
+    let mut c_config = job_config(db.url(), "c");
+    c_config.node.roles = vec![];
+    let c = jobs_node(c_config).await;
+    // b is cut off from PostgreSQL: every flow silent, nothing reaches the server.
+    let everything = Filter::application_prefix("forge:");
+    proxy.blackhole(everything.clone());
+    let job = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!(job.node_id.as_deref(), Some("c"), "{job:?}");
+    let spans = spans("cut off");
+    assert_eq!(spans.len(), 2, "{spans:?}");
+    let (b_span, c_span) = (&spans[0], &spans[1]);
+    assert_eq!((b_span.0.as_str(), c_span.0.as_str()), ("b", "c"));
+    let b_stopped = b_span.3.expect("b's attempt was stopped");
+    assert!(
+        b_stopped <= c_span.2,
+        "b's attempt ran on for {:?} after c's began",
+        b_stopped - c_span.2
+    );
+    proxy.heal(&everything);
+    c.shutdown().await;
+    b.shutdown().await;
+    a.shutdown().await;
+}
