@@ -18,6 +18,7 @@
 //! |---|---|
 //! | `GET /api/health/live` | 200 while the process serves (liveness probe; no token needed) |
 //! | `GET /api/health/ready` | 200 when PostgreSQL answers within 2 s, else 503 (readiness probe; no token needed); 503 while the node shuts down |
+//! | `GET /api/health/leader/{role}` | 200 on the role's leader, 503 elsewhere with the leader in `Forge-Leader` (for HAProxy, nginx, Kubernetes; no token needed; no database round trip) |
 //! | `GET /api/cluster/status` | nodes by state, each role's leader, roles without one, `healthy` and the `problems` |
 //! | `GET /api/cluster/leaders` | every role's current (or last) leadership, with `led` |
 //! | `GET /api/cluster/leaders/{role}` | one role's |
@@ -85,6 +86,7 @@ mod cluster;
 mod dashboard;
 mod error;
 mod extract;
+mod leader;
 mod redact;
 mod views;
 mod work;
@@ -113,6 +115,9 @@ use crate::work::JobAction;
 
 pub use axum;
 pub use error::{ApiError, ApiResult};
+pub use leader::{
+    LEADER_HEADER, LEADER_URL_HEADER, Leader, LeaderOnly, LeaderOnlyService, LeaderSource,
+};
 
 /// Everything the API needs: the read models (and so the pool and namespace), the access
 /// rules, and optionally the serving node and its configuration. Cheap to clone.
@@ -262,6 +267,14 @@ impl LocalNode {
         self
     }
 
+    /// Its state in `role`, if it campaigns for it.
+    fn state(&self, role: &Role) -> Option<RoleState> {
+        self.roles
+            .iter()
+            .find(|(r, _)| r == role)
+            .map(|(_, state)| state.borrow().clone())
+    }
+
     fn is_stopping(&self) -> bool {
         self.stopping
             .as_ref()
@@ -308,6 +321,7 @@ pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/api/health/live", get(cluster::live))
         .route("/api/health/ready", get(cluster::ready))
+        .route("/api/health/leader/{role}", get(leader::probe))
         .merge(guarded)
         .merge(dashboard::routes(&state))
         .fallback(not_found)

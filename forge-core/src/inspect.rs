@@ -28,6 +28,9 @@ crate::sql_enum! {
         /// A leader lost its leadership without handing over, as it saw it (`detail.reason`:
         /// deadline, deposed, renewal_failed); recorded best effort once it reaches the database.
         LeaderLost = "leader_lost",
+        /// A leader handed a role over to a named node to spread the roles or because that
+        /// node prefers the role (`detail.to`, `detail.why`: `spread` or `preferred`).
+        LeaderRebalanced = "leader_rebalanced",
         /// A node started.
         NodeJoined = "node_joined",
         /// A node stopped gracefully.

@@ -17,6 +17,9 @@
 -- terminates the holder if it is the recorded FORGE leader and its lease has expired (the
 -- fallback for when idle_session_timeout did not end a frozen leader).
 --
+-- A waiter granted the lock of a role whose graceful handoff named another node (a placement
+-- move, until handoff_until) passes the lock on instead: the named node takes it.
+--
 -- Any error after the lock was granted leaves the session-level lock held: the caller must then
 -- close the session.
 --
@@ -123,13 +126,25 @@ BEGIN
                 END IF;
             END;
         END LOOP;
+        IF found_prev AND prev.handoff_to IS NOT NULL AND prev.handoff_to <> p_node
+           AND prev.handoff_until > clock_timestamp() THEN
+            -- A placement move handed the role to another node, waiting behind this one: pass
+            -- the lock on (this node waits again, behind it). Reported as not granted.
+            PERFORM pg_advisory_unlock(p_key);
+            RETURN QUERY SELECT false, prev.epoch, NULL::bigint, NULL::timestamptz, prev.node_id,
+                                prev.acquired_at, prev.lease_until, true, false, pg_backend_pid(),
+                                NULL::integer, NULL::text, NULL::integer, false;
+            RETURN;
+        END IF;
         at_time := clock_timestamp();
         IF found_prev THEN
             UPDATE forge.leaders l
                SET epoch = l.epoch + 1, tenure = new_tenure, lock_key = p_key, node_id = p_node,
                    backend_pid = pg_backend_pid(), backend_start = my_start, lease_ms = p_lease_ms,
                    acquired_at = at_time, renewed_at = at_time, lease_until = at_time + lease,
-                   released_at = NULL
+                   released_at = NULL, handoff_to = NULL, handoff_until = NULL,
+                   moved_at = CASE WHEN prev.handoff_to = p_node
+                                    AND prev.handoff_until > at_time THEN at_time END
              WHERE l.namespace = p_namespace AND l.role = p_role
             RETURNING l.epoch INTO new_epoch;
         ELSE
@@ -148,6 +163,7 @@ BEGIN
                     'failover', found_prev AND prev.released_at IS NULL,
                     'previous_lease_until', prev.lease_until,
                     'previous_released_at', prev.released_at,
+                    'moved', found_prev AND prev.handoff_to IS NOT DISTINCT FROM p_node,
                     -- The gap: from the previous leader's release (handoff) or last renewal
                     -- (failover) to this election.
                     'gap_ms', CASE WHEN found_prev THEN round(extract(epoch FROM

@@ -159,7 +159,23 @@ impl Probe {
         id: &str,
         roles: &[&str],
     ) -> Probe {
-        Probe::spawn(db, dir, id, roles, None).await
+        Probe::spawn(db, dir, id, roles, None, &[]).await
+    }
+
+    /// A probe that also serves the admin API on `admin` and `GET /leader-only` (behind
+    /// `LeaderOnly` for the scheduler) on `app`, both on 127.0.0.1.
+    pub(crate) async fn start_serving(
+        db: &TestDatabase,
+        dir: &std::path::Path,
+        id: &str,
+        roles: &[&str],
+        (admin, app): (u16, u16),
+    ) -> Probe {
+        let env = [
+            ("FORGE_ADMIN_LISTEN", format!("127.0.0.1:{admin}")),
+            ("FORGE_PROBE_APP_LISTEN", format!("127.0.0.1:{app}")),
+        ];
+        Probe::spawn(db, dir, id, roles, None, &env).await
     }
 
     /// A probe that also runs the `probe_tick` cron with this expression (catch_up = all).
@@ -170,7 +186,7 @@ impl Probe {
         roles: &[&str],
         cron: &str,
     ) -> Probe {
-        Probe::spawn(db, dir, id, roles, Some(cron)).await
+        Probe::spawn(db, dir, id, roles, Some(cron), &[]).await
     }
 
     async fn spawn(
@@ -179,10 +195,14 @@ impl Probe {
         id: &str,
         roles: &[&str],
         cron: Option<&str>,
+        env: &[(&str, String)],
     ) -> Probe {
         let path = dir.join("forge.toml");
         if !path.exists() {
-            std::fs::write(&path, config_toml(db.url())).unwrap();
+            // Probe tests follow one leader through kills and handoffs: placement moves would
+            // add handoffs of their own to the history they read (placement has its own tests).
+            let toml = config_toml(db.url()) + "\n[cluster]\nspread = false\n";
+            std::fs::write(&path, toml).unwrap();
         }
         let mut command = Command::new(env!("CARGO_BIN_EXE_forge-probe-node"));
         command
@@ -198,6 +218,7 @@ impl Probe {
             Some(cron) => command.env("FORGE_PROBE_CRON", cron),
             None => command.env_remove("FORGE_PROBE_CRON"),
         };
+        command.envs(env.iter().map(|(k, v)| (k, v)));
         let mut process = NodeProcess::spawn(command).unwrap().named(id);
         process
             .wait_for_line("READY", SOON, |line| line.starts_with("FORGE-PROBE READY"))
@@ -217,6 +238,14 @@ impl Probe {
             .filter_map(|line| ProbeLine::parse(line))
             .collect()
     }
+}
+
+/// A TCP port of 127.0.0.1 that was free a moment ago.
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free port")
 }
 
 /// A scratch directory for config files, removed on drop.
