@@ -30,6 +30,8 @@
 //!   (duplicates are counted, not failures);
 //! * `soak_hog`, which holds one pool connection for a while (pool starvation, and work only
 //!   one node does), on a queue only its node works;
+//! * `soak_burst_job`, a no-op of 100 ms the harness enqueues 40 at a time just before a write
+//!   stall, so that workers are claiming when commits start to wait;
 //! * a leader task per built-in role writing a fenced row every 500 ms (for the overlap check).
 //!
 //! Every job handler prints `SOAK-HANDLER start <job> <attempt> <µs>` when it starts and
@@ -41,8 +43,9 @@
 //! check_interval 500 ms, drain 2 s, heartbeat 500 ms, drifted after 1.5 s, down after 4 s,
 //! maintenance_interval 5 s, a pool of 5 connections.
 //!
-//! Every 5-30 s (seeded; the seed is printed) the harness applies one fault, drawn from a
-//! shuffled deck so that every kind comes up before any repeats: SIGKILL (restart after 1-4 s),
+//! Every 5-30 s (seeded; the seed is printed; after a fault of several steps, 5-30 s after it
+//! ended) the harness applies one fault, drawn from a shuffled deck so that every kind comes up
+//! before any repeats: SIGKILL (restart after 1-4 s),
 //! SIGTERM (restart once it exited), SIGSTOP for longer than the lease then SIGCONT, PostgreSQL
 //! fast restart, immediate (crash) restart, primary failover (crash the primary, promote the
 //! standby, retarget the proxies, build a new standby for the next one; half of the failovers
@@ -65,8 +68,9 @@
 //!   `soak_tick` after `CronContext::complete(&mut tx)` (held 2 s, under the lease after which
 //!   the server ends an idle fenced transaction);
 //! * **a write stall longer than the statement bound** (5 s): the standby is made synchronous
-//!   (`PgServer::set_synchronous_standby`) and its WAL receiver SIGSTOPped
-//!   (`PgServer::pause_wal_receiver`) for 6-15 s: every commit on the primary waits, reads do
+//!   (`PgServer::set_synchronous_standby`), a burst of `soak_burst_job`s is enqueued and its
+//!   WAL receiver SIGSTOPped (`PgServer::pause_wal_receiver`) while they are being claimed, for
+//!   6-15 s: every commit on the primary waits (invisible to others until it ends), reads do
 //!   not; then resumed and the primary made asynchronous again;
 //! * **a table lock**: `LOCK TABLE forge.jobs IN ACCESS EXCLUSIVE MODE` in a transaction of the
 //!   harness (a migration's, an operator's), held 18-22 s, then committed;
@@ -191,6 +195,8 @@ const HOLD_CRON_TX: Duration = Duration::from_secs(2);
 /// The flags (`soak_flags.kind`) asking a node's handlers to hold their transaction open.
 const FREEZE_JOB_FLAG: &str = "freeze_job";
 const FREEZE_CRON_FLAG: &str = "freeze_cron";
+/// How many no-op jobs are enqueued just before a write stall.
+const BURST: usize = 40;
 /// How often running jobs are compared with the handlers the nodes report.
 const SAMPLE_EVERY: Duration = Duration::from_secs(2);
 /// A job `running` in the database with no live handler of its attempt for longer than this
@@ -208,6 +214,8 @@ const TX_JOB: &str = "soak_tx_job";
 const PLAIN_JOB: &str = "soak_plain_job";
 /// The pool hogs' kinds, as a LIKE pattern (one kind per node).
 const HOG_JOB: &str = "soak_hog%";
+/// The no-op jobs enqueued in a burst just before a write stall.
+const BURST_JOB: &str = "soak_burst_job";
 
 /// The application's tables, made by the harness before the nodes start. No unique key on
 /// the effects: a repeated effect is a second row, so duplicates can be counted. The deferred
@@ -391,6 +399,7 @@ async fn node_main(config_path: String) -> ExitCode {
         .cron(soak_default_tick)
         .job(soak_tx_job)
         .job(soak_plain_job)
+        .job(soak_burst_job)
         .job(soak_hog_n1)
         .job(soak_hog_n2)
         .job(soak_hog_n3);
@@ -635,6 +644,17 @@ async fn soak_plain_job(ctx: JobContext, args: TickArgs) -> Result<(), JobError>
     .execute(ctx.pool())
     .await?;
     tokio::time::sleep(WORK).await;
+    Ok(())
+}
+
+/// A no-op job of 100 ms, enqueued by the harness in a burst just before a write stall, so that
+/// workers claim while commits stall: a claim whose commit waits past the statement bound is
+/// dropped by its worker, and commits (invisibly until the stall ends) after the worker's
+/// reconciliation looked (issue 22, item 4).
+#[forge::job(name = "soak_burst_job", max_attempts = 100)]
+async fn soak_burst_job(ctx: JobContext, _args: HogArgs) -> Result<(), JobError> {
+    let _mark = HandlerMark::start(&ctx);
+    tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(())
 }
 
@@ -1029,6 +1049,7 @@ struct HandlerSpan {
     start_us: i64,
     /// When it returned or was dropped; or when its process ended (`died`).
     end_us: Option<i64>,
+    died: bool,
 }
 
 /// A job `running` in the database with no live handler of its attempt, since `first`.
@@ -1167,6 +1188,19 @@ struct FaultRecord {
     at: f64,
     kind: FaultKind,
     text: String,
+}
+
+impl FaultRecord {
+    /// The kind, and for a step-down storm which one (the report groups by it).
+    fn label(&self) -> &'static str {
+        match self.kind {
+            FaultKind::StepDownStorm if self.text.contains("one eligible node") => {
+                "step-down storm, one eligible node"
+            }
+            FaultKind::StepDownStorm => "step-down storm, standbys waiting",
+            kind => kind.name(),
+        }
+    }
 }
 
 /// RSS of each node at one instant: (incarnation, uptime, KiB).
@@ -1420,8 +1454,17 @@ impl Harness {
         let fault_end = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
         let mut next_fault = Instant::now() + self.rng.secs(self.interval.0, self.interval.1);
         let mut next_rss = Instant::now() + RSS_EVERY;
+        // A fault of several steps (a freeze, a lock held, a storm...) gives the cluster the
+        // interval after it ends, not after it starts.
+        let mut after_busy = false;
         while Instant::now() < fault_end {
             self.supervise().await;
+            if self.busy() {
+                after_busy = true;
+            } else if after_busy {
+                after_busy = false;
+                next_fault = Instant::now() + self.rng.secs(self.interval.0, self.interval.1);
+            }
             if Instant::now() >= next_fault && !self.busy() {
                 next_fault = if self.fault().await {
                     Instant::now() + self.rng.secs(self.interval.0, self.interval.1)
@@ -2322,27 +2365,18 @@ impl Harness {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        if let Some(fill) = &mut self.fill {
-            fill.stage = match fill.stage {
-                FillStage::Holding {
-                    since,
-                    since_us,
-                    next_check,
-                    terminations,
-                    ..
-                } => FillStage::Holding {
-                    since,
-                    since_us,
-                    until: Instant::now(),
-                    next_check,
-                    terminations,
-                },
-                FillStage::Filling { .. } => FillStage::Filling {
-                    deadline: Instant::now(),
-                },
-            };
+        // A fill that holds the server ends as planned (its report); one still filling stops.
+        match &mut self.fill {
+            Some(ConnFill {
+                stage: FillStage::Holding { until, .. },
+                ..
+            }) => {
+                *until = Instant::now();
+                self.tend_fill().await;
+            }
+            Some(_) => self.stop_fill().await,
+            None => {}
         }
-        self.tend_fill().await;
         if let Some(storm) = &mut self.storm {
             storm.queue.clear();
             storm.started = true;
@@ -2390,7 +2424,8 @@ impl Harness {
                      WHERE kind IN ($3, $4) AND (args->>'tick_us')::bigint <= $5
                        AND state NOT IN ('completed', 'dead', 'cancelled')),
                    (SELECT count(*) FROM forge.jobs
-                     WHERE kind LIKE $6 AND state NOT IN ('completed', 'dead', 'cancelled'))",
+                     WHERE (kind LIKE $6 OR kind = $7)
+                       AND state NOT IN ('completed', 'dead', 'cancelled'))",
             )
             .bind(CRON)
             .bind(cutoff)
@@ -2398,6 +2433,7 @@ impl Harness {
             .bind(PLAIN_JOB)
             .bind(cutoff.timestamp_micros())
             .bind(HOG_JOB)
+            .bind(BURST_JOB)
             .fetch_one(&self.admin),
         )
         .await
@@ -2415,7 +2451,7 @@ impl Harness {
             missing.push(format!("{open} jobs of those ticks not finished"));
         }
         if hogs > 0 {
-            missing.push(format!("{hogs} pool hogs not finished"));
+            missing.push(format!("{hogs} pool hogs and burst jobs not finished"));
         }
         Some(missing.join(", "))
     }
@@ -2548,12 +2584,14 @@ impl Harness {
             "SELECT CASE WHEN kind LIKE $4 THEN 'soak_hog' ELSE kind END, state, count(*),
                     count(*) FILTER (WHERE attempt > 1) FROM forge.jobs
               WHERE (kind IN ($1, $2) AND (args->>'tick_us')::bigint <= $3) OR kind LIKE $4
+                 OR kind = $5
               GROUP BY 1, 2 ORDER BY 1, 2",
         )
         .bind(TX_JOB)
         .bind(PLAIN_JOB)
         .bind(cutoff_us)
         .bind(HOG_JOB)
+        .bind(BURST_JOB)
         .fetch_all(db)
         .await?;
         let mut job_stats: BTreeMap<String, JobStats> = BTreeMap::new();
@@ -2764,9 +2802,9 @@ impl Harness {
 
         let _ = writeln!(
             out,
-            "\njobs (those of ticks up to the cut-off, and the pool hogs):"
+            "\njobs (those of ticks up to the cut-off, the pool hogs, the bursts before write stalls):"
         );
-        for kind in [TX_JOB, PLAIN_JOB, "soak_hog"] {
+        for kind in [TX_JOB, PLAIN_JOB, "soak_hog", BURST_JOB] {
             let stats = job_stats.get(kind).cloned().unwrap_or_default();
             let _ = writeln!(
                 out,
@@ -3220,7 +3258,7 @@ impl Harness {
         match self.faults.iter().rposition(|f| f.at <= secs + 0.05) {
             Some(n) => {
                 let fault = &self.faults[n];
-                format!("fault #{} {} at {:.1}s", n + 1, fault.kind.name(), fault.at)
+                format!("fault #{} {} at {:.1}s", n + 1, fault.label(), fault.at)
             }
             None => "before any fault".to_owned(),
         }
@@ -3250,6 +3288,7 @@ impl Harness {
                         attempt,
                         start_us: us,
                         end_us: None,
+                        died: false,
                     });
                     let n = self.spans.len() - 1;
                     self.slots[i].open.insert((job, attempt), n);
@@ -3278,6 +3317,7 @@ impl Harness {
         let now = Utc::now().timestamp_micros();
         for (_, n) in self.slots[i].open.drain() {
             self.spans[n].end_us = Some(now);
+            self.spans[n].died = true;
         }
         self.slots[i].cursor = 0;
         self.resumed(i);
@@ -3717,6 +3757,16 @@ impl Harness {
                 .await;
             return None;
         }
+        // Jobs to claim while commits stall: the burst commits (the standby still answers),
+        // the workers start claiming it, and the WAL receiver freezes meanwhile.
+        let jobs = Jobs::new(self.admin.clone(), &LockNamespace::default());
+        let burst: Vec<NewJob> = (0..BURST)
+            .map(|_| NewJob::new(soak_burst_job, HogArgs { hold_ms: 100 }))
+            .collect();
+        let burst = matches!(
+            tokio::time::timeout(ADMIN_TIMEOUT, jobs.enqueue_many(burst)).await,
+            Ok(Ok(_))
+        );
         let pid = match standby.pause_wal_receiver().await {
             Ok(pid) => pid,
             Err(err) => {
@@ -3737,9 +3787,10 @@ impl Harness {
             resumed: false,
         });
         Some(format!(
-            "write stall for {:.1} s (statement bound {} s): the standby is made synchronous and its WAL receiver (pid {pid}) SIGSTOPped; commits on the primary wait, reads do not",
+            "write stall for {:.1} s (statement bound {} s): the standby is made synchronous, {} no-op jobs are enqueued and its WAL receiver (pid {pid}) SIGSTOPped while they are claimed; commits on the primary wait, reads do not",
             hold.as_secs_f64(),
-            STATEMENT_BOUND.as_secs()
+            STATEMENT_BOUND.as_secs(),
+            if burst { BURST } else { 0 }
         ))
     }
 
@@ -4223,6 +4274,23 @@ impl Harness {
             "  {downs} node_down events, {} jobs running on the node then: p50 {p50:.2} s, p99 {p99:.2} s, max {max:.2} s; still running at the end: {never}",
             rescues.len()
         );
+        let mut outcomes: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        for r in &rescues {
+            outcomes
+                .entry(r.next.as_deref().unwrap_or("still running"))
+                .or_default()
+                .push(r.latency);
+        }
+        for (outcome, mut values) in outcomes {
+            values.sort_by(f64::total_cmp);
+            let _ = writeln!(
+                out,
+                "    {outcome}: {}, p50 {:.2} s, max {:.2} s",
+                values.len(),
+                quantile(&values, 0.5),
+                values.last().copied().unwrap_or(0.0)
+            );
+        }
         let mut slowest: Vec<&Rescue> = rescues.iter().collect();
         slowest.sort_by(|a, b| b.latency.total_cmp(&a.latency));
         for r in slowest.iter().take(6) {
@@ -4286,7 +4354,8 @@ impl Harness {
                 .filter(|g| g.role == role.name())
                 .map(|g| (g.to - g.from).num_milliseconds() as f64 / 1000.0)
                 .collect();
-            let sum: f64 = mine.iter().sum();
+            // (+ 0.0: an empty sum of floats is -0.0)
+            let sum: f64 = mine.iter().sum::<f64>() + 0.0;
             let max = mine.iter().copied().fold(0.0, f64::max);
             let long = mine.iter().filter(|g| **g >= 1.0).count();
             let _ = writeln!(
@@ -4307,7 +4376,7 @@ impl Harness {
                 .faults
                 .iter()
                 .rfind(|f| f.at <= from + 0.05)
-                .map_or("before any fault", |f| f.kind.name());
+                .map_or("before any fault", FaultRecord::label);
             let length = (g.to - g.from).num_milliseconds() as f64 / 1000.0;
             let entry = by_fault.entry(kind).or_default();
             entry.0 += 1;
@@ -4417,18 +4486,37 @@ impl Harness {
         };
         let mut live = Vec::new();
         let (mut frozen, mut cut_off) = (0, 0);
+        // By who rescued and why, and where the attempt's handler was at that instant.
+        let mut kinds: BTreeMap<&str, [usize; 4]> = BTreeMap::new();
         for (job, attempt, node, at, error) in &rescued {
             let us = at.timestamp_micros();
             let Some(slot) = self.slots.iter().position(|s| s.id == *node) else {
                 continue;
             };
-            let running = self.spans.iter().any(|h| {
-                h.slot == slot
-                    && h.job == *job
-                    && h.attempt == *attempt
-                    && h.start_us <= us
-                    && h.end_us.is_none_or(|end| us < end)
-            });
+            let span = self
+                .spans
+                .iter()
+                .filter(|h| h.slot == slot && h.job == *job && h.attempt == *attempt)
+                .find(|h| h.start_us <= us);
+            let running = span.is_some_and(|h| h.end_us.is_none_or(|end| us < end));
+            let kind = if error.contains("restarted during the attempt") {
+                "by the node's next run (restarted during the attempt)"
+            } else if error.starts_with("orphaned") {
+                "by its own worker's reconciliation (orphaned)"
+            } else if error.contains(" is down") {
+                "by the scheduler leader (node down)"
+            } else if error.contains("stopped without finishing") {
+                "by the scheduler leader (node stopped)"
+            } else {
+                "otherwise"
+            };
+            let entry = kinds.entry(kind).or_default();
+            entry[match span {
+                _ if running => 0,
+                Some(h) if !h.died => 1,
+                Some(_) => 2,
+                None => 3,
+            }] += 1;
             if !running {
                 continue;
             }
@@ -4454,6 +4542,13 @@ impl Harness {
             cut_off,
             live.len()
         );
+        for (kind, [running, finished, died, none]) in &kinds {
+            let _ = writeln!(
+                out,
+                "  rescued {kind}: {} (handler then running {running}, already returned {finished}, gone with its process {died}, never started {none})",
+                running + finished + died + none
+            );
+        }
         for (job, attempt, node, at, error) in live.iter().take(6) {
             let _ = writeln!(
                 out,
@@ -4482,6 +4577,15 @@ impl Harness {
         )
         .fetch_all(&self.admin)
         .await?;
+        // Who rescued an attempt: its node's next run, or the scheduler leader.
+        let by_restart: HashSet<(i64, i32)> = sqlx::query_as::<_, (i64, i32)>(
+            "SELECT j.id, (e->>'attempt')::int FROM forge.jobs j, jsonb_array_elements(j.errors) e
+              WHERE e->>'reason' = 'rescued' AND e->>'error' LIKE '%restarted during the attempt%'",
+        )
+        .fetch_all(&self.admin)
+        .await?
+        .into_iter()
+        .collect();
         // Running intervals by node: (job, attempt, from, then (at, state)).
         type Interval = (i64, i32, DateTime<Utc>, Option<(DateTime<Utc>, String)>);
         let mut by_node: HashMap<String, Vec<Interval>> = HashMap::new();
@@ -4492,12 +4596,17 @@ impl Harness {
             // A completion is the attempt's own (outcomes are guarded by node and attempt): the
             // job was not rescued. A rescue makes it available (or dead, or cancelled).
             let next = moves.get(k + 1).filter(|m| m.0 == *job).map(|m| {
-                let what = if m.1 == "completed" || m.1 == "deleted" {
-                    format!("{} by its own attempt (not rescued)", m.1)
-                } else {
-                    m.1.clone()
+                let what = match m.1.as_str() {
+                    "completed" | "deleted" => "completed by its own attempt (not rescued)",
+                    "available" | "dead" | "cancelled"
+                        if by_restart.contains(&(*job, *attempt)) =>
+                    {
+                        "rescued by its node's next run"
+                    }
+                    "available" | "dead" | "cancelled" => "rescued by the scheduler leader",
+                    _ => "left running otherwise",
                 };
-                (m.4, what)
+                (m.4, what.to_owned())
             });
             by_node
                 .entry(node.clone().unwrap_or_default())
