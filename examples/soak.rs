@@ -94,8 +94,9 @@
 //!   triggers to `forge.jobs` (`soak_job_moves`: each commit that changes a job's state,
 //!   attempt or node, at the time of the COMMIT); for each `node_down` event of `forge.events`,
 //!   every job that history shows `running` on that node at that moment, and the time until it
-//!   left `running` (rescued, or completed by its own attempt, which means it was not rescued);
-//!   p50, p99, max, and the slowest with the fault in force;
+//!   left `running`: rescued by the scheduler leader, rescued by the node's next run (its
+//!   restart), or completed by its own attempt (so never rescued: a frozen node that thawed);
+//!   p50, p99, max, per way out, and the slowest with the fault in force;
 //! * **jobs running with no handler anywhere** (target: 0): every 2 s the harness reads the
 //!   jobs `running` in the database, (job, attempt, node), and looks for a live handler of that
 //!   attempt in that node's current process (from its `SOAK-HANDLER` lines; a SIGSTOPped
@@ -107,7 +108,10 @@
 //!   more after the drain;
 //! * **jobs rescued from a live node** (target: 0, ARCHITECTURE's invariant 4): a rescue
 //!   (`errors` entry `rescued`) of an attempt whose handler was running at that instant on a
-//!   node neither SIGSTOPped nor black-holed then;
+//!   node neither SIGSTOPped nor black-holed then. Every rescue is also counted by who made it
+//!   (the scheduler leader, the node's next run, the worker's own reconciliation) and where
+//!   the attempt's handler was (running, already returned: its outcome was on its way, gone
+//!   with its process, never started);
 //! * **leaderless time per role**: from `forge.events`, a tenure ends at its release, its
 //!   `leader_lost` report or its lease expiry, whichever is first, and the next begins at
 //!   `leader_elected`; a crashed leader's tenure counts from its lease expiry, so its gap is a
