@@ -21,9 +21,9 @@
 //!   row), enqueues one `soak_tx_job` and one `soak_plain_job`, and completes the tick in the
 //!   same commit: exactly once;
 //! * `soak_default_tick`, a per-second cron with `catch_up = "all"` and the default overlap
-//!   (`"skip"`): an effect row, a read of `forge.jobs` and the tick's completion in its fenced
-//!   transaction (issue 22: with `catch_up = "all"` every tick must run, also one that came due
-//!   while a run was held up);
+//!   (since issue 22 `"wait"` under `catch_up = "all"`, `"skip"` before): an effect row, a read
+//!   of `forge.jobs` and the tick's completion in its fenced transaction (with
+//!   `catch_up = "all"` every tick must run, also one that came due while a run was held up);
 //! * `soak_tx_job`, which inserts its effect and completes the job in one transaction: exactly
 //!   once;
 //! * `soak_plain_job`, which inserts its effect with autocommit before returning: at least once
@@ -139,6 +139,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use forge::inspect::StepDown;
 use forge::jobs::{Jobs, NewJob};
 use forge::{
     Config, CronContext, CronError, JobContext, JobError, Leadership, LockNamespace, Node, Role,
@@ -1310,7 +1311,7 @@ async fn soak(options: Options) -> Result<bool, BoxError> {
     .await?;
     setup.close().await?;
     let mut setup = sqlx::PgConnection::connect(&as_node_role(&primary.url_for(&db_name))?).await?;
-    forge::migrate::apply(&mut setup, &forge::migrate::migrator()).await?;
+    forge::migrate::up(&mut setup).await?;
     sqlx::raw_sql(SETUP_SQL).execute(&mut setup).await?;
     sqlx::raw_sql(MOVES_SQL).execute(&mut setup).await?;
     setup.close().await?;
@@ -4140,20 +4141,24 @@ impl Harness {
     /// An operator's step-down request, through the path the admin API and the CLI use
     /// (`forge::inspect::Cluster::step_down`, the SQL function `forge.step_down`).
     ///
-    /// `force`: issue 22 refuses a step-down with no standby waiting unless forced. Today's
-    /// API has no such flag and every request is what a forced one will be; once it has one,
-    /// pass `force` here (the storm asks with force half the time when one node is eligible).
+    /// `force`: a step-down with no standby waiting is refused unless forced (the storm asks
+    /// with force half the time when one node is eligible).
     async fn step_down(&self, role: &Role, force: bool) -> String {
-        let _ = force;
         let cluster = forge::inspect::Cluster::new(
             self.admin.clone(),
             LockNamespace::default(),
             Duration::from_millis(1500),
         );
-        match tokio::time::timeout(ADMIN_TIMEOUT, cluster.step_down(role, "forge-soak")).await {
-            Ok(Ok(Some(epoch))) => format!("asked epoch {}", epoch.0),
-            Ok(Ok(None)) => "no live leader".to_owned(),
-            Ok(Err(err)) => format!("refused: {err}"),
+        let asked = cluster.step_down(role, "forge-soak", force);
+        match tokio::time::timeout(ADMIN_TIMEOUT, asked).await {
+            Ok(Ok(StepDown::Asked {
+                epoch, standbys, ..
+            })) => format!("asked epoch {} ({standbys} standbys waiting)", epoch.0),
+            Ok(Ok(StepDown::NoStandby { epoch, .. })) => {
+                format!("refused: no standby waits (epoch {})", epoch.0)
+            }
+            Ok(Ok(StepDown::NoLeader)) => "no live leader".to_owned(),
+            Ok(Err(err)) => format!("error: {err}"),
             Err(_) => "no answer within 5 s".to_owned(),
         }
     }
