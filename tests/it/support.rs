@@ -219,6 +219,42 @@ impl Probe {
     }
 }
 
+/// The built-in roles, by name.
+pub(crate) const BUILTIN_ROLES: [&str; 3] = ["scheduler", "metrics_aggregator", "log_compactor"];
+
+/// Three probe processes campaigning for every built-in role, returned once each role is led
+/// and two standbys of the scheduler wait inside its lock: a SIGKILLed leader's successor is
+/// then granted the lock the instant the leader's session ends.
+pub(crate) async fn probes_with_standbys(
+    db: &TestDatabase,
+    dir: &std::path::Path,
+    ids: [&str; 3],
+) -> Vec<Probe> {
+    let mut probes = Vec::new();
+    for id in ids {
+        probes.push(Probe::start(db, dir, id, &BUILTIN_ROLES).await);
+    }
+    let pool = db.pool().await.unwrap();
+    wait_until(
+        "every role led, two standbys of the scheduler waiting",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            let waiting: Option<i64> = sqlx::query_scalar(
+                "SELECT forge.lock_waiters(lock_key) FROM forge.leaders WHERE role = 'scheduler'",
+            )
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            (current_leaders(&pool).await.len() == BUILTIN_ROLES.len() && waiting == Some(2))
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    probes
+}
+
 /// A scratch directory for config files, removed on drop.
 pub(crate) struct ScratchDir(pub std::path::PathBuf);
 
