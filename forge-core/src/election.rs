@@ -877,11 +877,11 @@ impl Campaign {
         tenure: i64,
     ) -> Result<bool, sqlx::Error> {
         let renewed = sqlx::query(
-            "UPDATE forge.leaders l
+            "UPDATE forge.leaders
                 SET renewed_at = clock_timestamp(),
                     lease_until = clock_timestamp() + make_interval(secs => $5 / 1000.0)
               WHERE namespace = $1 AND role = $2 AND epoch = $3 AND tenure = $4
-                AND backend_pid = pg_backend_pid() AND forge.tenure_current(l)",
+                AND backend_pid = pg_backend_pid()",
         )
         .bind(&self.namespace)
         .bind(self.role())

@@ -5,8 +5,12 @@
 -- session ends, a frozen one's when its lease runs out.
 --
 -- Everything that asks whether a tenure is current asks this: the fence (forge.fence_holds),
--- the cron gate (forge.tick_gate), the leader's renewal, and the read models (a role's leader
--- and `led`, a node's `leads`), so that what operators see is what the fence enforces.
+-- the cron gate (forge.tick_gate), and the read models (a role's leader and `led`, a node's
+-- `leads`), so that what operators see is what the fence enforces. The leader's renewal asks
+-- something else on purpose, whether the row is still its own (epoch, tenure, its own session):
+-- the holder of the lock may renew a lease that ran out by the database's clock (a renewal
+-- that landed late), since no one could take the role while it holds the lock; the fence
+-- refuses its writes meanwhile.
 CREATE OR REPLACE FUNCTION forge.tenure_current(l forge.leaders)
 RETURNS boolean
 LANGUAGE sql
