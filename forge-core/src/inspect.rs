@@ -242,7 +242,9 @@ pub enum GapFrom {
     Release,
     /// A failover whose new leader was waiting inside the role's lock: the lock was granted to
     /// it the instant the previous leader's lock session ended (a crash, a terminated session),
-    /// while that leader's lease was still valid. The gap is the takeover, to the millisecond.
+    /// while that leader's lease was still valid. The gap is the takeover as PostgreSQL saw it
+    /// (a killed process's session ends a few milliseconds after the process: the demo's
+    /// SIGKILL-to-election 15 ms is such a gap of 0.3 ms).
     LockGranted,
     /// A failover otherwise (the lock was free when the new leader asked, or the previous
     /// lease had run out: a frozen or cut-off leader): the previous leader's last renewal, the

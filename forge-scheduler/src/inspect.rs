@@ -35,7 +35,8 @@ pub struct CronView {
     pub trigger_requested_at: Option<DateTime<Utc>>,
     /// Its next tick (`None`: the expression does not parse here, or never fires again).
     pub next_run: Option<DateTime<Utc>>,
-    /// Its newest tick in the ledger.
+    /// Its newest tick in the ledger whose instant has come (a tick claimed ahead of its
+    /// instant has not run yet).
     pub last: Option<TickView>,
     /// Ticks of the last 24 hours recorded as skipped (paused, or overlap).
     pub skipped_24h: i64,
@@ -606,15 +607,18 @@ const CRONS_SQL: &str = "SELECT c.name, c.role, c.expression, c.timezone, c.paus
    LEFT JOIN LATERAL (
         SELECT scheduled_at, state, attempt, node_id, epoch, claimed_at, started_at,
                finished_at, error, manual, duration_ms,
-               greatest(extract(epoch FROM started_at - scheduled_at)::float8 * 1000, 0) AS lag_ms
+               CASE WHEN started_at IS NOT NULL
+                    THEN greatest(extract(epoch FROM started_at - scheduled_at)::float8 * 1000, 0) END AS lag_ms
           FROM forge.cron_ticks x
          WHERE x.namespace = c.namespace AND x.cron = c.name
+           AND x.scheduled_at <= clock_timestamp()
          ORDER BY x.scheduled_at DESC LIMIT 1) t ON true
   WHERE c.namespace = $1";
 
 const TICKS_SQL: &str = "SELECT scheduled_at, state, attempt, node_id, epoch, claimed_at,
         started_at, finished_at, error, manual, duration_ms,
-        greatest(extract(epoch FROM started_at - scheduled_at)::float8 * 1000, 0) AS lag_ms
+        CASE WHEN started_at IS NOT NULL
+             THEN greatest(extract(epoch FROM started_at - scheduled_at)::float8 * 1000, 0) END AS lag_ms
    FROM forge.cron_ticks";
 
 fn tick_from_row(row: &PgRow) -> Result<TickView> {
