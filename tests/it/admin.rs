@@ -1435,30 +1435,7 @@ async fn after_a_sigkill_the_dead_node_leads_nothing_and_the_gap_is_the_takeover
     let dir = ScratchDir::new("admin-sigkill");
     let mut probes = probes_with_standbys(&db, &dir.0, ["k1", "k2", "k3"]).await;
     let (api, _guard) = standalone(pool.clone(), |_| {}).await;
-    let (victim, epoch) = current_leaders(&pool).await["scheduler"].clone();
-    // Its last heartbeat says it leads the scheduler (what a view trusting heartbeats shows).
-    wait_until(
-        "a heartbeat after the election",
-        SOON,
-        Duration::from_millis(20),
-        || async {
-            let reported: Vec<String> =
-                sqlx::query_scalar("SELECT leads FROM forge.nodes WHERE node_id = $1")
-                    .bind(&victim)
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-            reported.iter().any(|r| r == "scheduler").then_some(())
-        },
-    )
-    .await
-    .unwrap();
-    let index = probes.iter().position(|p| p.id == victim).unwrap();
-    let before_kill: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    probes[index].process.kill().unwrap();
+    let (victim, epoch, before_kill) = kill_scheduler_leader(&pool, &mut probes).await;
     let successor = wait_for(
         "a new scheduler leader",
         SOON,

@@ -1445,26 +1445,7 @@ async fn after_a_sigkill_forge_nodes_shows_the_dead_node_leading_nothing() {
     let url = db.url();
     let dir = ScratchDir::new("cli-sigkill");
     let mut probes = probes_with_standbys(&db, &dir.0, ["n1", "n2", "n3"]).await;
-    let (victim, epoch) = current_leaders(&pool).await["scheduler"].clone();
-    // Its last heartbeat says it leads the scheduler (what a view trusting heartbeats shows).
-    wait_until(
-        "a heartbeat after the election",
-        SOON,
-        Duration::from_millis(20),
-        || async {
-            let reported: Vec<String> =
-                sqlx::query_scalar("SELECT leads FROM forge.nodes WHERE node_id = $1")
-                    .bind(&victim)
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-            reported.iter().any(|r| r == "scheduler").then_some(())
-        },
-    )
-    .await
-    .unwrap();
-    let index = probes.iter().position(|p| p.id == victim).unwrap();
-    probes[index].process.kill().unwrap();
+    let (victim, epoch, _) = kill_scheduler_leader(&pool, &mut probes).await;
     wait_until(
         "a new scheduler leader",
         SOON,

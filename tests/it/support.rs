@@ -255,6 +255,39 @@ pub(crate) async fn probes_with_standbys(
     probes
 }
 
+/// The scheduler's leader among `probes`, SIGKILLed once its last heartbeat has reported it
+/// leading (what a view trusting heartbeats would go on showing): its id, its epoch and the
+/// database's clock just before the kill.
+pub(crate) async fn kill_scheduler_leader(
+    pool: &PgPool,
+    probes: &mut [Probe],
+) -> (String, i64, chrono::DateTime<chrono::Utc>) {
+    let (victim, epoch) = current_leaders(pool).await["scheduler"].clone();
+    wait_until(
+        "a heartbeat after the election",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let reported: Vec<String> =
+                sqlx::query_scalar("SELECT leads FROM forge.nodes WHERE node_id = $1")
+                    .bind(&victim)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap();
+            reported.iter().any(|r| r == "scheduler").then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let index = probes.iter().position(|p| p.id == victim).unwrap();
+    let before: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    probes[index].process.kill().unwrap();
+    (victim, epoch, before)
+}
+
 /// A scratch directory for config files, removed on drop.
 pub(crate) struct ScratchDir(pub std::path::PathBuf);
 
