@@ -107,12 +107,11 @@ use chrono::{DateTime, Utc};
 use forge_core::inspect::Cluster;
 use forge_core::{AdminConfig, NodeId, Role, RoleState};
 use forge_scheduler::inspect::Workload;
+use forge_scheduler::jobs::JobAction;
 use futures_util::FutureExt as _;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-
-use forge_scheduler::jobs::JobAction;
 
 pub use axum;
 pub use error::{ApiError, ApiResult};
