@@ -92,6 +92,7 @@ pub const SCHEMA: Schema = Schema {
         "stats_rollup",
         "stats_sample",
         "step_down",
+        "tenure_current",
     ],
 };
 

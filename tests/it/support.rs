@@ -248,6 +248,75 @@ pub(crate) fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// The built-in roles, by name.
+pub(crate) const BUILTIN_ROLES: [&str; 3] = ["scheduler", "metrics_aggregator", "log_compactor"];
+
+/// Three probe processes campaigning for every built-in role, returned once each role is led
+/// and two standbys of the scheduler wait inside its lock: a SIGKILLed leader's successor is
+/// then granted the lock the instant the leader's session ends.
+pub(crate) async fn probes_with_standbys(
+    db: &TestDatabase,
+    dir: &std::path::Path,
+    ids: [&str; 3],
+) -> Vec<Probe> {
+    let mut probes = Vec::new();
+    for id in ids {
+        probes.push(Probe::start(db, dir, id, &BUILTIN_ROLES).await);
+    }
+    let pool = db.pool().await.unwrap();
+    wait_until(
+        "every role led, two standbys of the scheduler waiting",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            let waiting: Option<i64> = sqlx::query_scalar(
+                "SELECT forge.lock_waiters(lock_key) FROM forge.leaders WHERE role = 'scheduler'",
+            )
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            (current_leaders(&pool).await.len() == BUILTIN_ROLES.len() && waiting == Some(2))
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    probes
+}
+
+/// The scheduler's leader among `probes`, SIGKILLed once its last heartbeat has reported it
+/// leading (what a view trusting heartbeats would go on showing): its id, its epoch and the
+/// database's clock just before the kill.
+pub(crate) async fn kill_scheduler_leader(
+    pool: &PgPool,
+    probes: &mut [Probe],
+) -> (String, i64, chrono::DateTime<chrono::Utc>) {
+    let (victim, epoch) = current_leaders(pool).await["scheduler"].clone();
+    wait_until(
+        "a heartbeat after the election",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let reported: Vec<String> =
+                sqlx::query_scalar("SELECT leads FROM forge.nodes WHERE node_id = $1")
+                    .bind(&victim)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap();
+            reported.iter().any(|r| r == "scheduler").then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let index = probes.iter().position(|p| p.id == victim).unwrap();
+    let before: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    probes[index].process.kill().unwrap();
+    (victim, epoch, before)
+}
+
 /// A scratch directory for config files, removed on drop.
 pub(crate) struct ScratchDir(pub std::path::PathBuf);
 
