@@ -7,11 +7,12 @@ import {
 } from './ui.js';
 
 export const EVENT_KINDS = [
-  'leader_elected', 'leader_released', 'leader_fenced', 'leader_lost', 'node_joined', 'node_left',
+  'leader_elected', 'leader_released', 'leader_rebalanced', 'leader_fenced', 'leader_lost',
+  'node_joined', 'node_left',
   'node_drifted', 'node_recovered', 'node_down', 'node_rejoined', 'node_forgotten', 'admin_action',
 ];
 
-const LEADERSHIP_KINDS = 'leader_elected,leader_released,leader_fenced,leader_lost';
+const LEADERSHIP_KINDS = 'leader_elected,leader_released,leader_rebalanced,leader_fenced,leader_lost';
 
 /** A stable colour class for a node id, so a node keeps its colour across lanes. */
 function nodeColour(node) {
@@ -20,12 +21,17 @@ function nodeColour(node) {
   return `c${hash % 8}`;
 }
 
-/** How a tenure began: first, failover (with its gap) or handoff (with its gap). */
+/**
+ * How a tenure began: first, failover (with its gap), move (a placement handoff to a named
+ * node, with its gap) or handoff (with its gap).
+ */
 export function tenureStart(t) {
   if (t.failover) return 'failover';
   if (t.gap_ms === null || t.gap_ms === undefined) return 'first';
-  return 'handoff';
+  return t.moved ? 'move' : 'handoff';
 }
+
+const MARKS = { failover: '⚡', move: '⇆', handoff: '⇄' };
 
 /**
  * A gap's colour, by its size: under a second is what a takeover or a handoff takes (good),
@@ -257,8 +263,8 @@ function lanes(tenures, minutes) {
           else handoffs += 1;
           const marker = h('span', {
             class: `marker ${kind} ${gapLevel(t.gap_ms)}`,
-            title: `${kind} to ${t.node_id} (epoch ${t.epoch}): ${fmtDuration(t.gap_ms)} without a leader, ${GAP_FROM[t.gap_from] || ''}`,
-          }, `${kind === 'failover' ? '⚡' : '⇄'} ${fmtDuration(t.gap_ms)}`);
+            title: `${kind}${t.moved ? ` (${t.moved})` : ''} to ${t.node_id} (epoch ${t.epoch}): ${fmtDuration(t.gap_ms)} without a leader, ${GAP_FROM[t.gap_from] || ''}`,
+          }, `${MARKS[kind]} ${fmtDuration(t.gap_ms)}`);
           const at = pct(begin);
           marker.style.left = `${at}%`;
           // Near an edge the label hangs inwards instead of being cut off.
@@ -277,6 +283,7 @@ function lanes(tenures, minutes) {
     h('div', { class: 'lane' }, h('div', { class: 'lane-name' }), axis),
     h('p', { class: 'legend' }, '⚡ failover: the leader died or froze; the gap counts from the lock grant when a standby '
       + 'took over at once, else from its last renewal (at most). ⇄ handoff: a graceful release; the gap counts from it. '
+      + '⇆ move: a handoff to the node placement named (spreading the roles, or a node that prefers the role). '
       + 'The gap is ', badge('under 1 s', 'good'), ' ', badge('1-5 s', 'warn'), ' ', badge('5 s or more', 'bad'),
       '. Hatched: a tenure that was lost.'));
 }

@@ -230,6 +230,10 @@ pub struct TenureView {
     pub gap_ms: Option<f64>,
     /// Where [`TenureView::gap_ms`] is measured from.
     pub gap_from: Option<GapFrom>,
+    /// Set when it began with a placement move (a handoff to this node named by its
+    /// predecessor): why - `spread` (the roles spread across the nodes) or `preferred` (this
+    /// node prefers the role).
+    pub moved: Option<String>,
     /// When it ended (release, or the next election after a loss).
     pub ended_at: Option<DateTime<Utc>>,
     /// How it ended.
@@ -729,6 +733,11 @@ impl Cluster {
             "SELECT e.id, e.role, e.epoch, e.node_id, e.at,
                     coalesce((e.detail->>'failover')::boolean, false) AS failover,
                     (e.detail->>'gap_ms')::float8 AS gap_ms, e.detail->>'gap_from' AS gap_from,
+                    CASE WHEN (e.detail->>'moved')::boolean THEN (
+                        SELECT coalesce(m.detail->>'why', 'spread') FROM forge.events m
+                         WHERE m.namespace = e.namespace AND m.role = e.role
+                           AND m.kind = 'leader_rebalanced' AND m.id < e.id
+                         ORDER BY m.id DESC LIMIT 1) END AS moved,
                     r.at AS released_at, n.at AS next_at
                FROM forge.events e
                LEFT JOIN LATERAL (
@@ -992,6 +1001,7 @@ fn tenure_from_row(row: &PgRow) -> Result<TenureView> {
             None => GapFrom::Release,
         }),
         gap_ms,
+        moved: row.try_get("moved")?,
         ended_at,
         end,
     })

@@ -102,6 +102,20 @@ async fn three_nodes_spread_three_roles_one_each_and_stay_put() {
     .unwrap();
     let expected: Vec<(String, String)> = made.iter().map(|m| (m.0.clone(), m.2.clone())).collect();
     assert_eq!(moved, expected, "each move was taken by the node it named");
+    // The history (API, CLI, dashboard lanes) tells a move from a handoff.
+    let history = a
+        .cluster()
+        .history(None, forge::inspect::PageRequest::first(50))
+        .await
+        .unwrap();
+    let shown: Vec<(String, String)> = history
+        .items
+        .iter()
+        .rev()
+        .filter(|t| t.moved.as_deref() == Some("spread"))
+        .map(|t| (t.role.clone(), t.node_id.clone()))
+        .collect();
+    assert_eq!(shown, expected, "{:?}", history.items);
     a.shutdown().await;
     b.shutdown().await;
     c.shutdown().await;
