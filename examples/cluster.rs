@@ -1,5 +1,6 @@
-//! The FORGE demo: three node processes share one PostgreSQL, run a per-second cron and work
-//! a job queue; jobs are drained across the nodes (one fails, retries and is dead-lettered);
+//! The FORGE demo: three node processes share one PostgreSQL, spread the three roles across
+//! themselves (one each), run a per-second cron and work a job queue; jobs are drained across
+//! the nodes (one fails, retries and is dead-lettered);
 //! the Scheduler leader is SIGKILLed, then the next one is stopped gracefully; the takeover
 //! gaps are measured and the cron's tick ledger is printed around both: no duplicate, no gap.
 //!
@@ -61,6 +62,9 @@ async fn run_node() -> Result<(), BoxError> {
     let mut config = Config::from_env()?;
     // The dashboard's charts get a point every 5 s instead of every minute.
     config.metrics.rollup_interval = Duration::from_secs(5);
+    // Placement moves at most one role per heartbeat interval: every second here, so the
+    // three roles spread across the three nodes within seconds (at the default, 5 s a move).
+    config.cluster.membership.heartbeat_interval = Duration::from_secs(1);
     if std::env::var_os("FORGE_DEMO_WEB").is_some() {
         // The web node: serves the admin API and the dashboard, works no queue.
         config.jobs.queues.clear();
@@ -185,7 +189,18 @@ async fn run_demo(keep: bool) -> Result<(), BoxError> {
     println!("admin token for the dashboard's actions: {token}\n");
 
     let pool = db.pool().await?;
-    let leaders = wait_for_leaders(&pool, |_| true).await?;
+    // The node that starts first wins every role; placement then hands roles over, one at a
+    // time, to nodes that lead fewer, until each leads one.
+    let spreading = Instant::now();
+    let leaders = wait_spread(&pool).await?;
+    let moves: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM forge.events WHERE kind = 'leader_rebalanced'")
+            .fetch_one(&pool)
+            .await?;
+    println!(
+        "roles spread across the nodes {:.1} s after the start ({moves} placement moves, each a graceful handoff)",
+        spreading.elapsed().as_secs_f64()
+    );
     println!("who leads what:");
     for (role, (node, epoch)) in &leaders {
         println!("  {role:<20} {node}  (epoch {epoch})");
@@ -480,6 +495,22 @@ async fn wait_ticks(pool: &sqlx::PgPool, count: i64) -> Result<(), BoxError> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
+}
+
+/// Polls `forge.leaders` until the three roles are led by three different nodes.
+async fn wait_spread(pool: &sqlx::PgPool) -> Result<BTreeMap<String, (String, i64)>, BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let leaders = wait_for_leaders(pool, |_| true).await?;
+        let nodes: std::collections::BTreeSet<&String> = leaders.values().map(|(n, _)| n).collect();
+        if nodes.len() == 3 {
+            return Ok(leaders);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the roles did not spread within 30 s: {leaders:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Polls `forge.leaders` until all three roles have a leader satisfying `pred`.
