@@ -11,6 +11,10 @@
 -- flight or within p_pace_ms of the last move; a tenure that began with a move stays put for
 -- p_cooldown_ms. So a cluster settles with every node at or under its share and stays there: a
 -- node joining or leaving changes the share by at most one, never back and forth.
+--
+-- Asked every heartbeat interval by every leading node, so the settled case is cheap: the
+-- standbys (pg_locks, pg_stat_activity) are looked at only when a move is possible. It rides on
+-- the heartbeat's statement: an error here is a warning and no move, never a failed heartbeat.
 CREATE OR REPLACE FUNCTION forge.placement_move(
     p_namespace   text,
     p_node        text,
@@ -18,24 +22,57 @@ CREATE OR REPLACE FUNCTION forge.placement_move(
     p_pace_ms     bigint,
     p_cooldown_ms bigint
 ) RETURNS text[]
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    WITH live AS (
-        SELECT n.node_id, n.roles, n.prefers FROM forge.nodes n
+DECLARE
+    v_now     timestamptz := clock_timestamp();
+    v_leads   bigint;
+    v_share   numeric;
+    v_prefers text[];
+    v_move    text[];
+BEGIN
+    -- One move at a time in the cluster, paced.
+    IF EXISTS (SELECT 1 FROM forge.leaders l
+                WHERE l.namespace = p_namespace
+                  AND (l.handoff_until > v_now
+                       OR l.moved_at > v_now - p_pace_ms * interval '1 millisecond')) THEN
+        RETURN NULL;
+    END IF;
+    SELECT count(*) INTO v_leads FROM forge.leaders l
+     WHERE l.namespace = p_namespace AND l.node_id = p_node AND l.released_at IS NULL
+       AND l.lease_until > v_now;
+    SELECT ceil(count(DISTINCT r)::numeric / greatest(count(DISTINCT n.node_id), 1))
+      INTO v_share
+      FROM forge.nodes n LEFT JOIN LATERAL unnest(n.roles) AS r ON true
+     WHERE n.namespace = p_namespace AND n.stopped_at IS NULL AND n.down_at IS NULL
+       AND n.drifted_at IS NULL AND cardinality(n.roles) > 0;
+    SELECT coalesce(n.prefers, '{}') INTO v_prefers FROM forge.nodes n
+     WHERE n.namespace = p_namespace AND n.node_id = p_node;
+    v_prefers := coalesce(v_prefers, '{}');
+    -- Nothing to spread, and no live node prefers a role this node leads without preferring
+    -- it: settled.
+    IF NOT (p_spread AND v_leads > v_share) AND NOT EXISTS (
+           SELECT 1 FROM forge.leaders l
+             JOIN forge.nodes n ON n.namespace = l.namespace AND l.role = ANY (n.prefers)
+            WHERE l.namespace = p_namespace AND l.node_id = p_node AND l.released_at IS NULL
+              AND n.node_id <> p_node AND n.stopped_at IS NULL AND n.down_at IS NULL
+              AND NOT (l.role = ANY (v_prefers))) THEN
+        RETURN NULL;
+    END IF;
+    WITH led AS (
+        SELECT l.node_id, count(*) AS n FROM forge.leaders l
+         WHERE l.namespace = p_namespace AND l.released_at IS NULL AND l.lease_until > v_now
+         GROUP BY l.node_id
+    ), live AS (
+        SELECT n.node_id, n.prefers FROM forge.nodes n
          WHERE n.namespace = p_namespace AND n.stopped_at IS NULL AND n.down_at IS NULL
            AND n.drifted_at IS NULL AND cardinality(n.roles) > 0
-    ), led AS (
-        SELECT l.node_id, count(*) AS n FROM forge.leaders l
-         WHERE l.namespace = p_namespace AND l.released_at IS NULL
-           AND l.lease_until > clock_timestamp()
-         GROUP BY l.node_id
-    ), share AS (
-        SELECT ceil((SELECT count(DISTINCT r) FROM live, unnest(live.roles) AS r)::numeric
-                    / greatest((SELECT count(*) FROM live), 1)) AS n
     ), mine AS (
         SELECT l.role, l.lock_key, l.moved_at FROM forge.leaders l
          WHERE l.namespace = p_namespace AND l.node_id = p_node AND l.released_at IS NULL
-           AND l.lease_until > clock_timestamp()
+           AND l.lease_until > v_now AND NOT (l.role = ANY (v_prefers))
+           AND (l.moved_at IS NULL
+                OR l.moved_at < v_now - p_cooldown_ms * interval '1 millisecond')
     ), waiting AS (
         -- The standbys of this node's roles: sessions waiting for the role's key, named
         -- forge:<role>:<node>.
@@ -48,32 +85,22 @@ AS $$
            AND lk.objid = (m.lock_key & 4294967295)::oid
           JOIN pg_stat_activity a ON a.pid = lk.pid
          WHERE starts_with(a.application_name, 'forge:' || m.role || ':')
-    ), me AS (
-        SELECT coalesce((SELECT led.n FROM led WHERE led.node_id = p_node), 0) AS leads,
-               coalesce((SELECT live.prefers FROM live WHERE live.node_id = p_node), '{}') AS prefers
-    ), moves AS (
-        SELECT m.role, w.node_id AS to_node,
-               CASE WHEN m.role = ANY (t.prefers) THEN 'preferred' ELSE 'spread' END AS why,
-               coalesce(tl.n, 0) AS target_leads
-          FROM mine m
-          JOIN waiting w ON w.role = m.role
-          JOIN live t ON t.node_id = w.node_id
-          LEFT JOIN led tl ON tl.node_id = w.node_id
-         CROSS JOIN me
-         CROSS JOIN share
-         WHERE w.node_id <> p_node
-           AND NOT (m.role = ANY (me.prefers))
-           AND (m.moved_at IS NULL
-                OR m.moved_at < clock_timestamp() - p_cooldown_ms * interval '1 millisecond')
-           AND (m.role = ANY (t.prefers)
-                OR (p_spread AND me.leads > share.n AND coalesce(tl.n, 0) < share.n))
     )
-    SELECT ARRAY[mv.role, mv.to_node, mv.why] FROM moves mv
-     WHERE NOT EXISTS (
-           SELECT 1 FROM forge.leaders l
-            WHERE l.namespace = p_namespace
-              AND (l.handoff_until > clock_timestamp()
-                   OR l.moved_at > clock_timestamp() - p_pace_ms * interval '1 millisecond'))
-     ORDER BY mv.why = 'spread', mv.target_leads, mv.role, mv.to_node
-     LIMIT 1
+    SELECT ARRAY[w.role, w.node_id,
+                 CASE WHEN w.role = ANY (t.prefers) THEN 'preferred' ELSE 'spread' END]
+      INTO v_move
+      FROM waiting w
+      JOIN live t ON t.node_id = w.node_id
+      LEFT JOIN led tl ON tl.node_id = w.node_id
+     WHERE w.node_id <> p_node
+       AND (w.role = ANY (t.prefers)
+            OR (p_spread AND v_leads > v_share AND coalesce(tl.n, 0) < v_share))
+     ORDER BY w.role = ANY (t.prefers) DESC, coalesce(tl.n, 0), w.role, w.node_id
+     LIMIT 1;
+    RETURN v_move;
+EXCEPTION WHEN OTHERS THEN
+    -- It rides on the heartbeat's statement: a failure here must never fail the heartbeat.
+    RAISE WARNING 'forge.placement_move: % (%)', SQLERRM, SQLSTATE;
+    RETURN NULL;
+END;
 $$;
