@@ -589,6 +589,12 @@ pub struct MetricsConfig {
     /// How long the cluster series are kept; the `log_compactor` leader prunes older points.
     #[serde(with = "duration")]
     pub rollup_retention: Duration,
+    /// Whether the cron metrics have a series per cron (label `cron`): each cron's runs by
+    /// outcome and missed ticks on every node that campaigns for its role (6 series), its lag
+    /// and duration histograms on the role's leader while it leads (40 more). `false`: the
+    /// same metrics per role only (no `cron` label), whatever the number of crons - for
+    /// clusters with thousands of crons.
+    pub per_cron: bool,
 }
 
 impl Default for MetricsConfig {
@@ -597,6 +603,7 @@ impl Default for MetricsConfig {
             listen: None,
             rollup_interval: Duration::from_secs(60),
             rollup_retention: Duration::from_secs(7 * 24 * 3600),
+            per_cron: true,
         }
     }
 }

@@ -660,8 +660,10 @@ impl Campaign {
         };
         let session: SharedSession = Arc::new(tokio::sync::Mutex::new(Some(conn)));
         let leadership = self.begin_tenure(&row, sent_at, metrics, session.clone());
+        // What only this tenure exported (a leader's figures) goes with it.
+        let tenure_metrics = leadership.metrics().clone();
         let mut tasks = self.start_tasks(&leadership);
-        match self.hold(&session, &leadership, metrics).await {
+        let end = match self.hold(&session, &leadership, metrics).await {
             Hold::Shutdown => {
                 self.hand_over(&session, leadership, tasks, metrics, "shutdown")
                     .await
@@ -689,7 +691,9 @@ impl Campaign {
                 }
                 SessionEnd::Broken
             }
-        }
+        };
+        tenure_metrics.close_scope();
+        end
     }
 
     /// Records `leader_lost` in the events history, in the background and best effort (the
@@ -769,7 +773,7 @@ impl Campaign {
                 acquired_at: since,
                 lease,
                 pool: self.pool.clone(),
-                metrics: self.metrics.clone(),
+                metrics: self.metrics.scoped(),
             },
             session,
             deadline,

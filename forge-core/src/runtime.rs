@@ -17,7 +17,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPool;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
-use tokio::time::{sleep, timeout};
+use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -357,7 +357,7 @@ impl Assembly {
         let leave = CancellationToken::new();
         let membership_task = tokio::spawn(membership.run(session, leave.clone()));
 
-        let mut tasks = vec![tokio::spawn(upkeep(metrics.clone(), shutdown.clone()))];
+        let mut tasks = Vec::new();
         let mut roles = BTreeMap::new();
         for handle in handles {
             let role = handle.role.clone();
@@ -714,21 +714,6 @@ impl Runtime {
         // A connection lost in a silent network is never given back: do not wait for it.
         let _ = timeout(Duration::from_secs(5), self.inner.context.pool.close()).await;
         info!(target: "forge::node", node = %self.id(), "node stopped");
-    }
-}
-
-async fn upkeep(metrics: Metrics, shutdown: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = sleep(Metrics::UPKEEP_EVERY) => {
-                // It drains every histogram of the registry, whether it recorded or not: tens
-                // of milliseconds with thousands of crons. On a blocking thread, so that the
-                // async workers keep firing ticks and answering round trips meanwhile.
-                let metrics = metrics.clone();
-                let _ = tokio::task::spawn_blocking(move || metrics.run_upkeep()).await;
-            }
-            _ = shutdown.cancelled() => return,
-        }
     }
 }
 

@@ -128,7 +128,6 @@ async fn counters_are_exported_at_zero_from_the_start() {
         "forge_db_reconnects_total{session=\"node\"} 0".to_owned(),
         "forge_db_reconnects_total{session=\"lock:scheduler\"} 0".to_owned(),
         "forge_cron_missed_ticks_total{cron=\"yearly\",role=\"scheduler\"} 0".to_owned(),
-        "forge_cron_lag_seconds_count{cron=\"yearly\",role=\"scheduler\"} 0".to_owned(),
         "forge_compactor_pruned_total{table=\"cron_ticks\"} ".to_owned(),
         "forge_compactor_pruned_total{table=\"jobs_dead\"} ".to_owned(),
     ];
@@ -234,5 +233,297 @@ async fn counters_are_exported_at_zero_from_the_start() {
     .await
     .unwrap();
     b.shutdown().await;
+    a.shutdown().await;
+}
+
+/// The body of `GET /metrics` from a node's endpoint.
+async fn scrape_body(addr: std::net::SocketAddr) -> String {
+    let response = scrape(addr).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default()
+}
+
+const LEADER_ONLY: &[&str] = &[
+    "forge_cron_lag_seconds",
+    "forge_cron_run_duration_seconds",
+    "forge_cron_unknown_crons",
+    "forge_cluster_nodes{",
+    "forge_job_queue_depth{",
+    "forge_job_oldest_age_seconds{",
+    "forge_job_dead_jobs{",
+];
+
+/// Series only a leader measures - a cron's lag and duration histograms (46 series a cron on
+/// every node made 460,000 per node at 10,000 crons), the cluster gauges of the
+/// `metrics_aggregator` leader - are exported by that leader only, over HTTP, and go with the
+/// leadership: a node that lost it neither keeps them frozen nor exports them as 0 (a naive
+/// `sum(forge_job_queue_depth)` then counts one node's figures, not zeros beside them). A
+/// cron's counters stay on every node that campaigns for its role, at 0 from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_only_series_are_exported_by_the_leader_only() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let noop = |_ctx: CronContext| async { Ok::<_, forge::CronError>(()) };
+    let yearly = CronJob::new("yearly", Schedule::parse("0 0 1 1 *").unwrap(), noop);
+    let start = |id: &'static str, addr| {
+        let mut config = crate::jobs::job_config(db.url(), id);
+        config.node.roles = vec!["scheduler".into(), "metrics_aggregator".into()];
+        config.metrics.listen = Some(addr);
+        Node::builder(config)
+            .auto_register(false)
+            .cron(yearly.clone())
+            .job(crate::jobs::plain)
+            .start()
+    };
+    let (addr_a, addr_b) = (free_port(), free_port());
+    let a = start("a", addr_a).await.unwrap();
+    wait_single_leader(&[&a], &Role::SCHEDULER).await;
+    wait_single_leader(&[&a], &Role::METRICS_AGGREGATOR).await;
+    let b = start("b", addr_b).await.unwrap();
+    // A job waiting an hour: a queue figure to report.
+    crate::support::client(&pool)
+        .enqueue_job(
+            forge::jobs::NewJob::new(crate::jobs::plain, crate::jobs::Behave::tag("later"))
+                .delay(std::time::Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap();
+    let leads = |addr| async move {
+        let text = scrape_body(addr).await;
+        [
+            "forge_cron_lag_seconds_count{cron=\"yearly\",role=\"scheduler\"} 0",
+            "forge_cron_run_duration_seconds_count{cron=\"yearly\",role=\"scheduler\"} 0",
+            "forge_cluster_nodes{state=\"active\"} 2",
+            "forge_job_queue_depth{queue=\"default\",kind=\"plain\",state=\"scheduled\"} 1",
+        ]
+        .iter()
+        .all(|line| text.contains(line))
+        .then_some(text)
+    };
+    let follows = |addr| async move {
+        let text = scrape_body(addr).await;
+        let counters = [
+            "forge_cron_runs_total{cron=\"yearly\",role=\"scheduler\",outcome=\"failed\"} 0",
+            "forge_cron_missed_ticks_total{cron=\"yearly\",role=\"scheduler\"} 0",
+            "forge_leader_is_leader{role=\"metrics_aggregator\"} 0",
+        ];
+        (counters.iter().all(|line| text.contains(line))
+            && !LEADER_ONLY.iter().any(|name| text.contains(name)))
+        .then_some(text)
+    };
+    forge_testkit::wait_until("a to export the leader's series", SOON, MS_20, || {
+        leads(addr_a)
+    })
+    .await
+    .unwrap();
+    forge_testkit::wait_until("b to export no leader's series", SOON, MS_20, || {
+        follows(addr_b)
+    })
+    .await
+    .unwrap();
+
+    // b takes both roles over; a, a follower again, no longer exports what it measured.
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE application_name IN ('forge:scheduler:a', 'forge:metrics_aggregator:a')
+            AND datname = current_database()",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(terminated, [true, true]);
+    wait_single_leader(&[&a, &b], &Role::SCHEDULER).await;
+    forge_testkit::wait_until("b to export the leader's series", SOON, MS_20, || {
+        leads(addr_b)
+    })
+    .await
+    .unwrap();
+    forge_testkit::wait_until("a to follow again", SOON, MS_20, || async {
+        matches!(
+            a.role_state(&Role::SCHEDULER),
+            Some(forge::RoleState::Follower { .. })
+        )
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    forge_testkit::wait_until("a to drop the leader's series", SOON, MS_20, || {
+        follows(addr_a)
+    })
+    .await
+    .unwrap();
+    b.shutdown().await;
+    a.shutdown().await;
+}
+
+const MS_20: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// `[metrics] per_cron = false`: the cron metrics are the role's (no `cron` label), so a node's
+/// series do not grow with its crons; the histograms are exported from the start then, on
+/// every node that campaigns for the role (46 series per role).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_cron_series_can_be_turned_off() {
+    let db = fresh_db().await;
+    let noop = |_ctx: CronContext| async { Ok::<_, forge::CronError>(()) };
+    let node = |per_cron: bool, id: &'static str, crons: usize| {
+        let mut config = config(db.url(), id);
+        config.node.roles = vec!["scheduler".into()];
+        config.metrics.per_cron = per_cron;
+        let mut builder = Node::builder(config).auto_register(false);
+        for i in 0..crons {
+            builder = builder.cron(CronJob::new(
+                format!("c{i}"),
+                Schedule::parse("0 0 1 1 *").unwrap(),
+                noop,
+            ));
+        }
+        builder.start()
+    };
+    let off = node(false, "off", 50).await.unwrap();
+    wait_single_leader(&[&off], &Role::SCHEDULER).await;
+    let samples = |text: &str, name: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .count()
+    };
+    let text = forge_testkit::wait_until("the leader's tenure", SOON, MS_20, || async {
+        let text = off.render_metrics();
+        text.contains("forge_cron_unknown_crons{role=\"scheduler\"} 0")
+            .then_some(text)
+    })
+    .await
+    .unwrap();
+    assert!(!text.contains("cron=\""), "{text}");
+    for line in [
+        "forge_cron_runs_total{role=\"scheduler\",outcome=\"succeeded\"} 0",
+        "forge_cron_missed_ticks_total{role=\"scheduler\"} 0",
+        "forge_cron_run_duration_seconds_count{role=\"scheduler\"} 0",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    let per_role = samples(&text, "forge_cron_");
+    // The histograms are the role's from the start on a node that does not lead it too.
+    let follower = node(false, "off-follower", 50).await.unwrap();
+    let text = follower.render_metrics();
+    assert!(
+        text.contains("forge_cron_lag_seconds_count{role=\"scheduler\"} 0"),
+        "{text}"
+    );
+    follower.shutdown().await;
+    off.shutdown().await;
+
+    // Per cron, the same 50 crons cost 46 series each on the leader.
+    let on = node(true, "on", 50).await.unwrap();
+    wait_single_leader(&[&on], &Role::SCHEDULER).await;
+    let text = forge_testkit::wait_until("the leader's histograms", SOON, MS_20, || async {
+        let text = on.render_metrics();
+        (samples(&text, "forge_cron_lag_seconds_count") == 50
+            && text.contains("forge_cron_unknown_crons{role=\"scheduler\"} 0"))
+        .then_some(text)
+    })
+    .await
+    .unwrap();
+    assert_eq!(per_role, 46 + 1, "{text}");
+    assert_eq!(samples(&text, "forge_cron_") - 1, 46 * 50, "{text}");
+    on.shutdown().await;
+}
+
+/// `forge_build_info` (the FORGE version and the git commit it was built from) and the
+/// process' own figures under the names every Prometheus client uses, over HTTP; the whole
+/// text passes `promtool check metrics` (the exposition format, and Prometheus' naming lint).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_info_and_process_metrics_are_served() {
+    let db = fresh_db().await;
+    let addr = free_port();
+    let mut config = crate::jobs::job_config(db.url(), "a");
+    config.metrics.listen = Some(addr);
+    let noop = |_ctx: CronContext| async { Ok::<_, forge::CronError>(()) };
+    let a = Node::builder(config)
+        .auto_register(false)
+        .cron(CronJob::new(
+            "yearly",
+            Schedule::parse("0 0 1 1 *").unwrap(),
+            noop,
+        ))
+        .job(crate::jobs::plain)
+        .start()
+        .await
+        .unwrap();
+    wait_single_leader(&[&a], &Role::SCHEDULER).await;
+    let text = scrape_body(addr).await;
+    let sha = std::process::Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned());
+    let info = format!(
+        "forge_build_info{{version=\"{}\",git_sha=\"{sha}\"}} 1\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(text.contains(&info), "missing {info:?} in\n{text}");
+    assert!(text.contains("# TYPE forge_build_info gauge\n"), "{text}");
+    for name in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_threads",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            text.contains(&format!("\n{name} ")),
+            "missing {name} in\n{text}"
+        );
+    }
+    // HEAD answers the headers alone; other methods are refused.
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"POST /metrics HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 405"), "{response}");
+
+    if crate::support::tools_present(
+        if std::process::Command::new("promtool")
+            .arg("--version")
+            .output()
+            .is_ok()
+        {
+            &[]
+        } else {
+            &[("promtool", "prometheus")]
+        },
+        "the exposition format check",
+    ) {
+        let mut child = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool check metrics:\n{}{}\n{text}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     a.shutdown().await;
 }
