@@ -87,6 +87,7 @@ pub use sqlx;
 
 /// The sections of [`Config`], and what reading them needs.
 pub mod config_sections {
+    pub use crate::alerts::AlertingConfig;
     pub use forge_core::config::ConfigSource;
     pub use forge_core::{
         AdminConfig, ClusterConfig, DatabaseConfig, Env, LeaderElectionConfig, MembershipConfig,

@@ -1418,6 +1418,27 @@ async fn alerts_export_writes_the_rule_file_of_the_configuration() {
     .json();
     assert_eq!(out["rules"].as_str().unwrap(), written);
 
+    // Runbook links made absolute by [alerting] runbook_base_url.
+    std::fs::write(
+        &path,
+        "[alerting]\nrunbook_base_url = \"https://runbooks.example.com/forge.md\"\n",
+    )
+    .unwrap();
+    let run = forge_env(
+        None,
+        &[],
+        &["alerts", "export", "--config", path.to_str().unwrap()],
+    )
+    .await
+    .ok();
+    assert!(
+        run.stdout
+            .contains("runbook_url: \"https://runbooks.example.com/forge.md#forge_no_leader\""),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("\"docs/runbook.md#"), "{}", run.stdout);
+
     // A broken rule is a configuration error.
     std::fs::write(&path, "[[alerts]]\nname = \"no_condition\"\n").unwrap();
     let run = forge_env(
