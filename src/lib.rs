@@ -73,7 +73,7 @@ pub use node::{Node, NodeBuilder};
 
 pub use forge_core::{
     Assembly, Component, Epoch, Error, FenceToken, LeaderInfo, Leadership, ListenerEvent, LockKey,
-    LockNamespace, Metrics, NodeContext, NodeId, Result, Role, RoleState, redact_url,
+    LockNamespace, Metrics, NodeContext, NodeId, Result, Role, RoleState, not_postgres, redact_url,
     shutdown_signal,
 };
 pub use forge_macros::{cron, job};

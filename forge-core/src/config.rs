@@ -216,7 +216,17 @@ impl Default for NodeConfig {
 impl NodeConfig {
     /// The roles listed in `roles`, parsed.
     pub fn roles(&self) -> Result<Vec<Role>> {
-        self.roles.iter().map(|name| Role::new(name)).collect()
+        self.roles
+            .iter()
+            .map(|name| {
+                Role::new(name).map_err(|err| Error::Config {
+                    path: None,
+                    line: None,
+                    key: "node.roles".into(),
+                    message: err.to_string(),
+                })
+            })
+            .collect()
     }
 
     /// The node id: the configured one, else a generated one.
