@@ -320,6 +320,12 @@ impl Campaign {
         });
         if changed && let RoleState::Follower { leader } = &state {
             match leader {
+                // The lock is held by a session of this node's id that is not this campaign's
+                // (a previous incarnation's, about to end): not a leader to follow.
+                Some(leader) if leader.node_id == self.node_id.as_str() => {
+                    info!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = leader.epoch.0,
+                          "waiting for the lock: a previous session of this node still holds it")
+                }
                 Some(leader) => {
                     info!(target: "forge::leader", role = %self.role(), node = %self.node_id,
                                       leader = %leader.node_id, epoch = leader.epoch.0, "following")
@@ -573,6 +579,9 @@ impl Campaign {
     ) {
         if let Heard::Notice(notice) = self.hear(event)
             && notice.event != STEP_DOWN
+            // This node's own election, heard on its node session before the campaign call's
+            // reply on the lock session says so: not a leader to follow.
+            && !(notice.event == "elected" && notice.node.as_deref() == Some(self.node_id.as_str()))
         {
             let leader = (notice.event == "elected")
                 .then_some(notice.node)

@@ -452,7 +452,11 @@ impl Assembly {
 
     /// First contact: connect patiently, refuse poolers, migrate (FORGE's, then the app's).
     async fn prepare_database(&mut self) -> Result<()> {
-        let setup_options = self.options("setup")?;
+        // Migrations that find their objects there already (`CREATE SCHEMA IF NOT EXISTS`, sqlx's
+        // own table) raise NOTICEs, which sqlx logs at INFO on every start: warnings only.
+        let setup_options = self
+            .options("setup")?
+            .options([("client_min_messages", "warning")]);
         let patience = self.config.database.connect_timeout;
         let mut setup = db::connect_patiently(&setup_options, patience).await?;
         db::check_not_pooled(&setup_options, patience).await?;

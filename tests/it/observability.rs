@@ -527,3 +527,65 @@ async fn build_info_and_process_metrics_are_served() {
     }
     a.shutdown().await;
 }
+
+/// Quiet, plain logs: a node process at `RUST_LOG=info` started twice on one database (the
+/// second start finds FORGE's schema there) prints only FORGE's own INFO lines - no PostgreSQL
+/// NOTICEs such as `schema "forge" already exists, skipping` - and never "following" itself
+/// (its own election, heard on its node session before the lock session's reply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_info_log_has_only_lines_for_people() {
+    let db = fresh_db().await;
+    let dir = ScratchDir::new("quiet-logs");
+    let path = dir.0.join("forge.toml");
+    std::fs::write(&path, config_toml(db.url())).unwrap();
+    let roles = ["scheduler", "metrics_aggregator", "log_compactor"];
+    for run in 1..=3 {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_forge-probe-node"));
+        command
+            .arg(&path)
+            .env("FORGE_NODE_ID", "quiet")
+            .env("FORGE_ROLES", roles.join(","))
+            .env("FORGE_PROBE_WORK_MS", "3600000")
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .env_remove("DATABASE_URL")
+            .env_remove("FORGE_PROBE_CRON");
+        let mut node = forge_testkit::NodeProcess::spawn(command)
+            .unwrap()
+            .named(&format!("quiet-{run}"));
+        forge_testkit::wait_until("the node to lead every role", SOON, MS_20, || async {
+            let lines = node.lines();
+            roles
+                .iter()
+                .all(|role| {
+                    lines
+                        .iter()
+                        .any(|l| l.starts_with(&format!("FORGE-PROBE LEADER role={role} ")))
+                })
+                .then_some(())
+        })
+        .await
+        .unwrap();
+        node.terminate().unwrap();
+        node.wait_exit(SOON).await.unwrap();
+        let lines = node.lines();
+        let logged: Vec<&String> = lines
+            .iter()
+            .filter(|l| !l.starts_with("FORGE-PROBE "))
+            .collect();
+        for line in &logged {
+            assert!(
+                line.contains(" forge::"),
+                "run {run}: a log line that is not FORGE's: {line}\n{logged:#?}"
+            );
+            assert!(
+                !(line.contains("following") && line.contains("leader=quiet")),
+                "run {run}: the node follows itself: {line}\n{logged:#?}"
+            );
+        }
+        assert!(
+            logged.iter().any(|l| l.contains("became leader")),
+            "run {run}: {logged:#?}"
+        );
+    }
+}
