@@ -19,7 +19,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use crate::config::CoreConfig;
 use crate::db;
@@ -374,7 +374,9 @@ impl Assembly {
                 shutdown: shutdown.clone(),
                 metrics: metrics.clone(),
             };
-            tasks.push(tokio::spawn(campaign.run()));
+            // The election's transitions are logged inside the role's span.
+            let span = tracing::info_span!(target: "forge::leader", "role", role = %role);
+            tasks.push(tokio::spawn(campaign.run().instrument(span)));
             roles.insert(role, handle);
         }
         let context = NodeContext {

@@ -589,3 +589,203 @@ async fn a_nodes_info_log_has_only_lines_for_people() {
         );
     }
 }
+
+/// The events the test's subscriber saw: each with its message and the fields of the spans
+/// around it (innermost first, each as `span name`, then `field=value`s).
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<CapturedEvent>>>);
+
+/// A span's name (as field `span`) and fields.
+type SpanFields = Vec<(String, String)>;
+
+/// An event's message and the spans around it.
+type CapturedEvent = (String, Vec<SpanFields>);
+
+#[derive(Default)]
+struct FieldsOf(Vec<(String, String)>);
+
+impl tracing::field::Visit for FieldsOf {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push((field.name().to_owned(), format!("{value:?}")));
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.push((field.name().to_owned(), value.to_owned()));
+    }
+}
+
+impl<S> tracing_subscriber::Layer<S> for Captured
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = FieldsOf(vec![(
+            "span".to_owned(),
+            attrs.metadata().name().to_owned(),
+        )]);
+        attrs.record(&mut fields);
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(fields);
+        }
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if let Some(span) = ctx.span(id)
+            && let Some(fields) = span.extensions_mut().get_mut::<FieldsOf>()
+        {
+            values.record(fields);
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        let mut message = FieldsOf::default();
+        event.record(&mut message);
+        let message = message
+            .0
+            .into_iter()
+            .find(|(name, _)| name == "message")
+            .map(|(_, value)| value)
+            .unwrap_or_default();
+        let spans = ctx
+            .event_scope(event)
+            .into_iter()
+            .flatten()
+            .map(|span| {
+                span.extensions()
+                    .get::<FieldsOf>()
+                    .map(|f| f.0.clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        self.0.lock().unwrap().push((message, spans));
+    }
+}
+
+impl Captured {
+    /// The spans around the first event whose message is `message`.
+    fn spans_of(&self, message: &str) -> Option<Vec<SpanFields>> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(m, _)| m == message)
+            .map(|(_, spans)| spans.clone())
+    }
+}
+
+fn field<'a>(span: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    span.iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// A job whose handler logs a line of its own.
+#[derive(Clone, Copy, Debug)]
+struct Traced;
+
+impl forge::jobs::Job for Traced {
+    type Args = ();
+    const KIND: &'static str = "traced";
+
+    fn options(&self) -> forge::jobs::JobOptions {
+        forge::jobs::JobOptions::new().queue("traces")
+    }
+
+    async fn run(&self, _ctx: forge::JobContext, _args: ()) -> Result<(), forge::JobError> {
+        tracing::info!("the job's own line");
+        Ok(())
+    }
+}
+
+/// Every job attempt and cron run executes inside a span with what identifies it - a job's id
+/// (`messaging.message.id`), kind, queue (`messaging.destination.name`) and attempt; a cron's
+/// name, tick, attempt, role and the tenure's epoch - so a handler's own log lines carry them
+/// (and an OpenTelemetry exporter makes a span of each); the election's transitions are
+/// logged inside a span of their role. (A current-thread runtime: the node's tasks run on
+/// the thread whose default subscriber this test sets.)
+#[tokio::test]
+async fn job_attempts_cron_runs_and_elections_run_in_spans() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let captured = Captured::default();
+    let _default =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(captured.clone()));
+    let db = fresh_db().await;
+    let mut config = crate::jobs::job_config(db.url(), "traced");
+    config.jobs.queues.insert("traces".into(), 1);
+    let every_second = CronJob::new(
+        "every_second",
+        Schedule::parse("* * * * * *").unwrap(),
+        |ctx: CronContext| async move {
+            tracing::info!(scheduled_at = %ctx.scheduled_at(), "the cron's own line");
+            Ok::<_, forge::CronError>(())
+        },
+    );
+    let node = Node::builder(config)
+        .auto_register(false)
+        .cron(every_second)
+        .job(Traced)
+        .start()
+        .await
+        .unwrap();
+    let (_, epoch) = wait_single_leader(&[&node], &Role::SCHEDULER).await;
+    let id = node.jobs().enqueue(Traced, ()).await.unwrap().id().0;
+    let job = forge_testkit::wait_until("the job's line", SOON, MS_20, || async {
+        captured.spans_of("the job's own line")
+    })
+    .await
+    .unwrap();
+    let cron = forge_testkit::wait_until("the cron's line", SOON, MS_20, || async {
+        captured.spans_of("the cron's own line")
+    })
+    .await
+    .unwrap();
+    node.shutdown().await;
+
+    let span = &job[0];
+    for (name, value) in [
+        ("span", "job".to_owned()),
+        ("otel.name", "process traces".to_owned()),
+        ("otel.kind", "consumer".to_owned()),
+        ("messaging.system", "forge".to_owned()),
+        ("messaging.operation.type", "process".to_owned()),
+        ("messaging.destination.name", "traces".to_owned()),
+        ("messaging.message.id", id.to_string()),
+        ("job.kind", "traced".to_owned()),
+        ("job.attempt", "1".to_owned()),
+    ] {
+        assert_eq!(field(span, name), Some(value.as_str()), "{name} in {job:?}");
+    }
+    let span = &cron[0];
+    assert_eq!(field(span, "span"), Some("cron"), "{cron:?}");
+    assert_eq!(field(span, "cron.name"), Some("every_second"), "{cron:?}");
+    assert_eq!(field(span, "cron.attempt"), Some("1"), "{cron:?}");
+    assert_eq!(field(span, "role"), Some("scheduler"), "{cron:?}");
+    assert_eq!(
+        field(span, "epoch"),
+        Some(epoch.to_string().as_str()),
+        "{cron:?}"
+    );
+    let tick = field(span, "cron.tick").unwrap();
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(tick).is_ok() && tick.ends_with('Z'),
+        "{tick}"
+    );
+
+    let elected = captured.spans_of("became leader").unwrap();
+    assert!(
+        elected
+            .iter()
+            .any(|span| field(span, "span") == Some("role") && field(span, "role").is_some()),
+        "{elected:?}"
+    );
+}

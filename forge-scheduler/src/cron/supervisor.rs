@@ -41,7 +41,7 @@ use metrics::{Counter, Histogram};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use super::ledger::{self, Board, Claim, ClaimRequest, Finish, FinishRequest, Resume};
 use super::{CatchUp, CronContext, CronJob, Interrupted, Overlap, TickState};
@@ -824,8 +824,33 @@ async fn recover(
     }
 }
 
-/// Runs a claimed tick's handler and records the outcome.
+/// Runs a claimed tick's handler and records the outcome, in the run's span: the cron's
+/// name, the tick's instant, the attempt, the role and the tenure's epoch (the handler's own
+/// log lines carry them).
 async fn run_tick(
+    cron: CronJob,
+    metrics: Arc<CronMetrics>,
+    leadership: Leadership,
+    finisher: Finisher,
+    tick: DateTime<Utc>,
+    attempt: u32,
+) {
+    let span = tracing::info_span!(
+        target: "forge::cron",
+        "cron",
+        otel.name = %format_args!("cron {}", cron.name),
+        cron.name = %cron.name,
+        cron.tick = %tick.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+        cron.attempt = i64::from(attempt),
+        role = %cron.role,
+        epoch = leadership.epoch().0,
+    );
+    run_tick_in_span(cron, metrics, leadership, finisher, tick, attempt)
+        .instrument(span)
+        .await
+}
+
+async fn run_tick_in_span(
     cron: CronJob,
     metrics: Arc<CronMetrics>,
     leadership: Leadership,
