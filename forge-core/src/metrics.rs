@@ -335,6 +335,16 @@ impl Metrics {
         }
     }
 
+    /// The node's registry itself, whatever view this is (a tenure's): what is registered
+    /// through it is kept for the node's life - for clients that count on the node's behalf,
+    /// such as a job client made in a cron handler.
+    pub fn node_wide(&self) -> Metrics {
+        Metrics {
+            shared: self.shared.clone(),
+            scope: None,
+        }
+    }
+
     /// Removes the series only this scope registered (nothing for the node's own registry);
     /// the view exports nothing new afterwards.
     pub(crate) fn close_scope(&self) {

@@ -15,7 +15,7 @@ use crate::sql::sql_text_type;
 /// Every role owns one PostgreSQL advisory-lock key; the node holding it is the role's leader.
 /// The built-in roles have the fixed keys `0x464F524745_0001..3` ("FORGE" in ASCII, then the
 /// role number) in the default namespace. User-defined roles get a key derived from their name
-/// (see [`LockKey::derive`]).
+/// (see [`Role::lock_key`]).
 ///
 /// ```
 /// use forge_core::Role;

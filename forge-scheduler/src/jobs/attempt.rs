@@ -137,6 +137,8 @@ pub(super) struct Origin {
     pub(super) leadership: Option<Leadership>,
     /// `[jobs] completed_retention` is not zero: completions keep the job's row.
     pub(super) keep_completed: bool,
+    /// The node's metrics, for the handlers' job clients.
+    pub(super) metrics: forge_core::Metrics,
 }
 
 /// The span an attempt runs in (so do the handler's own log lines): the job's id, kind,
@@ -260,6 +262,7 @@ impl Attempts {
             cancel: cancel.clone(),
             leadership: origin.leadership.clone(),
             keep_completed: origin.keep_completed,
+            metrics: origin.metrics.clone(),
         };
         debug!(target: "forge::job", queue = %origin.queue, job = ty.kind, id, attempt, "attempt started");
         let span = attempt_span(id, attempt, ty.kind, origin);
