@@ -248,7 +248,7 @@ pub fn job(args: TokenStream, item: TokenStream) -> TokenStream {
 /// crate; a new file is seen at the next build of the crate (a build script with
 /// `println!("cargo:rerun-if-changed=migrations");` makes that automatic).
 ///
-/// ```ignore
+/// ```text
 /// let node = forge::Node::builder(config)
 ///     .migrations(forge::migrate!("migrations"))
 ///     .start()

@@ -528,17 +528,29 @@ async fn build_info_and_process_metrics_are_served() {
     a.shutdown().await;
 }
 
-/// Quiet, plain logs: a node process at `RUST_LOG=info` started twice on one database (the
-/// second start finds FORGE's schema there) prints only FORGE's own INFO lines - no PostgreSQL
-/// NOTICEs such as `schema "forge" already exists, skipping` - and never "following" itself
-/// (its own election, heard on its node session before the lock session's reply).
+/// Quiet, plain logs: a node process at `RUST_LOG=info` started three times on one database
+/// (the later starts find FORGE's schema there) prints only FORGE's own INFO lines - no
+/// PostgreSQL NOTICEs such as `schema "forge" already exists, skipping` - never "following"
+/// itself (its own election, heard on its node session before the lock session's reply), and
+/// not a line for each tick of a paused per-second cron (the ledger, the metrics and the
+/// dashboard show those).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nodes_info_log_has_only_lines_for_people() {
     let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
     let dir = ScratchDir::new("quiet-logs");
     let path = dir.0.join("forge.toml");
     std::fs::write(&path, config_toml(db.url())).unwrap();
     let roles = ["scheduler", "metrics_aggregator", "log_compactor"];
+    let workload = forge::inspect::Workload::new(pool.clone(), forge::LockNamespace::default());
+    let skipped = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM forge.cron_ticks WHERE cron = 'probe_tick' AND state = 'skipped'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap_or(0)
+    };
     for run in 1..=3 {
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_forge-probe-node"));
         command
@@ -546,10 +558,10 @@ async fn a_nodes_info_log_has_only_lines_for_people() {
             .env("FORGE_NODE_ID", "quiet")
             .env("FORGE_ROLES", roles.join(","))
             .env("FORGE_PROBE_WORK_MS", "3600000")
+            .env("FORGE_PROBE_CRON", "* * * * * *")
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
-            .env_remove("DATABASE_URL")
-            .env_remove("FORGE_PROBE_CRON");
+            .env_remove("DATABASE_URL");
         let mut node = forge_testkit::NodeProcess::spawn(command)
             .unwrap()
             .named(&format!("quiet-{run}"));
@@ -563,6 +575,22 @@ async fn a_nodes_info_log_has_only_lines_for_people() {
                         .any(|l| l.starts_with(&format!("FORGE-PROBE LEADER role={role} ")))
                 })
                 .then_some(())
+        })
+        .await
+        .unwrap();
+        // The cron paused (once it is known), then two of its ticks skipped.
+        forge_testkit::wait_until("the cron to be paused", SOON, MS_20, || async {
+            workload
+                .pause_cron("probe_tick", "test")
+                .await
+                .ok()
+                .filter(|known| *known)
+        })
+        .await
+        .unwrap();
+        let before = skipped().await;
+        forge_testkit::wait_until("two skipped ticks", SOON, MS_20, || async {
+            (skipped().await >= before + 2).then_some(())
         })
         .await
         .unwrap();
@@ -581,6 +609,10 @@ async fn a_nodes_info_log_has_only_lines_for_people() {
             assert!(
                 !(line.contains("following") && line.contains("leader=quiet")),
                 "run {run}: the node follows itself: {line}\n{logged:#?}"
+            );
+            assert!(
+                !line.contains("tick skipped"),
+                "run {run}: a line for each skipped tick: {line}\n{logged:#?}"
             );
         }
         assert!(

@@ -534,7 +534,8 @@ impl Runs {
         match slot {
             Slot::Skip(why) => {
                 self.metrics.runs(TickState::Skipped).increment(1);
-                info!(target: "forge::cron", cron = %self.cron.name, %tick, why, "tick skipped");
+                // In the ledger, the metrics and the dashboard: a paused cron is not a line a tick.
+                debug!(target: "forge::cron", cron = %self.cron.name, %tick, why, "tick skipped");
             }
             // A run whose claim had to be retried starts late through no fault of its
             // handler: if it is still going when the next tick is due, that is not an
