@@ -472,7 +472,7 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
     // The queue stays paused until every node is ready: a node's start takes about as long as
     // the drain, and the first node up would otherwise drain alone for a while.
     let workload = forge::inspect::Workload::new(pool.clone(), forge::LockNamespace::default());
-    workload.pause_queue("default", "bench").await?;
+    workload.pause_queue("default", "bench", true).await?;
     let spawned = Instant::now();
     let mut processes = Vec::new();
     for _ in 0..nodes {

@@ -133,6 +133,20 @@ pub mod admin {
     pub fn router_for(node: &crate::Node) -> axum::Router {
         node.admin_router()
     }
+
+    impl LeaderSource for crate::Node {
+        fn leadership(&self, role: &crate::Role) -> Option<crate::Leadership> {
+            crate::Node::leadership(self, role)
+        }
+
+        fn role_state(&self, role: &crate::Role) -> Option<crate::RoleState> {
+            crate::Node::role_state(self, role)
+        }
+
+        fn cluster(&self) -> crate::inspect::Cluster {
+            crate::Node::cluster(self)
+        }
+    }
 }
 
 /// Read models of the whole cluster, for dashboards, admin tools and your own code: who is in

@@ -43,11 +43,14 @@ const PARTS: [forge_core::Schema; 2] = [forge_core::SCHEMA, forge_scheduler::SCH
 
 /// Every migration a node applies (the core's and the scheduler's).
 pub fn sources() -> Vec<MigrationSource> {
-    PARTS
+    let mut sources: Vec<MigrationSource> = PARTS
         .iter()
         .flat_map(|part| part.migrations)
         .copied()
-        .collect()
+        .collect();
+    // One sequence across the crates, in version order.
+    sources.sort_by_key(|(version, _, _)| *version);
+    sources
 }
 
 /// Every function file a node applies (the core's and the scheduler's).

@@ -2,7 +2,7 @@
 // control and an interval), the access mode (token, read-only), the token dialog, messages.
 
 import { api, token, setToken } from './api.js';
-import { h, replace, describe } from './ui.js';
+import { h, replace, describe, fmtTime, fmtDuration, setServerNow, serverNow } from './ui.js';
 import { overview, leadership, events, nodes } from './pages.js';
 import { crons, jobs } from './work.js';
 import { charts } from './charts.js';
@@ -22,6 +22,8 @@ const app = {
   running: false,
   again: false,
   status: null,
+  // The server's now of the last answer the page shows.
+  updated: null,
 };
 
 // --- messages ----------------------------------------------------------------------------
@@ -221,19 +223,28 @@ async function refresh() {
   const root = app.pageRoot;
   try {
     if (app.access.writes === 'unknown' && !(await loadAccess())) return;
+    const sent = Date.now();
     app.status = await api('api/cluster/status');
+    setServerNow(app.status.now, sent, Date.now());
+    showOutage(null);
     showHealth(app.status);
     if (page && page.update) await page.update(app.status);
     if (page === app.page) {
       replace($('page-error'));
       if (root) root.dataset.loaded = 'true';
     }
-    const now = new Date();
-    $('updated').textContent = `updated ${now.toLocaleTimeString()}`;
+    app.updated = app.status.now;
+    $('updated').textContent = `updated ${fmtTime(app.status.now)}`;
     $('updated').classList.remove('stale');
   } catch (err) {
-    if (page === app.page) replace($('page-error'), h('div', { class: 'error', role: 'alert' }, describe(err)));
     $('updated').classList.add('stale');
+    if (err.status === 503 && err.body.database === 'unreachable') {
+      // Said once, in the banner: not again in the page.
+      showOutage(err.body);
+      if (page === app.page) replace($('page-error'));
+    } else if (page === app.page) {
+      replace($('page-error'), h('div', { class: 'error', role: 'alert' }, describe(err)));
+    }
     if (err.status === 401) await loadAccess().catch(() => {});
   } finally {
     app.running = false;
@@ -246,12 +257,48 @@ async function refresh() {
   }
 }
 
+/** The header's health: the status's problems (red), else its warnings (amber). */
 function showHealth(status) {
   const health = $('health');
   const problems = status.problems || [];
-  health.textContent = status.healthy ? 'healthy' : `${problems.length} problem${problems.length === 1 ? '' : 's'}`;
-  health.className = `badge ${status.healthy ? 'good' : 'bad'}`;
-  health.title = problems.join('\n') || 'every role has a leader, no node drifted or down';
+  const warnings = status.warnings || [];
+  const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`;
+  if (problems.length) {
+    health.textContent = plural(problems.length, 'problem');
+    health.className = 'badge bad';
+  } else if (warnings.length) {
+    health.textContent = plural(warnings.length, 'warning');
+    health.className = 'badge warn';
+  } else {
+    health.textContent = 'healthy';
+    health.className = 'badge good';
+  }
+  health.title = [...problems, ...warnings].join('\n')
+    || 'every expected role has a leader, every node is active';
+}
+
+/**
+ * The database outage, as the serving node reports it (a 503 with `since`): since when, and
+ * how old the figures on the page are. `null` hides it.
+ */
+function showOutage(body) {
+  const box = $('outage');
+  if (!body) {
+    box.hidden = true;
+    replace(box);
+    return;
+  }
+  const since = body.since ? Date.parse(body.since) : null;
+  const health = $('health');
+  health.textContent = 'database unreachable';
+  health.className = 'badge bad';
+  health.title = body.error || '';
+  box.hidden = false;
+  replace(box,
+    h('strong', {}, 'Database unreachable'),
+    since ? [` since ${fmtTime(body.since)} (${fmtDuration(serverNow() - since)})`] : null,
+    ': the serving node cannot reach PostgreSQL. ',
+    app.updated ? `The figures below are from ${fmtTime(app.updated)}.` : 'No figures yet.');
 }
 
 function setLive(live) {

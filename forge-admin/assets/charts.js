@@ -15,39 +15,38 @@ const M = { left: 52, right: 12, top: 12, bottom: 26 };
 /** Series sampled by the aggregator; every other series counts, and has no point where it counted 0. */
 const SAMPLED = new Set(['queue_depth', 'oldest_job_age_seconds', 'dead_jobs']);
 
-function gcd(a, b) {
-  while (b) [a, b] = [b, a % b];
-  return a;
-}
+/** The aggregator's mark of an interval whose counters are rolled up (1 at each). */
+const ROLLED = 'rollups';
 
 /**
- * series -> label -> Map(at ms -> value). A counter has no point in an interval where it did not
- * move: it gets a 0 there, at every interval from the oldest point to the newest (the interval,
- * `[metrics] rollup_interval`, is the greatest common divisor of the points' distances).
+ * series -> label -> Map(at ms -> value). A counter has a point only at the intervals rolled up
+ * (marked by `rollups`): 0 where it has no row there, nothing elsewhere - the interval in progress
+ * has its samples before its counts, and an interval no aggregator rolled up is unknown, not 0.
+ * (Without marks, from before they were written: the intervals where some counter has a row.)
  */
 function index(points) {
   const out = new Map();
-  const instants = new Set();
+  const rolled = new Set();
+  const counted = new Set();
   for (const p of points) {
+    const at = new Date(p.at).getTime();
+    if (p.series === ROLLED) {
+      rolled.add(at);
+      continue;
+    }
+    if (!SAMPLED.has(p.series)) counted.add(at);
     if (!out.has(p.series)) out.set(p.series, new Map());
     const byLabel = out.get(p.series);
     if (!byLabel.has(p.label)) byLabel.set(p.label, new Map());
-    const at = new Date(p.at).getTime();
-    instants.add(at);
     const byTime = byLabel.get(p.label);
     byTime.set(at, (byTime.get(at) || 0) + p.value);
   }
-  const sorted = [...instants].sort((a, b) => a - b);
-  let step = 0;
-  for (let i = 1; i < sorted.length; i++) step = gcd(step, sorted[i] - sorted[i - 1]);
-  if (step > 0) {
-    const first = sorted[0];
-    const last = sorted[sorted.length - 1];
-    for (const [series, byLabel] of out) {
-      if (SAMPLED.has(series)) continue;
-      for (const byTime of byLabel.values()) {
-        for (let t = first; t <= last; t += step) if (!byTime.has(t)) byTime.set(t, 0);
-      }
+  const known = rolled.size ? rolled : counted;
+  for (const [series, byLabel] of out) {
+    if (SAMPLED.has(series)) continue;
+    for (const byTime of byLabel.values()) {
+      for (const t of [...byTime.keys()]) if (!known.has(t)) byTime.delete(t);
+      for (const t of known) if (!byTime.has(t)) byTime.set(t, 0);
     }
   }
   return out;
@@ -110,7 +109,10 @@ function chart({ title, note, lines, from, to, format = (v) => fmtNumber(v, 2), 
     return s('text', { x: x(t), y: H - 8, 'text-anchor': f === 0 ? 'start' : f === 1 ? 'end' : 'middle', class: 'axis' },
       fmtTime(new Date(t).toISOString()));
   });
-  const drawn = lines.map((l, i) => s('g', { class: `series s${i % 8}` },
+  const drawn = lines.map((l, i) => s('g', {
+    class: `series s${i % 8}`,
+    dataset: { name: l.name, lastAt: l.points[l.points.length - 1][0], lastValue: l.points[l.points.length - 1][1] },
+  },
     s('polyline', { points: l.points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(' ') }),
     l.points.length <= 60 ? l.points.map(([t, v]) => s('circle', { cx: x(t).toFixed(1), cy: y(v).toFixed(1), r: 2.5 },
       s('title', {}, `${l.name} at ${fmtTime(new Date(t).toISOString())}: ${format(v)}`))) : null));

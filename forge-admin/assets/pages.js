@@ -3,15 +3,16 @@
 import { api, query } from './api.js';
 import {
   h, replace, section, badge, table, time, fmtTime, fmtDuration, since, relative, fmtNumber,
-  json, button, confirmDialog,
+  json, button, confirmDialog, serverNow,
 } from './ui.js';
 
 export const EVENT_KINDS = [
-  'leader_elected', 'leader_released', 'leader_fenced', 'leader_lost', 'node_joined', 'node_left',
+  'leader_elected', 'leader_released', 'leader_rebalanced', 'leader_fenced', 'leader_lost',
+  'node_joined', 'node_left',
   'node_drifted', 'node_recovered', 'node_down', 'node_rejoined', 'node_forgotten', 'admin_action',
 ];
 
-const LEADERSHIP_KINDS = 'leader_elected,leader_released,leader_fenced,leader_lost';
+const LEADERSHIP_KINDS = 'leader_elected,leader_released,leader_rebalanced,leader_fenced,leader_lost';
 
 /** A stable colour class for a node id, so a node keeps its colour across lanes. */
 function nodeColour(node) {
@@ -21,27 +22,46 @@ function nodeColour(node) {
 }
 
 /**
- * The roles a node leads: what its last heartbeat said, while it is live. A node down or
- * stopped leads nothing, whatever it last reported.
+ * How a tenure began: first, failover (with its gap), move (a placement handoff to a named
+ * node, with its gap) or handoff (with its gap).
  */
-function leadsOf(n) {
-  return n.state === 'active' || n.state === 'drifted' ? n.leads : [];
-}
-
-/** How a tenure began: first, failover (with its gap) or handoff (with its gap). */
 export function tenureStart(t) {
   if (t.failover) return 'failover';
   if (t.gap_ms === null || t.gap_ms === undefined) return 'first';
-  return 'handoff';
+  return t.moved ? 'move' : 'handoff';
 }
+
+const MARKS = { failover: '⚡', move: '⇆', handoff: '⇄' };
+
+/**
+ * A gap's colour, by its size: under a second is what a takeover or a handoff takes (good),
+ * up to 5 s is slow (warn), longer is an outage of the role (bad).
+ */
+export function gapLevel(ms) {
+  if (ms === null || ms === undefined) return 'neutral';
+  if (ms < 1000) return 'good';
+  if (ms < 5000) return 'warn';
+  return 'bad';
+}
+
+const GAP_FROM = {
+  release: 'from the release',
+  lock_granted: 'from the lock grant (the old session ended then)',
+  last_renewal: 'from its last renewal (at most)',
+};
 
 function startLabel(t) {
   const kind = tenureStart(t);
   if (kind === 'first') return badge('first', 'neutral');
+  const level = gapLevel(t.gap_ms);
   return h('span', { class: 'start' },
-    badge(kind, kind === 'failover' ? 'bad' : 'good'),
+    badge(kind, kind === 'failover' ? 'warn' : 'neutral'),
     ' ',
-    h('span', { class: 'gap', dataset: { field: 'gap' } }, `${fmtDuration(t.gap_ms)} gap`));
+    h('span', {
+      class: `gap badge ${level}`,
+      title: `${fmtDuration(t.gap_ms)} without a leader, ${GAP_FROM[t.gap_from] || ''}`,
+      dataset: { field: 'gap', level, from: t.gap_from || '' },
+    }, `${fmtDuration(t.gap_ms)} gap`));
 }
 
 function stepDown(ctx, role) {
@@ -68,20 +88,16 @@ function stepDown(ctx, role) {
 
 // --- Overview ----------------------------------------------------------------------------
 
-function leaseCell(role, view) {
+function leaseCell(role) {
   if (!role.led) {
-    return badge(view && view.released_at ? 'released' : 'no leader', 'bad');
+    return badge(role.state === 'released' ? 'released' : 'no leader', 'bad');
   }
   const remaining = role.lease_remaining_ms;
-  let ratio = 1;
-  if (view && view.lease_until && view.renewed_at) {
-    const total = new Date(view.lease_until) - new Date(view.renewed_at);
-    if (total > 0) ratio = Math.max(0, Math.min(1, remaining / total));
-  }
+  const ratio = role.lease_ms > 0 ? Math.max(0, Math.min(1, remaining / role.lease_ms)) : 1;
   const level = ratio > 0.5 ? 'good' : ratio > 0.2 ? 'warn' : 'bad';
   const bar = h('span', { class: `lease-bar ${level}` });
   bar.style.width = `${Math.round(ratio * 100)}%`;
-  return h('span', { class: 'lease', title: `lease until ${view ? view.lease_until : '?'}` },
+  return h('span', { class: 'lease', title: `${fmtDuration(remaining)} of a ${fmtDuration(role.lease_ms)} lease left` },
     h('span', { class: 'lease-track', 'aria-hidden': 'true' }, bar),
     h('span', {}, `${fmtDuration(remaining)} left`));
 }
@@ -111,14 +127,12 @@ export function overview(ctx) {
 
   return {
     async update(status) {
-      const [leaders, nodes, qs, cs, history] = await Promise.all([
-        api('api/cluster/leaders'),
+      const [nodes, qs, cs, history] = await Promise.all([
         api('api/cluster/nodes'),
         api('api/queues'),
         api('api/crons'),
         api('api/cluster/history?limit=8'),
       ]);
-      const byRole = new Map(leaders.leaders.map((l) => [l.role, l]));
       const write = ctx.canWrite();
       replace(roles, table(
         [{ title: 'Role' }, { title: 'Leader' }, { title: 'Epoch', class: 'num' }, { title: 'Tenure' },
@@ -131,14 +145,14 @@ export function overview(ctx) {
               : h('span', { class: 'muted', dataset: { field: 'leader' } }, 'none'),
             r.epoch ?? '-',
             r.since ? h('span', {}, fmtDuration(since(r.since)), h('span', { class: 'muted' }, ' since ', time(r.since))) : '-',
-            leaseCell(r, byRole.get(r.role)),
+            leaseCell(r),
             r.candidates,
             write ? (r.led ? stepDown(ctx, r.role) : '') : null,
           ].filter((c) => c !== null),
         })),
-        { empty: 'No role has been led yet.', label: 'Roles and their leaders' }));
+        { empty: 'No role is expected: no node campaigns for one.', label: 'Roles and their leaders' }));
 
-      const counts = nodes.counts || {};
+      const counts = status.nodes;
       replace(nodesBox,
         h('p', { class: 'counts' }, ['active', 'drifted', 'down', 'stopped'].map((s) => [
           h('a', { href: '#/nodes', class: `badge ${s}` }, `${counts[s] || 0} ${s}`), ' '])),
@@ -146,7 +160,7 @@ export function overview(ctx) {
           nodes.nodes.filter((n) => n.state !== 'stopped').map((n) => ({
             attrs: { dataset: { node: n.node_id } },
             cells: [h('span', { class: `node ${nodeColour(n.node_id)}` }, n.node_id), badge(n.state),
-              leadsOf(n).join(', ') || '-', `${fmtDuration(n.heartbeat_age_ms)} ago`],
+              n.leads.join(', ') || '-', `${fmtDuration(n.heartbeat_age_ms)} ago`],
           })),
           { empty: 'No live node.', label: 'Live nodes' }));
 
@@ -211,7 +225,7 @@ function selectBox(label, name, options, value, onChange) {
 }
 
 function lanes(tenures, minutes) {
-  const now = Date.now();
+  const now = serverNow();
   const oldest = Math.min(now, ...tenures.map((t) => new Date(t.acquired_at).getTime()));
   const span = minutes ? minutes * 60000 : Math.max(60000, (now - oldest) * 1.04);
   const start = now - span;
@@ -248,9 +262,9 @@ function lanes(tenures, minutes) {
           if (kind === 'failover') failovers += 1;
           else handoffs += 1;
           const marker = h('span', {
-            class: `marker ${kind}`,
-            title: `${kind} to ${t.node_id} (epoch ${t.epoch}): ${fmtDuration(t.gap_ms)} without a leader`,
-          }, `${kind === 'failover' ? '⚡' : '⇄'} ${fmtDuration(t.gap_ms)}`);
+            class: `marker ${kind} ${gapLevel(t.gap_ms)}`,
+            title: `${kind}${t.moved ? ` (${t.moved})` : ''} to ${t.node_id} (epoch ${t.epoch}): ${fmtDuration(t.gap_ms)} without a leader, ${GAP_FROM[t.gap_from] || ''}`,
+          }, `${MARKS[kind]} ${fmtDuration(t.gap_ms)}`);
           const at = pct(begin);
           marker.style.left = `${at}%`;
           // Near an edge the label hangs inwards instead of being cut off.
@@ -267,8 +281,11 @@ function lanes(tenures, minutes) {
         }, lane));
     }),
     h('div', { class: 'lane' }, h('div', { class: 'lane-name' }), axis),
-    h('p', { class: 'legend' }, badge('⚡ failover', 'bad'), ' the leader died or froze: gap from its last renewal; ',
-      badge('⇄ handoff', 'good'), ' graceful release: gap from the release. Hatched: a tenure that was lost.'));
+    h('p', { class: 'legend' }, '⚡ failover: the leader died or froze; the gap counts from the lock grant when a standby '
+      + 'took over at once, else from its last renewal (at most). ⇄ handoff: a graceful release; the gap counts from it. '
+      + '⇆ move: a handoff to the node placement named (spreading the roles, or a node that prefers the role). '
+      + 'The gap is ', badge('under 1 s', 'good'), ' ', badge('1-5 s', 'warn'), ' ', badge('5 s or more', 'bad'),
+      '. Hatched: a tenure that was lost.'));
 }
 
 export function leadership(ctx) {
@@ -296,7 +313,8 @@ export function leadership(ctx) {
         api(`api/cluster/history${query({ limit: 500, role: roleFilter })}`),
         api(`api/cluster/events${query({ kind: LEADERSHIP_KINDS, limit: 50, role: roleFilter })}`),
       ]);
-      const roles = [...new Set((ctx.status() || { roles: [] }).roles.map((r) => r.role))].sort();
+      const roles = [...new Set([...(ctx.status() || { roles: [] }).roles.map((r) => r.role),
+        ...history.items.map((t) => t.role)])].sort();
       if (roles.join() !== knownRoles) {
         knownRoles = roles.join();
         replace(roleSelect, selectBox('Role', 'role', [['', 'all roles'], ...roles.map((r) => [r, r])], roleFilter,
@@ -316,7 +334,7 @@ export function leadership(ctx) {
             time(t.acquired_at, { ms: true }), startLabel(t),
             t.ended_at ? time(t.ended_at, { ms: true }) : '-',
             badge(t.end === 'current' ? 'current' : t.end, t.end === 'lost' ? 'bad' : t.end === 'current' ? 'good' : 'neutral'),
-            fmtDuration((t.ended_at ? new Date(t.ended_at) : new Date()) - new Date(t.acquired_at)),
+            fmtDuration((t.ended_at ? Date.parse(t.ended_at) : serverNow()) - Date.parse(t.acquired_at)),
           ],
         })),
         { empty: 'No tenure yet.', label: 'Tenures, newest first' }));
@@ -343,8 +361,10 @@ function eventDetail(e) {
   const d = e.detail || {};
   const parts = [];
   if (e.kind === 'leader_elected') {
-    parts.push(d.failover ? badge('failover', 'bad') : null);
-    if (d.gap_ms !== undefined && d.gap_ms !== null) parts.push(` ${fmtDuration(d.gap_ms)} gap `);
+    parts.push(d.failover ? badge('failover', 'warn') : null);
+    if (d.gap_ms !== undefined && d.gap_ms !== null) {
+      parts.push(' ', badge(`${fmtDuration(d.gap_ms)} gap`, gapLevel(d.gap_ms)), ' ');
+    }
   }
   const text = json(d);
   if (text) parts.push(h('code', { class: 'detail', title: text }, text.length > 160 ? `${text.slice(0, 157)}...` : text));
@@ -420,7 +440,7 @@ export function nodes(ctx) {
   return {
     async update() {
       const data = await api('api/cluster/nodes');
-      const counts = data.counts || {};
+      const counts = data.counts;
       replace(summary, h('p', { class: 'counts' },
         ['active', 'drifted', 'down', 'stopped'].map((s) => [badge(`${counts[s] || 0} ${s}`, s), ' '])));
       const order = { active: 0, drifted: 1, down: 2, stopped: 3 };
@@ -435,7 +455,7 @@ export function nodes(ctx) {
             h('span', { class: `node ${nodeColour(n.node_id)}` }, n.node_id),
             h('span', { dataset: { field: 'state' } }, badge(n.state)),
             h('span', { dataset: { field: 'roles' } },
-              n.roles.length ? n.roles.map((r, i) => [i ? ', ' : '', leadsOf(n).includes(r) ? h('strong', { title: 'leads' }, `★ ${r}`) : r]) : '-'),
+              n.roles.length ? n.roles.map((r, i) => [i ? ', ' : '', n.leads.includes(r) ? h('strong', { title: 'leads' }, `★ ${r}`) : r]) : '-'),
             h('span', {
               class: n.heartbeat_age_ms > 5000 && n.state === 'active' ? 'warn-text' : '',
               dataset: { field: 'heartbeat', ageMs: Math.round(n.heartbeat_age_ms) },

@@ -98,17 +98,35 @@ export function describe(err) {
 
 // --- time and numbers ------------------------------------------------------------------
 
+// The server's clock minus this browser's, in milliseconds: relative times ("3 s ago", "in
+// 2 s") count from the server's now, never from a browser clock that may be off.
+let clockOffset = 0;
+
+/**
+ * Sets the server's clock from an answer's `now` (the database's clock, ISO 8601), read
+ * between `sent` and `received` (this browser's Date.now()): the server read it about halfway.
+ */
+export function setServerNow(iso, sent, received) {
+  const at = Date.parse(iso);
+  if (!Number.isNaN(at)) clockOffset = at - (sent + received) / 2;
+}
+
+/** The server's now, in milliseconds since the epoch. */
+export function serverNow() {
+  return Date.now() + clockOffset;
+}
+
 export function parseTime(iso) {
   return iso ? new Date(iso) : null;
 }
 
 const pad = (n, w = 2) => String(n).padStart(w, '0');
 
-/** A local date and time, the date left out when it is today. */
+/** A local date and 24-hour time, the date left out when it is today. */
 export function fmtTime(iso, { ms = false } = {}) {
   const d = parseTime(iso);
   if (!d || Number.isNaN(d.getTime())) return '-';
-  const now = new Date();
+  const now = new Date(serverNow());
   let text = `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
   if (ms) text += `.${pad(d.getMilliseconds(), 3)}`;
   if (d.toDateString() !== now.toDateString()) {
@@ -139,10 +157,10 @@ export function fmtDuration(ms) {
   return `${sign}${Math.floor(hours / 24)} d ${hours % 24} h`;
 }
 
-/** Milliseconds since an instant (negative: in the future). */
+/** Milliseconds since an instant by the server's clock (negative: in the future). */
 export function since(iso) {
   const d = parseTime(iso);
-  return d ? Date.now() - d.getTime() : null;
+  return d ? serverNow() - d.getTime() : null;
 }
 
 /** "in 12 s" / "3 min ago". */

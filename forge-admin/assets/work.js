@@ -11,10 +11,6 @@ const enc = encodeURIComponent;
 
 // --- Crons -------------------------------------------------------------------------------
 
-function duration(from, to) {
-  return from && to ? fmtDuration(new Date(to) - new Date(from)) : '-';
-}
-
 function cronActions(ctx, c) {
   if (!ctx.canWrite()) return null;
   const verb = c.paused_at ? 'resume' : 'pause';
@@ -60,11 +56,11 @@ export function crons(ctx) {
             h('a', { href: `#/crons/${enc(c.name)}`, dataset: { focus: `cron-link-${c.name}` } }, c.name),
             c.role,
             h('span', {}, h('code', {}, c.expression), c.timezone !== 'UTC' ? ` (${c.timezone})` : ''),
-            c.next_run ? h('span', { title: c.next_run }, relative(c.next_run)) : '-',
+            c.next_run ? h('span', { title: c.next_run, dataset: { field: 'next' } }, relative(c.next_run)) : '-',
             c.last ? time(c.last.scheduled_at) : '-',
             c.last ? [badge(c.last.state), c.last.manual ? ' manual' : '', c.last.error ? h('span', { class: 'muted', title: c.last.error }, ' ⓘ') : ''] : '-',
-            c.last ? fmtDuration(c.last.lag_ms) : '-',
-            c.last ? duration(c.last.claimed_at, c.last.finished_at) : '-',
+            h('span', { dataset: { field: 'lag' } }, c.last ? fmtDuration(c.last.lag_ms) : '-'),
+            h('span', { dataset: { field: 'duration' } }, c.last ? fmtDuration(c.last.duration_ms) : '-'),
             fmtNumber(c.skipped_24h),
             c.missing_24h ? h('span', { class: 'warn-text' }, fmtNumber(c.missing_24h)) : '0',
             cronStatus(c),
@@ -79,12 +75,14 @@ export function crons(ctx) {
 function tickTable(items) {
   return table(
     [{ title: 'Scheduled' }, { title: 'State' }, { title: 'Attempt', class: 'num' }, { title: 'Node' },
-      { title: 'Epoch', class: 'num' }, { title: 'Claimed' }, { title: 'Lag', class: 'num' },
+      { title: 'Epoch', class: 'num' }, { title: 'Started' }, { title: 'Lag', class: 'num' },
       { title: 'Duration', class: 'num' }, { title: 'Error or reason' }],
     items.map((t) => ({
       attrs: { dataset: { tick: t.scheduled_at, state: t.state } },
       cells: [time(t.scheduled_at, { ms: true }), [badge(t.state), t.manual ? ' manual' : ''], t.attempt, t.node_id,
-        t.epoch, time(t.claimed_at, { ms: true }), fmtDuration(t.lag_ms), duration(t.claimed_at, t.finished_at),
+        t.epoch, time(t.started_at, { ms: true }),
+        h('span', { dataset: { field: 'lag', ms: t.lag_ms ?? '' } }, fmtDuration(t.lag_ms)),
+        h('span', { dataset: { field: 'duration', ms: t.duration_ms ?? '' } }, fmtDuration(t.duration_ms)),
         t.error ? h('span', { class: 'error-text' }, t.error) : ''],
     })),
     { empty: 'No tick in the ledger yet.', label: 'Recent ticks, newest first' });
@@ -134,18 +132,10 @@ function cronDetail(ctx, name) {
 
 export const JOB_STATES = ['available', 'scheduled', 'running', 'retryable', 'completed', 'dead', 'cancelled'];
 
-/** Which actions a job's state allows (the API refuses the others with a 409). */
-function allowed(job) {
-  return {
-    retry: job.state !== 'running' && job.state !== 'available',
-    cancel: ['available', 'scheduled', 'retryable'].includes(job.state) || (job.state === 'running' && !job.cancel_requested),
-    delete: job.state !== 'running',
-  };
-}
-
 function jobActions(ctx, job, { onDeleted } = {}) {
   if (!ctx.canWrite()) return null;
-  const can = allowed(job);
+  // What the job's state allows, as the API computes it (it refuses the others with a 409).
+  const can = job.actions;
   const id = job.id;
   return h('span', { class: 'actions' },
     can.retry ? button('Retry', () => ctx.act(

@@ -1,7 +1,6 @@
 //! The cluster's endpoints: health, status, leaders, history, nodes, events, config, this
 //! node, step-down.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use axum::extract::State;
@@ -9,8 +8,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use forge_core::Role;
-use forge_core::inspect::{EventFilter, EventKind, LeaderView, NodeState, PageRequest, StepDown};
-use serde::{Deserialize, Serialize};
+use forge_core::inspect::{EventFilter, EventKind, NodeCounts, PageRequest, StepDown};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::auth::Actor;
@@ -86,6 +85,7 @@ pub(crate) async fn ready(State(state): State<AdminState>) -> Response {
     let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(state.cluster.pool());
     let failure = match tokio::time::timeout(state.ready_timeout, probe).await {
         Ok(Ok(_)) => {
+            state.database.reached();
             return Json(json!({
                 "status": "ready",
                 "database": "ok",
@@ -99,71 +99,22 @@ pub(crate) async fn ready(State(state): State<AdminState>) -> Response {
             state.ready_timeout.as_secs_f64()
         ),
     };
+    let since = state.database.failed();
     tracing::debug!(target: "forge::admin", error = %failure, "not ready");
     (
         StatusCode::SERVICE_UNAVAILABLE,
-        Json(json!({ "status": "not_ready", "database": "unavailable", "error": failure })),
+        Json(json!({
+            "status": "not_ready",
+            "database": "unavailable",
+            "error": failure,
+            "since": since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        })),
     )
         .into_response()
 }
 
-/// A leadership with whether it is live.
-#[derive(Serialize)]
-struct Leader<'a> {
-    #[serde(flatten)]
-    view: &'a LeaderView,
-    led: bool,
-}
-
 pub(crate) async fn status(State(state): State<AdminState>) -> ApiResult<Json<Value>> {
-    let cluster = &state.cluster;
-    let (leaders, nodes) = state
-        .read(async { tokio::try_join!(cluster.leaders(), cluster.nodes()) })
-        .await?;
-    let mut counts: BTreeMap<&str, usize> =
-        NodeState::ALL.iter().map(|s| (s.as_str(), 0)).collect();
-    for node in &nodes {
-        *counts.entry(node.state.as_str()).or_default() += 1;
-    }
-    // Roles: those ever led, and those live nodes campaign for.
-    let mut roles: BTreeSet<String> = leaders.iter().map(|l| l.role.clone()).collect();
-    for node in nodes
-        .iter()
-        .filter(|n| matches!(n.state, NodeState::Active | NodeState::Drifted))
-    {
-        roles.extend(node.roles.iter().cloned());
-    }
-    let mut problems = Vec::new();
-    let mut leaderless = Vec::new();
-    let roles: Vec<Value> = roles
-        .into_iter()
-        .map(|role| {
-            let view = leaders.iter().find(|l| l.role == role);
-            let led = view.is_some_and(LeaderView::is_led);
-            let candidates = nodes
-                .iter()
-                .filter(|n| n.state == NodeState::Active && n.roles.contains(&role))
-                .count();
-            if !led {
-                problems.push(format!("role {role} has no leader"));
-                leaderless.push(role.clone());
-            }
-            json!({
-                "role": role,
-                "leader": view.filter(|_| led).map(|l| l.node_id.clone()),
-                "epoch": view.map(|l| l.epoch),
-                "since": view.filter(|_| led).map(|l| l.acquired_at),
-                "lease_remaining_ms": view.filter(|_| led).map(|l| l.lease_remaining_ms),
-                "led": led,
-                "candidates": candidates,
-            })
-        })
-        .collect();
-    for node in &nodes {
-        if matches!(node.state, NodeState::Drifted | NodeState::Down) {
-            problems.push(format!("node {} is {}", node.node_id, node.state));
-        }
-    }
+    let status = state.read(state.cluster.status()).await?;
     let this = state.local.as_ref().map(|local| {
         let leads: Vec<&str> = local
             .roles
@@ -173,33 +124,14 @@ pub(crate) async fn status(State(state): State<AdminState>) -> ApiResult<Json<Va
             .collect();
         json!({ "node_id": local.node_id.to_string(), "leads": leads })
     });
-    Ok(Json(json!({
-        "namespace": cluster.namespace().to_string(),
-        "healthy": problems.is_empty(),
-        "problems": problems,
-        "nodes": {
-            "total": nodes.len(),
-            "active": counts.get("active").copied().unwrap_or(0),
-            "drifted": counts.get("drifted").copied().unwrap_or(0),
-            "down": counts.get("down").copied().unwrap_or(0),
-            "stopped": counts.get("stopped").copied().unwrap_or(0),
-        },
-        "roles": roles,
-        "leaderless": leaderless,
-        "this_node": this,
-    })))
+    let mut body = json!(status);
+    body["this_node"] = json!(this);
+    Ok(Json(body))
 }
 
 pub(crate) async fn leaders(State(state): State<AdminState>) -> ApiResult<Json<Value>> {
     let leaders = state.read(state.cluster.leaders()).await?;
-    let out: Vec<Leader<'_>> = leaders
-        .iter()
-        .map(|view| Leader {
-            view,
-            led: view.is_led(),
-        })
-        .collect();
-    Ok(Json(json!({ "leaders": out })))
+    Ok(Json(json!({ "leaders": leaders })))
 }
 
 pub(crate) async fn leader(
@@ -216,10 +148,7 @@ pub(crate) async fn leader(
                 "role {role} has never had a leader in this cluster"
             ))
         })?;
-    Ok(Json(json!(Leader {
-        view,
-        led: view.is_led()
-    })))
+    Ok(Json(json!(view)))
 }
 
 #[derive(Deserialize)]
@@ -244,13 +173,9 @@ pub(crate) async fn history(
 
 pub(crate) async fn nodes(State(state): State<AdminState>) -> ApiResult<Json<Value>> {
     let nodes = state.read(state.cluster.nodes()).await?;
-    let mut counts: BTreeMap<&str, usize> =
-        NodeState::ALL.iter().map(|s| (s.as_str(), 0)).collect();
-    for node in &nodes {
-        *counts.entry(node.state.as_str()).or_default() += 1;
-    }
+    let counts = NodeCounts::of(&nodes);
     Ok(Json(json!({
-        "total": nodes.len(),
+        "total": counts.total,
         "counts": counts,
         "nodes": nodes,
     })))

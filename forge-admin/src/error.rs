@@ -89,6 +89,7 @@ impl ApiError {
             StatusCode::NOT_FOUND => "not_found",
             StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
             StatusCode::CONFLICT => "conflict",
+            StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable",
             _ => "internal",
         }

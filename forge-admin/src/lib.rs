@@ -18,10 +18,11 @@
 //! |---|---|
 //! | `GET /api/health/live` | 200 while the process serves (liveness probe; no token needed) |
 //! | `GET /api/health/ready` | 200 when PostgreSQL answers within 2 s, else 503 (readiness probe; no token needed); 503 while the node shuts down |
-//! | `GET /api/cluster/status` | nodes by state, each role's leader, roles without one, `healthy` and the `problems` |
+//! | `GET /api/health/leader/{role}` | 200 on the role's leader, 503 elsewhere with the leader in `Forge-Leader` (for HAProxy, nginx, Kubernetes; no token needed; no database round trip) |
+//! | `GET /api/cluster/status` | the [`ClusterStatus`](forge_core::inspect::ClusterStatus): the database's `now`, nodes by state, the expected roles and each one's leader, roles without one, `healthy`, `problems` and `warnings` |
 //! | `GET /api/cluster/leaders` | every role's current (or last) leadership, with `led` |
 //! | `GET /api/cluster/leaders/{role}` | one role's |
-//! | `GET /api/cluster/history?role=&limit=&before=` | tenures, newest first: failover or handoff, the gap before each |
+//! | `GET /api/cluster/history?role=&limit=&before=` | tenures, newest first: failover or handoff, the gap before each (`gap_ms`) and what it is measured from (`gap_from`) |
 //! | `GET /api/cluster/nodes` | every node with its state and `admin_url`, and the counts |
 //! | `GET /api/cluster/nodes/{node_id}` | one node |
 //! | `GET /api/cluster/events?kind=&node=&role=&after=&limit=&before=` | the events history (`kind`: comma-separated) |
@@ -38,14 +39,16 @@
 //! | `POST /api/jobs/{id}/retry`, `.../cancel`; `DELETE /api/jobs/{id}` | one job (409 when its state refuses: deleting a running job) |
 //! | `POST /api/jobs/bulk/retry`, `.../cancel`, `.../delete` | every job matching the JSON filter body, in batches |
 //! | `GET /api/queues` | depth by state, oldest available job's age, paused |
-//! | `POST /api/queues/{queue}/pause`, `.../resume` | stop or restart claims of a queue |
+//! | `POST /api/queues/{queue}/pause`, `.../resume` | stop or restart claims of a queue; a queue the cluster does not know is a 404, unless the pause's body is `{"new": true}` |
 //!
 //! Pages are `{ "items": [...], "next": cursor | null }`: pass `next` as `before` for the
 //! following page; `limit` is 1 to 500 (default 50). Errors are
 //! `{ "error": "...", "code": "...", "status": n }`: 400 bad input (malformed JSON, unknown
-//! query parameter or state, invalid name), 401 missing or wrong token, 403 not allowed, 404
-//! unknown id or endpoint, 409 a change the item's state refuses, 503 PostgreSQL unreachable
-//! or too slow. Never a stack trace, never a secret.
+//! query parameter or state, invalid name, a body sent to a write that takes none), 401
+//! missing or wrong token, 403 not allowed, 404 unknown id or endpoint, 409 a change the
+//! item's state refuses, 413 a body over 1 MiB, 503 PostgreSQL unreachable or too slow. Never a
+//! stack trace, never a secret. While PostgreSQL does not answer, a request that needs it is a
+//! 503 within the readiness bound (2 s), with `"database": "unreachable"` and `since`.
 //!
 //! The bulk body is the list filter as JSON, e.g. `{ "state": ["dead"], "queue": "mail" }`
 //! (`state` also as `"dead,retryable"`; `kind`; `args`); an empty filter is refused unless it
@@ -85,6 +88,7 @@ mod cluster;
 mod dashboard;
 mod error;
 mod extract;
+mod leader;
 mod redact;
 mod views;
 mod work;
@@ -96,23 +100,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::Request;
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
 use forge_core::inspect::Cluster;
 use forge_core::{AdminConfig, NodeId, Role, RoleState};
 use forge_scheduler::inspect::Workload;
+use forge_scheduler::jobs::JobAction;
 use futures_util::FutureExt as _;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::work::JobAction;
-
 pub use axum;
 pub use error::{ApiError, ApiResult};
+pub use leader::{
+    LEADER_HEADER, LEADER_URL_HEADER, Leader, LeaderOnly, LeaderOnlyService, LeaderSource,
+};
 
 /// Everything the API needs: the read models (and so the pool and namespace), the access
 /// rules, and optionally the serving node and its configuration. Cheap to clone.
@@ -127,6 +134,30 @@ pub struct AdminState {
     read_timeout: Duration,
     write_timeout: Duration,
     ready_timeout: Duration,
+    database: Arc<DatabaseWatch>,
+}
+
+/// What the API last saw of PostgreSQL: since when it has been unreachable, if it is.
+#[derive(Debug, Default)]
+struct DatabaseWatch {
+    down_since: std::sync::Mutex<Option<DateTime<Utc>>>,
+}
+
+impl DatabaseWatch {
+    /// PostgreSQL answered: it is reachable.
+    fn reached(&self) {
+        if let Ok(mut since) = self.down_since.lock() {
+            *since = None;
+        }
+    }
+
+    /// PostgreSQL did not answer: unreachable since the first such answer.
+    fn failed(&self) -> DateTime<Utc> {
+        match self.down_since.lock() {
+            Ok(mut since) => *since.get_or_insert_with(Utc::now),
+            Err(_) => Utc::now(),
+        }
+    }
 }
 
 impl AdminState {
@@ -143,6 +174,7 @@ impl AdminState {
             read_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(60),
             ready_timeout: Duration::from_secs(2),
+            database: Arc::new(DatabaseWatch::default()),
         }
     }
 
@@ -187,13 +219,72 @@ impl AdminState {
         &self.workload
     }
 
-    /// Runs a read, bounded by the read timeout.
+    /// Fails fast while PostgreSQL is unreachable: a pool connection within the readiness
+    /// bound (2 s), or a 503 saying since when the database is unreachable (or that the pool is
+    /// busy), instead of waiting for the pool's `connect_timeout` on every request.
+    async fn reachable(&self) -> ApiResult<()> {
+        let pool = self.cluster.pool();
+        let failure = match tokio::time::timeout(self.ready_timeout, pool.acquire()).await {
+            Ok(Ok(conn)) => {
+                drop(conn);
+                self.database.reached();
+                return Ok(());
+            }
+            Ok(Err(err)) => err.to_string(),
+            Err(_)
+                if pool.size() >= pool.options().get_max_connections() && pool.num_idle() == 0 =>
+            {
+                return Err(ApiError::unavailable(format!(
+                    "no database connection was free within {} s: all {} of the pool's connections are busy",
+                    self.ready_timeout.as_secs_f64(),
+                    pool.size()
+                ))
+                .with("database", "busy"));
+            }
+            Err(_) => format!(
+                "no connection could be opened within {} s",
+                self.ready_timeout.as_secs_f64()
+            ),
+        };
+        Err(self.unreachable(&failure))
+    }
+
+    /// A 503 for a database that does not answer, with since when (`since`, RFC 3339).
+    fn unreachable(&self, failure: &str) -> ApiError {
+        let since = self.database.failed();
+        tracing::debug!(target: "forge::admin", error = %failure, %since, "the database is unreachable");
+        ApiError::unavailable(format!(
+            "the database is unreachable (since {}): {failure}",
+            since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        ))
+        .with("database", "unreachable")
+        .with(
+            "since",
+            since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        )
+    }
+
+    /// A failed request's error; an outage (503) also marks the database unreachable.
+    fn failed(&self, err: forge_core::Error) -> ApiError {
+        let err = ApiError::from(err);
+        if err.status() == StatusCode::SERVICE_UNAVAILABLE {
+            let since = self.database.failed();
+            return err.with("database", "unreachable").with(
+                "since",
+                since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            );
+        }
+        err
+    }
+
+    /// Runs a read, bounded by the read timeout (failing fast while PostgreSQL is unreachable).
     pub(crate) async fn read<T>(
         &self,
         query: impl Future<Output = forge_core::Result<T>>,
     ) -> ApiResult<T> {
+        self.reachable().await?;
         match tokio::time::timeout(self.read_timeout, query).await {
-            Ok(result) => result.map_err(ApiError::from),
+            Ok(result) => result.map_err(|err| self.failed(err)),
             Err(_) => Err(ApiError::unavailable(format!(
                 "the database did not answer within {} s",
                 self.read_timeout.as_secs_f64()
@@ -202,14 +293,15 @@ impl AdminState {
     }
 
     /// Runs a write on its own task (a client that goes away does not cut it short), bounded
-    /// by the write timeout.
+    /// by the write timeout (failing fast while PostgreSQL is unreachable).
     pub(crate) async fn write<T: Send + 'static>(
         &self,
         action: impl Future<Output = forge_core::Result<T>> + Send + 'static,
     ) -> ApiResult<T> {
+        self.reachable().await?;
         let task = tokio::spawn(action);
         match tokio::time::timeout(self.write_timeout, task).await {
-            Ok(Ok(result)) => result.map_err(ApiError::from),
+            Ok(Ok(result)) => result.map_err(|err| self.failed(err)),
             Ok(Err(err)) => {
                 tracing::error!(target: "forge::admin", error = %err, "admin action failed");
                 Err(ApiError::internal())
@@ -262,6 +354,14 @@ impl LocalNode {
         self
     }
 
+    /// Its state in `role`, if it campaigns for it.
+    fn state(&self, role: &Role) -> Option<RoleState> {
+        self.roles
+            .iter()
+            .find(|(r, _)| r == role)
+            .map(|(_, state)| state.borrow().clone())
+    }
+
     fn is_stopping(&self) -> bool {
         self.stopping
             .as_ref()
@@ -308,10 +408,12 @@ pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/api/health/live", get(cluster::live))
         .route("/api/health/ready", get(cluster::ready))
+        .route("/api/health/leader/{role}", get(leader::probe))
         .merge(guarded)
         .merge(dashboard::routes(&state))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(extract::MAX_BODY))
         .layer(middleware::from_fn(catch_panic))
         .with_state(state)
 }

@@ -7,7 +7,7 @@ use axum::routing::{MethodRouter, delete, post};
 use axum::{Extension, Json};
 use forge_core::inspect::Change;
 use forge_scheduler::inspect::JobFilter;
-use forge_scheduler::jobs::{JobId, JobState};
+use forge_scheduler::jobs::{JobAction, JobId, JobState};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -15,7 +15,7 @@ use crate::AdminState;
 use crate::auth::Actor;
 use crate::cluster::{page, parse_list};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::extract::{ApiJson, ApiOptionalJson, ApiPath, ApiQuery, NoBody};
 
 pub(crate) async fn crons(State(state): State<AdminState>) -> ApiResult<Json<Value>> {
     let crons = state.read(state.workload.crons()).await?;
@@ -102,7 +102,8 @@ pub(crate) fn cron_paused(paused: bool) -> MethodRouter<AdminState> {
     post(
         move |State(state): State<AdminState>,
               Extension(Actor(by)): Extension<Actor>,
-              ApiPath(name): ApiPath<String>| set_cron_paused(state, by, name, paused),
+              ApiPath(name): ApiPath<String>,
+              _: NoBody| set_cron_paused(state, by, name, paused),
     )
 }
 
@@ -110,6 +111,7 @@ pub(crate) async fn trigger_cron(
     State(state): State<AdminState>,
     Extension(Actor(by)): Extension<Actor>,
     ApiPath(name): ApiPath<String>,
+    _: NoBody,
 ) -> ApiResult<Response> {
     let workload = state.workload.clone();
     let (n, b) = (name.clone(), by.clone());
@@ -196,24 +198,6 @@ pub(crate) async fn job(
     }
 }
 
-/// What an operator does to jobs.
-#[derive(Clone, Copy)]
-pub(crate) enum JobAction {
-    Retry,
-    Cancel,
-    Delete,
-}
-
-impl JobAction {
-    fn name(self) -> &'static str {
-        match self {
-            JobAction::Retry => "retry",
-            JobAction::Cancel => "cancel",
-            JobAction::Delete => "delete",
-        }
-    }
-}
-
 async fn one_job(
     state: AdminState,
     by: String,
@@ -248,7 +232,7 @@ async fn one_job(
         }
         _ => return Err(ApiError::conflict(format!("job {id}: not applied")).with("id", id)),
     }
-    audit_log(&format!("{}_job", action.name()), &id.to_string(), &by);
+    audit_log(&format!("{}_job", action.as_str()), &id.to_string(), &by);
     let job = match action {
         JobAction::Delete => None,
         _ => state
@@ -260,7 +244,7 @@ async fn one_job(
     };
     Ok(Json(json!({
         "id": id,
-        "action": action.name(),
+        "action": action.as_str(),
         "outcome": "applied",
         "job": job,
     })))
@@ -271,7 +255,8 @@ async fn one_job(
 pub(crate) fn job_action(action: JobAction) -> MethodRouter<AdminState> {
     let handler = move |State(state): State<AdminState>,
                         Extension(Actor(by)): Extension<Actor>,
-                        ApiPath(id): ApiPath<i64>| one_job(state, by, id, action);
+                        ApiPath(id): ApiPath<i64>,
+                        _: NoBody| one_job(state, by, id, action);
     match action {
         JobAction::Retry | JobAction::Cancel => post(handler),
         JobAction::Delete => delete(handler),
@@ -304,15 +289,10 @@ pub(crate) async fn bulk(
     ApiPath(action): ApiPath<String>,
     ApiJson(body): ApiJson<BulkFilter>,
 ) -> ApiResult<Json<Value>> {
-    let action = match action.as_str() {
-        "retry" => JobAction::Retry,
-        "cancel" => JobAction::Cancel,
-        "delete" => JobAction::Delete,
-        other => {
-            return Err(ApiError::not_found(format!(
-                "no bulk action {other:?}: use retry, cancel or delete"
-            )));
-        }
+    let Some(action) = JobAction::parse(&action) else {
+        return Err(ApiError::not_found(format!(
+            "no bulk action {action:?}: use retry, cancel or delete"
+        )));
     };
     let states = match &body.state {
         None => Vec::new(),
@@ -352,12 +332,12 @@ pub(crate) async fn bulk(
         })
         .await?;
     audit_log(
-        &format!("{}_jobs", action.name()),
+        &format!("{}_jobs", action.as_str()),
         &summary.to_string(),
         &by,
     );
     Ok(Json(json!({
-        "action": action.name(),
+        "action": action.as_str(),
         "filter": summary,
         "affected": affected,
     })))
@@ -373,32 +353,54 @@ fn check_queue(queue: &str) -> ApiResult<()> {
         .map_err(|err| ApiError::bad_request(err.to_string()).with("parameter", "queue"))
 }
 
+/// The optional body of a queue's pause.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PauseQueueBody {
+    /// Pause it even though the cluster does not know it yet (no node works it, no job): to
+    /// pre-pause a queue before its nodes start.
+    #[serde(default)]
+    new: bool,
+}
+
+fn unknown_queue(queue: &str) -> ApiError {
+    ApiError::not_found(format!(
+        "no queue {queue:?} in this cluster (no node works it, it holds no unfinished or dead job, it is not paused); to pause a queue before any node works it, send {{\"new\": true}}"
+    ))
+}
+
 pub(crate) async fn pause_queue(
     State(state): State<AdminState>,
     Extension(Actor(by)): Extension<Actor>,
     ApiPath(queue): ApiPath<String>,
+    ApiOptionalJson(body): ApiOptionalJson<PauseQueueBody>,
 ) -> ApiResult<Json<Value>> {
     check_queue(&queue)?;
     let workload = state.workload.clone();
     let (q, b) = (queue.clone(), by.clone());
-    state
-        .write(async move { workload.pause_queue(&q, &b).await })
-        .await?;
+    let was_paused = state
+        .write(async move { workload.pause_queue(&q, &b, body.new).await })
+        .await?
+        .ok_or_else(|| unknown_queue(&queue))?;
     audit_log("pause_queue", &queue, &by);
-    Ok(Json(json!({ "queue": queue, "paused": true })))
+    Ok(Json(
+        json!({ "queue": queue, "paused": true, "was_paused": was_paused }),
+    ))
 }
 
 pub(crate) async fn resume_queue(
     State(state): State<AdminState>,
     Extension(Actor(by)): Extension<Actor>,
     ApiPath(queue): ApiPath<String>,
+    _: NoBody,
 ) -> ApiResult<Json<Value>> {
     check_queue(&queue)?;
     let workload = state.workload.clone();
     let (q, b) = (queue.clone(), by.clone());
     let was_paused = state
         .write(async move { workload.resume_queue(&q, &b).await })
-        .await?;
+        .await?
+        .ok_or_else(|| unknown_queue(&queue))?;
     audit_log("resume_queue", &queue, &by);
     Ok(Json(
         json!({ "queue": queue, "paused": false, "was_paused": was_paused }),

@@ -245,9 +245,14 @@ pub(crate) enum QueuesCommand {
     #[command(alias = "list")]
     Ls,
     /// Pauses a queue: no node claims its jobs until it is resumed (running ones finish).
+    /// A queue the cluster does not know (no node works it, no unfinished or dead job) is
+    /// refused, unless --new.
     Pause {
         /// The queue.
         queue: String,
+        /// Pause it although no node works it and it holds no job yet (pre-pause a new queue).
+        #[arg(long)]
+        new: bool,
     },
     /// Resumes a paused queue.
     Resume {

@@ -1,10 +1,9 @@
 //! `status`, `leaders`, `events`, `nodes`, `step-down`.
 
-use std::collections::BTreeMap;
-
 use forge::Role;
 use forge::inspect::{
-    EventFilter, EventKind, EventView, LeaderView, NodeView, PageRequest, StepDown,
+    EventFilter, EventKind, EventView, LeaderView, LeadershipState, NodeState, NodeView,
+    PageRequest, StepDown,
 };
 use serde_json::json;
 use tokio::time::Instant;
@@ -17,8 +16,8 @@ use crate::out::{self, Table};
 pub(crate) async fn status(ctx: &Ctx, json: bool) -> Outcome {
     let cluster = ctx.cluster();
     let workload = ctx.workload();
+    let status = cluster.status().await?;
     let leaders = cluster.leaders().await?;
-    let nodes = cluster.nodes().await?;
     let crons = workload.crons().await?;
     let queues = workload.queues().await?;
     let migrations = crate::migrate::forge_status(ctx).await?;
@@ -32,13 +31,6 @@ pub(crate) async fn status(ctx: &Ctx, json: bool) -> Outcome {
         .iter()
         .filter(|m| m.state != forge::migrate::MigrationState::Applied)
         .count();
-    let mut states: BTreeMap<&str, usize> = BTreeMap::new();
-    for state in forge::inspect::NodeState::ALL {
-        states.insert(state.as_str(), 0);
-    }
-    for node in &nodes {
-        *states.entry(node.state.as_str()).or_default() += 1;
-    }
     let paused = crons.iter().filter(|c| c.paused_at.is_some()).count();
     if json {
         out::print_json(&json!({
@@ -47,8 +39,13 @@ pub(crate) async fn status(ctx: &Ctx, json: bool) -> Outcome {
             "server_version": server,
             "migrations": { "applied": migrations.len() - pending, "pending": pending },
             "functions": { "total": functions.len(), "due": functions_due },
-            "nodes": states,
-            "leaders": leaders.iter().map(leader_json).collect::<Vec<_>>(),
+            "healthy": status.healthy,
+            "problems": status.problems,
+            "warnings": status.warnings,
+            "nodes": status.nodes,
+            "roles": status.roles,
+            "leaderless": status.leaderless,
+            "leaders": leaders,
             "crons": { "total": crons.len(), "paused": paused },
             "queues": queues,
         }));
@@ -70,10 +67,18 @@ pub(crate) async fn status(ctx: &Ctx, json: bool) -> Outcome {
             ),
         ),
         (
+            "health",
+            if status.healthy {
+                "healthy".to_owned()
+            } else {
+                format!("NOT HEALTHY: {}", status.problems.join("; "))
+            },
+        ),
+        (
             "nodes",
-            states
+            NodeState::ALL
                 .iter()
-                .map(|(state, n)| format!("{n} {state}"))
+                .map(|state| format!("{} {state}", status.nodes.get(*state)))
                 .collect::<Vec<_>>()
                 .join(", "),
         ),
@@ -91,6 +96,9 @@ pub(crate) async fn status(ctx: &Ctx, json: bool) -> Outcome {
             ),
         ),
     ]);
+    for warning in &status.warnings {
+        println!("warning: {warning}");
+    }
     println!();
     if leaders.is_empty() {
         println!("no role has had a leader yet");
@@ -100,23 +108,12 @@ pub(crate) async fn status(ctx: &Ctx, json: bool) -> Outcome {
     Ok(0)
 }
 
-fn leader_json(leader: &LeaderView) -> serde_json::Value {
-    let mut value = serde_json::to_value(leader).unwrap_or_default();
-    if let Some(map) = value.as_object_mut() {
-        map.insert("led".into(), leader.is_led().into());
-    }
-    value
-}
-
 fn leaders_table(leaders: &[LeaderView]) -> Table {
     let mut table = Table::new(&["ROLE", "NODE", "EPOCH", "STATE", "LEASE LEFT", "SINCE"]);
     for leader in leaders {
-        let state = if leader.released_at.is_some() {
-            "released"
-        } else if leader.is_led() {
-            "leading"
-        } else {
-            "expired"
+        let state = match leader.state {
+            LeadershipState::Led => "leading",
+            other => other.as_str(),
         };
         table.row(vec![
             leader.role.clone(),
@@ -143,7 +140,7 @@ pub(crate) async fn leaders(ctx: &Ctx, args: &LeadersArgs, json: bool) -> Outcom
     if !args.history {
         let leaders = cluster.leaders().await?;
         if json {
-            out::print_json(&leaders.iter().map(leader_json).collect::<Vec<_>>());
+            out::print_json(&leaders);
         } else if leaders.is_empty() {
             println!("no role has had a leader in namespace {}", ctx.namespace);
         } else {
@@ -166,7 +163,7 @@ pub(crate) async fn leaders(ctx: &Ctx, args: &LeadersArgs, json: bool) -> Outcom
         return Ok(0);
     }
     let mut table = Table::new(&[
-        "ID", "ROLE", "EPOCH", "NODE", "SINCE", "FAILOVER", "GAP", "ENDED", "HOW",
+        "ID", "ROLE", "EPOCH", "NODE", "SINCE", "FAILOVER", "GAP", "GAP FROM", "ENDED", "HOW",
     ]);
     for t in &page.items {
         table.row(vec![
@@ -177,6 +174,7 @@ pub(crate) async fn leaders(ctx: &Ctx, args: &LeadersArgs, json: bool) -> Outcom
             out::time(t.acquired_at),
             if t.failover { "yes" } else { "no" }.to_owned(),
             t.gap_ms.map_or_else(|| "-".to_owned(), out::ms),
+            out::or_dash(t.gap_from.map(|g| g.as_str())),
             out::opt_time(t.ended_at),
             serde_json::to_value(t.end)
                 .ok()
@@ -476,7 +474,7 @@ pub(crate) async fn step_down(ctx: &Ctx, args: &StepDownArgs, json: bool) -> Out
             "role": role.name(),
             "epoch": epoch,
             "node_id": from,
-            "new_leader": successor.as_ref().map(leader_json),
+            "new_leader": successor,
         }));
     } else {
         println!(

@@ -333,81 +333,84 @@ async fn migrations(ctx: &Ctx, report: &mut Report) -> bool {
 async fn cluster(ctx: &Ctx, report: &mut Report) -> Result<(), Fail> {
     let cluster = ctx.cluster();
     let workload = ctx.workload();
+    // The same status the admin API and the dashboard show: what fails here is what they
+    // call a problem, what warns here their warnings.
+    let status = cluster.status().await?;
     let leaders = cluster.leaders().await?;
     let nodes = cluster.nodes().await?;
     let crons = workload.crons().await?;
-    let live =
-        |n: &&forge::inspect::NodeView| matches!(n.state, NodeState::Active | NodeState::Drifted);
 
     // Every role FORGE may use in this namespace, for the lock-key check.
     let configured: BTreeSet<String> = ctx.config.node.roles.iter().cloned().collect();
-    let campaigned: BTreeSet<String> = nodes
-        .iter()
-        .filter(live)
-        .flat_map(|n| n.roles.clone())
-        .collect();
     let mut known: BTreeSet<String> = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
     known.extend(configured.iter().cloned());
-    known.extend(campaigned.iter().cloned());
+    known.extend(nodes.iter().flat_map(|n| n.roles.clone()));
     known.extend(leaders.iter().map(|l| l.role.clone()));
     known.extend(crons.iter().map(|c| c.role.clone()));
     lock_keys(ctx, report, &known, &nodes).await?;
 
-    // Roles that should have a leader: the configured ones and those live nodes campaign for.
-    let expected: BTreeSet<&String> = configured.iter().chain(campaigned.iter()).collect();
-    let by_role: BTreeMap<&str, &forge::inspect::LeaderView> =
-        leaders.iter().map(|l| (l.role.as_str(), l)).collect();
-    for role in expected {
-        match by_role.get(role.as_str()) {
-            Some(leader) if leader.is_led() => report.add(
+    for role in &status.roles {
+        if role.led {
+            report.add(
                 "leaders",
                 Level::Ok,
                 format!(
-                    "{role}: {} (epoch {}, lease {} left)",
-                    leader.node_id,
-                    leader.epoch,
-                    out::ms(leader.lease_remaining_ms)
+                    "{}: {} (epoch {}, lease {} left)",
+                    role.role,
+                    role.leader.as_deref().unwrap_or("?"),
+                    out::or_dash(role.epoch),
+                    out::ms(role.lease_remaining_ms.unwrap_or_default())
                 ),
-            ),
-            other => {
-                let last = match other {
-                    Some(l) => format!(
-                        " (last: {} at epoch {}, {})",
-                        l.node_id,
-                        l.epoch,
-                        if l.released_at.is_some() {
-                            "released"
-                        } else {
-                            "lease expired"
-                        }
-                    ),
-                    None => String::new(),
-                };
-                let hint = if campaigned.contains(role) {
-                    format!(
-                        "live nodes campaign for {role} but none holds it: look for a foreign holder of its key (above), and at `forge events --role {role}`"
-                    )
-                } else {
-                    format!(
-                        "no live node campaigns for {role}: start a node with {role} in [node] roles (FORGE_ROLES) and work for it"
-                    )
-                };
-                report.hint(
-                    "leaders",
-                    Level::Fail,
-                    format!("{role}: no leader{last}"),
-                    hint,
-                );
-            }
+            );
+            continue;
         }
+        let name = &role.role;
+        let last = match leaders.iter().find(|l| l.role == *name) {
+            Some(l) => format!(
+                " (last: {} at epoch {}, {})",
+                l.node_id,
+                l.epoch,
+                l.state.as_str()
+            ),
+            None => String::new(),
+        };
+        let hint = if role.candidates > 0 {
+            format!(
+                "active nodes campaign for {name} but none holds it: look for a foreign holder of its key (above), and at `forge events --role {name}`"
+            )
+        } else if !role.down_candidates.is_empty() {
+            format!(
+                "the nodes that campaign for {name} are down ({}): restart them, or start another node with {name} in [node] roles",
+                role.down_candidates.join(", ")
+            )
+        } else {
+            format!(
+                "no active node campaigns for {name}: start a node with {name} in [node] roles (FORGE_ROLES) and work for it"
+            )
+        };
+        report.hint(
+            "leaders",
+            Level::Fail,
+            format!("{name}: no leader{last}"),
+            hint,
+        );
+    }
+    // Roles this configuration lists that no node campaigns for: not deployed yet, or the
+    // nodes have no work for them.
+    let expected: BTreeSet<&str> = status.roles.iter().map(|r| r.role.as_str()).collect();
+    for role in configured.iter().filter(|r| !expected.contains(r.as_str())) {
+        report.hint(
+            "leaders",
+            Level::Warn,
+            format!("{role}: listed in [node] roles here, but no node campaigns for it"),
+            format!(
+                "no node in the cluster campaigns for {role}: start a node with {role} in [node] roles (FORGE_ROLES) and work for it, or drop it from this configuration"
+            ),
+        );
     }
 
-    let mut counts: BTreeMap<NodeState, Vec<&str>> = BTreeMap::new();
-    for node in &nodes {
-        counts.entry(node.state).or_default().push(&node.node_id);
-    }
-    let active = counts.get(&NodeState::Active).map_or(0, Vec::len);
-    if active == 0 {
+    let counts = status.nodes;
+    if counts.active == 0 {
         report.hint(
             "nodes",
             Level::Fail,
@@ -415,9 +418,17 @@ async fn cluster(ctx: &Ctx, report: &mut Report) -> Result<(), Fail> {
             "start the service's nodes; `forge nodes` lists the known ones",
         );
     } else {
-        report.add("nodes", Level::Ok, format!("{active} active"));
+        report.add("nodes", Level::Ok, format!("{} active", counts.active));
     }
-    if let Some(drifted) = counts.get(&NodeState::Drifted) {
+    let named = |state: NodeState| -> Vec<&str> {
+        nodes
+            .iter()
+            .filter(|n| n.state == state)
+            .map(|n| n.node_id.as_str())
+            .collect()
+    };
+    let drifted = named(NodeState::Drifted);
+    if !drifted.is_empty() {
         report.hint(
             "nodes",
             Level::Warn,
@@ -425,7 +436,8 @@ async fn cluster(ctx: &Ctx, report: &mut Report) -> Result<(), Fail> {
             "a drifted node is frozen, starved or cut off from PostgreSQL: check its process and network",
         );
     }
-    if let Some(down) = counts.get(&NodeState::Down) {
+    let down = named(NodeState::Down);
+    if !down.is_empty() {
         report.hint(
             "nodes",
             Level::Warn,

@@ -1,6 +1,7 @@
 //! `crons`, `jobs`, `queues`.
 
 use forge::inspect::{Change, CronView, JobFilter, PageRequest, QueueView, TickView};
+use forge::jobs::JobAction as Action;
 use forge::jobs::{JobId, JobState};
 use serde_json::json;
 
@@ -93,6 +94,7 @@ pub(crate) async fn crons(ctx: &Ctx, action: &CronsCommand, json: bool) -> Outco
                     "NODE",
                     "EPOCH",
                     "LAG",
+                    "DURATION",
                     "FINISHED",
                     "ERROR",
                 ]);
@@ -166,7 +168,8 @@ fn cron_row(cron: &CronView) -> Vec<String> {
             .map_or_else(|| "-".to_owned(), |t| t.state.as_str().to_owned()),
         cron.last
             .as_ref()
-            .map_or_else(|| "-".to_owned(), |t| out::ms(t.lag_ms)),
+            .and_then(|t| t.lag_ms)
+            .map_or_else(|| "-".to_owned(), out::ms),
         if cron.paused_at.is_some() {
             "yes"
         } else {
@@ -184,7 +187,8 @@ fn tick_row(tick: &TickView) -> Vec<String> {
         tick.attempt.to_string(),
         tick.node_id.clone(),
         tick.epoch.to_string(),
-        out::ms(tick.lag_ms),
+        tick.lag_ms.map_or_else(|| "-".to_owned(), out::ms),
+        tick.duration_ms.map_or_else(|| "-".to_owned(), out::ms),
         out::opt_time(tick.finished_at),
         out::cut(tick.error.as_deref().unwrap_or(""), 60),
     ]
@@ -329,6 +333,20 @@ pub(crate) async fn jobs(ctx: &Ctx, action: &JobsCommand, json: bool) -> Outcome
                     .to_owned(),
                 ),
                 ("args", job.args.to_string()),
+                (
+                    "actions",
+                    out::or_dash(
+                        Some(
+                            Action::ALL
+                                .iter()
+                                .filter(|a| job.actions.allows(**a))
+                                .map(|a| a.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                        )
+                        .filter(|list| !list.is_empty()),
+                    ),
+                ),
             ]);
             if !job.errors.is_empty() {
                 println!();
@@ -346,38 +364,22 @@ pub(crate) async fn jobs(ctx: &Ctx, action: &JobsCommand, json: bool) -> Outcome
             }
             Ok(0)
         }
-        JobsCommand::Retry(act) => job_action(ctx, act, Verb::Retry, json).await,
-        JobsCommand::Cancel(act) => job_action(ctx, act, Verb::Cancel, json).await,
-        JobsCommand::Delete(act) => job_action(ctx, act, Verb::Delete, json).await,
+        JobsCommand::Retry(act) => job_action(ctx, act, Action::Retry, json).await,
+        JobsCommand::Cancel(act) => job_action(ctx, act, Action::Cancel, json).await,
+        JobsCommand::Delete(act) => job_action(ctx, act, Action::Delete, json).await,
     }
 }
 
-#[derive(Clone, Copy)]
-enum Verb {
-    Retry,
-    Cancel,
-    Delete,
-}
-
-impl Verb {
-    fn name(self) -> &'static str {
-        match self {
-            Verb::Retry => "retry",
-            Verb::Cancel => "cancel",
-            Verb::Delete => "delete",
-        }
-    }
-
-    fn done(self) -> &'static str {
-        match self {
-            Verb::Retry => "made available again",
-            Verb::Cancel => "cancelled (or asked to stop)",
-            Verb::Delete => "deleted",
-        }
+/// What an action did, for the output.
+fn done(action: Action) -> &'static str {
+    match action {
+        Action::Retry => "made available again",
+        Action::Cancel => "cancelled (or asked to stop)",
+        Action::Delete => "deleted",
     }
 }
 
-async fn job_action(ctx: &Ctx, act: &JobAction, verb: Verb, json: bool) -> Outcome {
+async fn job_action(ctx: &Ctx, act: &JobAction, verb: Action, json: bool) -> Outcome {
     let workload = ctx.workload();
     let Some(id) = act.id else {
         // Bulk: only with --all-matching and at least one filter.
@@ -385,47 +387,49 @@ async fn job_action(ctx: &Ctx, act: &JobAction, verb: Verb, json: bool) -> Outco
             return Err(Fail::usage(format!(
                 "`jobs {} --all-matching` needs at least one filter (--state, --queue, --kind, --args): \
                  list them first with `forge jobs ls` and the same filters",
-                verb.name()
+                verb.as_str()
             )));
         }
         let filter = job_filter(&act.filter)?;
         let n = match verb {
-            Verb::Retry => workload.retry_jobs(&filter, &ctx.by).await?,
-            Verb::Cancel => workload.cancel_jobs(&filter, &ctx.by).await?,
-            Verb::Delete => workload.delete_jobs(&filter, &ctx.by).await?,
+            Action::Retry => workload.retry_jobs(&filter, &ctx.by).await?,
+            Action::Cancel => workload.cancel_jobs(&filter, &ctx.by).await?,
+            Action::Delete => workload.delete_jobs(&filter, &ctx.by).await?,
         };
         if json {
-            out::print_json(&json!({ "action": verb.name(), "matched": n }));
+            out::print_json(&json!({ "action": verb.as_str(), "matched": n }));
         } else {
-            println!("{n} jobs {}", verb.done());
+            println!("{n} jobs {}", done(verb));
         }
         return Ok(0);
     };
     if !act.filter.is_empty() {
         return Err(Fail::usage(format!(
             "filters select jobs for `jobs {} --all-matching`; with a job id, give no filter",
-            verb.name()
+            verb.as_str()
         )));
     }
     let job = JobId(id);
     let change = match verb {
-        Verb::Retry => workload.retry_job(job, &ctx.by).await?,
-        Verb::Cancel => workload.cancel_job(job, &ctx.by).await?,
-        Verb::Delete => workload.delete_job(job, &ctx.by).await?,
+        Action::Retry => workload.retry_job(job, &ctx.by).await?,
+        Action::Cancel => workload.cancel_job(job, &ctx.by).await?,
+        Action::Delete => workload.delete_job(job, &ctx.by).await?,
     };
     match change {
         Change::Applied => {
             if json {
-                out::print_json(&json!({ "action": verb.name(), "id": id, "outcome": "applied" }));
+                out::print_json(
+                    &json!({ "action": verb.as_str(), "id": id, "outcome": "applied" }),
+                );
             } else {
-                println!("job {id} {}", verb.done());
+                println!("job {id} {}", done(verb));
             }
             Ok(0)
         }
         Change::NotFound => Err(no_job(ctx, id)),
         Change::Refused(why) => Err(Fail::problem(format!(
             "cannot {} job {id}: {why}",
-            verb.name()
+            verb.as_str()
         ))),
         other => Err(Fail::problem(format!(
             "job {id}: unexpected outcome {other:?}"
@@ -467,17 +471,25 @@ pub(crate) async fn queues(ctx: &Ctx, action: &QueuesCommand, json: bool) -> Out
             }
             Ok(0)
         }
-        QueuesCommand::Pause { queue } => {
-            workload.pause_queue(queue, &ctx.by).await?;
+        QueuesCommand::Pause { queue, new } => {
+            let Some(was_paused) = workload.pause_queue(queue, &ctx.by, *new).await? else {
+                return Err(unknown_queue(ctx, queue, true));
+            };
             if json {
-                out::print_json(&json!({ "queue": queue, "paused": true }));
+                out::print_json(
+                    &json!({ "queue": queue, "paused": true, "was_paused": was_paused }),
+                );
+            } else if was_paused {
+                println!("queue {queue} was paused already");
             } else {
                 println!("paused queue {queue}: no node claims its jobs until it is resumed");
             }
             Ok(0)
         }
         QueuesCommand::Resume { queue } => {
-            let was_paused = workload.resume_queue(queue, &ctx.by).await?;
+            let Some(was_paused) = workload.resume_queue(queue, &ctx.by).await? else {
+                return Err(unknown_queue(ctx, queue, false));
+            };
             if json {
                 out::print_json(
                     &json!({ "queue": queue, "paused": false, "was_paused": was_paused }),
@@ -490,6 +502,18 @@ pub(crate) async fn queues(ctx: &Ctx, action: &QueuesCommand, json: bool) -> Out
             Ok(0)
         }
     }
+}
+
+fn unknown_queue(ctx: &Ctx, queue: &str, pausing: bool) -> Fail {
+    Fail::problem(format!(
+        "no queue {queue:?} in namespace {} (no node works it, it holds no unfinished or dead job, it is not paused): see `forge queues`{}",
+        ctx.namespace,
+        if pausing {
+            "; to pause a queue before any node works it, pass --new"
+        } else {
+            ""
+        }
+    ))
 }
 
 fn queue_row(q: &QueueView) -> Vec<String> {

@@ -198,6 +198,11 @@ pub struct NodeConfig {
     pub roles: Vec<String>,
     /// Campaign for listed roles even when this binary registered no work for them.
     pub campaign_without_work: bool,
+    /// Roles (of `roles`) this node should lead when it can: while it waits as a standby of
+    /// such a role, a leader that does not prefer the role hands it over to this node (as
+    /// Kafka's preferred leader election does). Useful for a node with more memory for the
+    /// aggregator.
+    pub prefer_roles: Vec<String>,
 }
 
 impl Default for NodeConfig {
@@ -209,6 +214,7 @@ impl Default for NodeConfig {
                 .map(|role| role.name().to_owned())
                 .collect(),
             campaign_without_work: false,
+            prefer_roles: Vec::new(),
         }
     }
 }
@@ -249,6 +255,19 @@ impl NodeConfig {
         for role in &self.roles {
             check_name(Name::Role, role).map_err(|err| at.error("node.roles", err.to_string()))?;
         }
+        for role in &self.prefer_roles {
+            check_name(Name::Role, role)
+                .map_err(|err| at.error("node.prefer_roles", err.to_string()))?;
+            if !self.roles.contains(role) {
+                return Err(at.error(
+                    "node.prefer_roles",
+                    format!(
+                        "{role:?} is not in node.roles ({}): a node can only lead roles it campaigns for; add it to roles or remove it here",
+                        self.roles.join(", ")
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -270,6 +289,12 @@ pub struct ClusterConfig {
     /// of 10,000 rows per statement, fenced).
     #[serde(with = "duration")]
     pub compaction_interval: Duration,
+    /// Spread the roles' leaderships across the nodes: a node that leads more roles than its
+    /// share (the roles divided by the nodes, rounded up) hands one over, gracefully, to a
+    /// standby that leads fewer; one move at a time in the cluster, and a role that just moved
+    /// stays put for a while. `false`: the first node to campaign keeps what it wins (only
+    /// `[node] prefer_roles` moves roles).
+    pub spread: bool,
     /// `[cluster.leader_election]`
     pub leader_election: LeaderElectionConfig,
     /// `[cluster.membership]`
@@ -282,6 +307,7 @@ impl Default for ClusterConfig {
             lock_namespace: LockNamespace::default().name().to_owned(),
             history_retention: Duration::from_secs(30 * 24 * 3600),
             compaction_interval: Duration::from_secs(60),
+            spread: true,
             leader_election: LeaderElectionConfig::default(),
             membership: MembershipConfig::default(),
         }

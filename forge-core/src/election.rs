@@ -123,6 +123,16 @@ pub(crate) struct RoleHandle {
     /// the role still has its standbys, and wakes the campaign with `wake` when it does not.
     pub(crate) reserve: AtomicBool,
     pub(crate) wake: Arc<Notify>,
+    /// A placement move asked of this node's leadership of the role (from its heartbeat:
+    /// `forge.placement_move`): hand it over to that node.
+    pub(crate) moves: watch::Sender<Option<PlacementMove>>,
+}
+
+/// A placement move: hand the role over to `to`, for `why` (`spread` or `preferred`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PlacementMove {
+    pub(crate) to: String,
+    pub(crate) why: String,
 }
 
 impl RoleHandle {
@@ -133,6 +143,7 @@ impl RoleHandle {
             current: Mutex::new(None),
             reserve: AtomicBool::new(false),
             wake: Arc::new(Notify::new()),
+            moves: watch::Sender::new(None),
         }
     }
 
@@ -227,6 +238,9 @@ enum Hold {
     Shutdown,
     /// An operator asked this leader to step down: hand over, keep campaigning.
     StepDown,
+    /// Placement asked this leader to hand the role over to another node: hand over to it,
+    /// keep campaigning.
+    Move(PlacementMove),
     /// Lost, for this reason.
     Lost(&'static str),
 }
@@ -547,7 +561,7 @@ impl Campaign {
                 && row.acquired
                 && let (Some(epoch), Some(tenure)) = (row.epoch, row.tenure)
             {
-                let _ = self.release(&mut conn, Epoch(epoch), tenure).await;
+                let _ = self.release(&mut conn, Epoch(epoch), tenure, None).await;
             }
             close(conn).await;
         }
@@ -674,11 +688,16 @@ impl Campaign {
         let mut tasks = self.start_tasks(&leadership);
         let end = match self.hold(&session, &leadership, metrics).await {
             Hold::Shutdown => {
-                self.hand_over(&session, leadership, tasks, metrics, "shutdown")
+                self.hand_over(&session, leadership, tasks, metrics, None)
                     .await
             }
             Hold::StepDown => {
-                self.hand_over(&session, leadership, tasks, metrics, "step_down")
+                self.hand_over(&session, leadership, tasks, metrics, Some(None))
+                    .await;
+                SessionEnd::SteppedDown
+            }
+            Hold::Move(to) => {
+                self.hand_over(&session, leadership, tasks, metrics, Some(Some(to)))
                     .await;
                 SessionEnd::SteppedDown
             }
@@ -811,6 +830,9 @@ impl Campaign {
         let acquired = Instant::now();
         let mut last_sent = leadership.tenure().deadline() + self.election.safety_margin()
             - self.election.lease_duration;
+        // Placement moves asked of an earlier tenure are not this one's.
+        let mut moves = self.handle.moves.subscribe();
+        moves.borrow_and_update();
         loop {
             let deadline = leadership.tenure().deadline();
             tokio::select! {
@@ -832,6 +854,14 @@ impl Campaign {
                     Heard::Verify => last_sent = Instant::now() - refresh,
                     _ => {}
                 },
+                Ok(()) = moves.changed() => {
+                    if let Some(to) = moves.borrow_and_update().clone() {
+                        info!(target: "forge::leader", role = %self.role(), node = %self.node_id,
+                              epoch = leadership.epoch().0, to = %to.to, why = %to.why,
+                              "handing the role over to spread leadership");
+                        return Hold::Move(to);
+                    }
+                }
                 _ = sleep_until(last_sent + refresh) => {
                     match self.renew_lease(session, leadership).await {
                         Ok(sent) => {
@@ -911,13 +941,20 @@ impl Campaign {
         conn: &mut PgConnection,
         epoch: Epoch,
         tenure: i64,
+        to: Option<&PlacementMove>,
     ) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar("SELECT forge.release($1, $2, $3, $4, $5)")
+        // The named node is a standby waiting inside the lock: the lock reaches it in
+        // milliseconds; past the window any waiter may take it (the node may have died).
+        let window = self.election.lock_timeout.as_millis() as i64;
+        sqlx::query_scalar("SELECT forge.release($1, $2, $3, $4, $5, $6, $7, $8)")
             .bind(&self.namespace)
             .bind(self.role())
             .bind(self.key.0)
             .bind(epoch)
             .bind(tenure)
+            .bind(to.map(|m| m.to.as_str()))
+            .bind(to.map(|m| m.why.as_str()))
+            .bind(window)
             .fetch_one(&mut *conn)
             .await
     }
@@ -938,15 +975,22 @@ impl Campaign {
     }
 
     /// Graceful handoff: stop new work, drain up to `drain_timeout` while still renewing the
-    /// lease (so no other node can lead while the old work runs), release, close.
+    /// lease (so no other node can lead while the old work runs), release, close. `asked`:
+    /// `None` at shutdown; `Some(None)` on a step-down; `Some(Some(move))` for a placement move,
+    /// whose node the release names.
     async fn hand_over(
         &mut self,
         session: &SharedSession,
         leadership: Leadership,
         mut tasks: JoinSet<()>,
         metrics: &RoleMetrics,
-        reason: &'static str,
+        asked: Option<Option<PlacementMove>>,
     ) -> SessionEnd {
+        let (reason, to) = match asked {
+            None => ("shutdown", None),
+            Some(None) => ("step_down", None),
+            Some(Some(to)) => ("rebalance", Some(to)),
+        };
         let started = Instant::now();
         let epoch = leadership.epoch();
         leadership.tenure().draining.cancel();
@@ -969,7 +1013,7 @@ impl Campaign {
         } else {
             timeout(
                 Duration::from_secs(5),
-                self.release(&mut conn, epoch, leadership.tenure_id()),
+                self.release(&mut conn, epoch, leadership.tenure_id(), to.as_ref()),
             )
             .await
         };

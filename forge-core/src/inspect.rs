@@ -3,7 +3,6 @@
 //! shared by the admin API, the CLI and the dashboard. Every query reads PostgreSQL, so any
 //! node (or a process that is no node at all) answers for the whole cluster.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -28,6 +27,9 @@ crate::sql_enum! {
         /// A leader lost its leadership without handing over, as it saw it (`detail.reason`:
         /// deadline, deposed, renewal_failed); recorded best effort once it reaches the database.
         LeaderLost = "leader_lost",
+        /// A leader handed a role over to a named node to spread the roles or because that
+        /// node prefers the role (`detail.to`, `detail.why`: `spread` or `preferred`).
+        LeaderRebalanced = "leader_rebalanced",
         /// A node started.
         NodeJoined = "node_joined",
         /// A node stopped gracefully.
@@ -60,6 +62,14 @@ crate::sql_enum! {
         Down = "down",
         /// Stopped gracefully.
         Stopped = "stopped",
+    }
+}
+
+impl NodeState {
+    /// Whether a node in this state is live (active or drifted): it may still run work and
+    /// hold leaderships. Down and stopped nodes are gone.
+    pub fn is_live(self) -> bool {
+        matches!(self, NodeState::Active | NodeState::Drifted)
     }
 }
 
@@ -147,14 +157,43 @@ pub struct LeaderView {
     pub lease_until: DateTime<Utc>,
     /// Set when the leader handed the role over and nobody took it yet.
     pub released_at: Option<DateTime<Utc>>,
-    /// Milliseconds of lease left (negative: expired; the role has no live leader).
+    /// Milliseconds of lease left (negative: expired).
     pub lease_remaining_ms: f64,
+    /// Whether this tenure is current (`forge.tenure_current`, the rule the fence enforces:
+    /// unreleased, lease unexpired, its lock session alive): the role is led by `node_id`.
+    pub led: bool,
+    /// Led, released (handed over, nobody took it yet) or lost (its lock session ended or its
+    /// lease ran out, and no one leads yet).
+    pub state: LeadershipState,
 }
 
 impl LeaderView {
-    /// Whether the role has a leader with a valid lease.
+    /// Whether the role has a leader: its tenure is current (see [`LeaderView::led`]).
     pub fn is_led(&self) -> bool {
-        self.released_at.is_none() && self.lease_remaining_ms > 0.0
+        self.led
+    }
+}
+
+/// Where a role's leadership is (see [`LeaderView::state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeadershipState {
+    /// Its tenure is current: the role has a leader.
+    Led,
+    /// Its leader handed it over and no one took it yet.
+    Released,
+    /// Its leader's lock session ended or its lease ran out, and no one took it yet.
+    Lost,
+}
+
+impl LeadershipState {
+    /// `led`, `released` or `lost`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeadershipState::Led => "led",
+            LeadershipState::Released => "released",
+            LeadershipState::Lost => "lost",
+        }
     }
 }
 
@@ -186,13 +225,55 @@ pub struct TenureView {
     pub acquired_at: DateTime<Utc>,
     /// Whether it began by failover (the previous leader did not hand over).
     pub failover: bool,
-    /// How long the role was without a leader before it: from the previous leader's release
-    /// (handoff) or last renewal (failover) to this election, in milliseconds.
+    /// How long the role was without a leader before it, in milliseconds: from the instant
+    /// [`TenureView::gap_from`] names to this election (`None` for a role's first tenure).
     pub gap_ms: Option<f64>,
+    /// Where [`TenureView::gap_ms`] is measured from.
+    pub gap_from: Option<GapFrom>,
+    /// Set when it began with a placement move (a handoff to this node named by its
+    /// predecessor): why - `spread` (the roles spread across the nodes) or `preferred` (this
+    /// node prefers the role).
+    pub moved: Option<String>,
     /// When it ended (release, or the next election after a loss).
     pub ended_at: Option<DateTime<Utc>>,
     /// How it ended.
     pub end: TenureEnd,
+}
+
+/// Where a tenure's gap ([`TenureView::gap_ms`], `leader_elected`'s `detail.gap_ms`) is measured
+/// from: the last instant the previous tenure is known to have led.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GapFrom {
+    /// A handoff: the previous leader's release.
+    Release,
+    /// A failover whose new leader was waiting inside the role's lock: the lock was granted to
+    /// it the instant the previous leader's lock session ended (a crash, a terminated session),
+    /// while that leader's lease was still valid. The gap is the takeover as PostgreSQL saw it
+    /// (a killed process's session ends a few milliseconds after the process: the demo's
+    /// SIGKILL-to-election 15 ms is such a gap of 0.3 ms).
+    LockGranted,
+    /// A failover otherwise (the lock was free when the new leader asked, or the previous
+    /// lease had run out: a frozen or cut-off leader): the previous leader's last renewal, the
+    /// last instant it is known to have led. An upper bound of the gap.
+    LastRenewal,
+}
+
+impl GapFrom {
+    /// `release`, `lock_granted` or `last_renewal` (as in `detail.gap_from`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GapFrom::Release => "release",
+            GapFrom::LockGranted => "lock_granted",
+            GapFrom::LastRenewal => "last_renewal",
+        }
+    }
+
+    fn parse(text: &str) -> Option<GapFrom> {
+        [GapFrom::Release, GapFrom::LockGranted, GapFrom::LastRenewal]
+            .into_iter()
+            .find(|g| g.as_str() == text)
+    }
 }
 
 /// One event of the cluster's history.
@@ -248,9 +329,12 @@ pub struct NodeView {
     pub heartbeat_at: DateTime<Utc>,
     /// Milliseconds since its last heartbeat.
     pub heartbeat_age_ms: f64,
+    /// Whether it is live: active or drifted ([`NodeState::is_live`]).
+    pub live: bool,
     /// The roles it campaigns for.
     pub roles: Vec<String>,
-    /// The roles it leads (as of its last heartbeat).
+    /// The roles it leads: those whose current tenure ([`LeaderView::led`]) is its. A node
+    /// down or stopped leads nothing, whatever its last heartbeat said.
     pub leads: Vec<String>,
     /// The queues it works, with their concurrency.
     pub queues: serde_json::Value,
@@ -262,6 +346,197 @@ pub struct NodeView {
     pub down_at: Option<DateTime<Utc>>,
     /// Why it was marked down.
     pub down_reason: Option<String>,
+}
+
+/// How many nodes are in each state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NodeCounts {
+    /// Every node the cluster knows (until forgotten).
+    pub total: usize,
+    /// Heartbeating.
+    pub active: usize,
+    /// Silent for `drift_after`.
+    pub drifted: usize,
+    /// Gone.
+    pub down: usize,
+    /// Stopped gracefully.
+    pub stopped: usize,
+}
+
+impl NodeCounts {
+    /// The counts of `nodes`.
+    pub fn of(nodes: &[NodeView]) -> NodeCounts {
+        let mut counts = NodeCounts::default();
+        for node in nodes {
+            counts.total += 1;
+            *counts.slot(node.state) += 1;
+        }
+        counts
+    }
+
+    /// Nodes in `state`.
+    pub fn get(&self, state: NodeState) -> usize {
+        match state {
+            NodeState::Active => self.active,
+            NodeState::Drifted => self.drifted,
+            NodeState::Down => self.down,
+            NodeState::Stopped => self.stopped,
+        }
+    }
+
+    fn slot(&mut self, state: NodeState) -> &mut usize {
+        match state {
+            NodeState::Active => &mut self.active,
+            NodeState::Drifted => &mut self.drifted,
+            NodeState::Down => &mut self.down,
+            NodeState::Stopped => &mut self.stopped,
+        }
+    }
+}
+
+/// A role the cluster expects a leader for, and its leadership ([`ClusterStatus::roles`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct RoleStatus {
+    /// The role.
+    pub role: String,
+    /// Whether it has a leader ([`LeaderView::led`]).
+    pub led: bool,
+    /// Led, released, lost; `None`: it has never had a leader.
+    pub state: Option<LeadershipState>,
+    /// Its leader, while led.
+    pub leader: Option<String>,
+    /// The current (or last) tenure's epoch.
+    pub epoch: Option<Epoch>,
+    /// When the current tenure began, while led.
+    pub since: Option<DateTime<Utc>>,
+    /// The lease left, while led, in milliseconds.
+    pub lease_remaining_ms: Option<f64>,
+    /// The lease's length (from the last renewal to its end), while led, in milliseconds.
+    pub lease_ms: Option<f64>,
+    /// Active nodes that campaign for it.
+    pub candidates: usize,
+    /// Down nodes that campaigned for it.
+    pub down_candidates: Vec<String>,
+}
+
+/// The cluster at a glance, computed once for the admin API (`GET /api/cluster/status`), the
+/// CLI (`forge status`, `forge doctor`) and the dashboard, so that they all say the same.
+///
+/// * **Expected roles**: the roles that nodes not stopped (active, drifted or down) campaign
+///   for - a node that left gracefully takes its roles with it, one that died does not - and
+///   any role led right now.
+/// * **Problems** (the cluster is not healthy): an expected role without a leader; no active
+///   node.
+/// * **Warnings**: a node drifted or down.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ClusterStatus {
+    /// The cluster's lock namespace.
+    pub namespace: String,
+    /// The database's clock when this was read: relative times ("3 s ago") count from it.
+    pub now: DateTime<Utc>,
+    /// No problem.
+    pub healthy: bool,
+    /// What is wrong, one sentence each.
+    pub problems: Vec<String>,
+    /// What deserves a look, one sentence each.
+    pub warnings: Vec<String>,
+    /// Nodes by state.
+    pub nodes: NodeCounts,
+    /// The expected roles, by name.
+    pub roles: Vec<RoleStatus>,
+    /// The expected roles without a leader.
+    pub leaderless: Vec<String>,
+}
+
+impl ClusterStatus {
+    /// The status of a cluster with these leaderships and nodes, read at `now`.
+    pub fn of(
+        namespace: &str,
+        now: DateTime<Utc>,
+        leaders: &[LeaderView],
+        nodes: &[NodeView],
+    ) -> ClusterStatus {
+        let counts = NodeCounts::of(nodes);
+        let mut expected: std::collections::BTreeSet<&str> = nodes
+            .iter()
+            .filter(|n| n.state != NodeState::Stopped)
+            .flat_map(|n| n.roles.iter().map(String::as_str))
+            .collect();
+        expected.extend(leaders.iter().filter(|l| l.led).map(|l| l.role.as_str()));
+        let mut problems = Vec::new();
+        let mut warnings = Vec::new();
+        let mut leaderless = Vec::new();
+        let roles: Vec<RoleStatus> = expected
+            .into_iter()
+            .map(|role| {
+                let view = leaders.iter().find(|l| l.role == role);
+                let led = view.is_some_and(|l| l.led);
+                let current = view.filter(|l| l.led);
+                let campaigning = |state: NodeState| {
+                    nodes
+                        .iter()
+                        .filter(move |n| n.state == state && n.roles.iter().any(|r| r == role))
+                };
+                let candidates = campaigning(NodeState::Active).count();
+                let down_candidates: Vec<String> = campaigning(NodeState::Down)
+                    .map(|n| n.node_id.clone())
+                    .collect();
+                if !led {
+                    let why = if candidates == 1 {
+                        "1 active node campaigns for it".to_owned()
+                    } else if candidates > 1 {
+                        format!("{candidates} active nodes campaign for it")
+                    } else if !down_candidates.is_empty() {
+                        format!(
+                            "the nodes that campaign for it are down: {}",
+                            down_candidates.join(", ")
+                        )
+                    } else {
+                        "no active node campaigns for it".to_owned()
+                    };
+                    problems.push(format!("role {role} has no leader ({why})"));
+                    leaderless.push(role.to_owned());
+                }
+                RoleStatus {
+                    role: role.to_owned(),
+                    led,
+                    state: view.map(|l| l.state),
+                    leader: current.map(|l| l.node_id.clone()),
+                    epoch: view.map(|l| l.epoch),
+                    since: current.map(|l| l.acquired_at),
+                    lease_remaining_ms: current.map(|l| l.lease_remaining_ms),
+                    lease_ms: current.map(|l| {
+                        (l.lease_until - l.renewed_at)
+                            .num_microseconds()
+                            .unwrap_or(0) as f64
+                            / 1000.0
+                    }),
+                    candidates,
+                    down_candidates,
+                }
+            })
+            .collect();
+        if counts.active == 0 {
+            problems.push("no active node".to_owned());
+        }
+        for node in nodes {
+            if matches!(node.state, NodeState::Drifted | NodeState::Down) {
+                warnings.push(format!("node {} is {}", node.node_id, node.state));
+            }
+        }
+        ClusterStatus {
+            namespace: namespace.to_owned(),
+            now,
+            healthy: problems.is_empty(),
+            problems,
+            warnings,
+            nodes: counts,
+            roles,
+            leaderless,
+        }
+    }
 }
 
 /// One point of a cluster series.
@@ -442,28 +717,9 @@ impl Cluster {
 
     /// Every role's current (or last) leadership.
     pub async fn leaders(&self) -> Result<Vec<LeaderView>> {
-        let rows = sqlx::query(
-            "SELECT role, node_id, epoch, acquired_at, renewed_at, lease_until, released_at,
-                    extract(epoch FROM lease_until - clock_timestamp())::float8 * 1000 AS remaining
-               FROM forge.leaders WHERE namespace = $1 ORDER BY role",
-        )
-        .bind(&self.namespace)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(LeaderView {
-                    role: row.try_get("role")?,
-                    node_id: row.try_get("node_id")?,
-                    epoch: row.try_get("epoch")?,
-                    acquired_at: row.try_get("acquired_at")?,
-                    renewed_at: row.try_get("renewed_at")?,
-                    lease_until: row.try_get("lease_until")?,
-                    released_at: row.try_get("released_at")?,
-                    lease_remaining_ms: row.try_get("remaining")?,
-                })
-            })
-            .collect()
+        let leaders = sqlx::query(sqlx::AssertSqlSafe(format!("{LEADERS_SQL} ORDER BY role")))
+            .bind(&self.namespace);
+        fetch_views(leaders, &self.pool, leader_from_row).await
     }
 
     /// The leadership history, newest first: each tenure with how it began (failover or
@@ -476,7 +732,12 @@ impl Cluster {
         let rows = sqlx::query(
             "SELECT e.id, e.role, e.epoch, e.node_id, e.at,
                     coalesce((e.detail->>'failover')::boolean, false) AS failover,
-                    (e.detail->>'gap_ms')::float8 AS gap_ms,
+                    (e.detail->>'gap_ms')::float8 AS gap_ms, e.detail->>'gap_from' AS gap_from,
+                    CASE WHEN (e.detail->>'moved')::boolean THEN (
+                        SELECT coalesce(m.detail->>'why', 'spread') FROM forge.events m
+                         WHERE m.namespace = e.namespace AND m.role = e.role
+                           AND m.kind = 'leader_rebalanced' AND m.id < e.id
+                         ORDER BY m.id DESC LIMIT 1) END AS moved,
                     r.at AS released_at, n.at AS next_at
                FROM forge.events e
                LEFT JOIN LATERAL (
@@ -569,21 +830,54 @@ impl Cluster {
     }
 
     /// How many nodes are in each state.
-    pub async fn node_counts(&self) -> Result<BTreeMap<NodeState, i64>> {
-        let nodes = self.nodes().await?;
-        let mut counts = BTreeMap::new();
-        for node in nodes {
-            *counts.entry(node.state).or_default() += 1;
-        }
-        Ok(counts)
+    pub async fn node_counts(&self) -> Result<NodeCounts> {
+        Ok(NodeCounts::of(&self.nodes().await?))
+    }
+
+    /// The cluster's status, as every tool shows it ([`ClusterStatus`]): the leaders and the
+    /// nodes read in one statement, with the database's clock.
+    pub async fn status(&self) -> Result<ClusterStatus> {
+        let mut tx = self.pool.begin().await?;
+        // One snapshot: the leaders and the nodes as of the same instant.
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&mut *tx)
+            .await?;
+        let leaders = sqlx::query(sqlx::AssertSqlSafe(format!("{LEADERS_SQL} ORDER BY role")))
+            .bind(&self.namespace)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(leader_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        let nodes = self
+            .nodes_query("ORDER BY node_id")
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(node_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        tx.commit().await?;
+        Ok(ClusterStatus::of(
+            self.namespace.name(),
+            now,
+            &leaders,
+            &nodes,
+        ))
     }
 
     /// The cluster series named (all when empty) since `since`, oldest first: `jobs_completed`,
     /// `jobs_failed`, `jobs_retried`, `jobs_dead`, `jobs_cancelled`, `job_attempts` and
     /// `job_duration_seconds_sum` by queue; `cron_runs`, `cron_failures`,
     /// `cron_lag_seconds_sum` and `cron_duration_seconds_sum` by cron; `queue_depth`,
-    /// `oldest_job_age_seconds` and `dead_jobs` by queue (sampled). A counted series has no
-    /// point for an interval in which it did not move: read a missing point as 0.
+    /// `oldest_job_age_seconds` and `dead_jobs` by queue (sampled); and `rollups`, 1 at each
+    /// interval whose counters have been rolled up. A counted series has no point for a
+    /// rolled-up interval in which it did not move: read a missing point as 0 at the intervals
+    /// `rollups` marks, and as unknown at the others (not rolled up yet - the interval in
+    /// progress has its samples before its counts - or skipped while no aggregator led: their
+    /// counts went to a later interval).
     pub async fn series(&self, names: &[&str], since: DateTime<Utc>) -> Result<Vec<SeriesPoint>> {
         let rows = sqlx::query(
             "SELECT at, series, label, value FROM forge.stats
@@ -613,23 +907,59 @@ impl Cluster {
     }
 }
 
+/// Every role's leadership, with whether its tenure is current (`forge.tenure_current`, the
+/// fence's rule). `$1` namespace.
+const LEADERS_SQL: &str =
+    "SELECT role, node_id, epoch, acquired_at, renewed_at, lease_until, released_at,
+            extract(epoch FROM lease_until - clock_timestamp())::float8 * 1000 AS remaining,
+            forge.tenure_current(l) AS led
+       FROM forge.leaders l WHERE namespace = $1";
+
+fn leader_from_row(row: &PgRow) -> Result<LeaderView> {
+    let led: bool = row.try_get("led")?;
+    let released_at: Option<DateTime<Utc>> = row.try_get("released_at")?;
+    Ok(LeaderView {
+        role: row.try_get("role")?,
+        node_id: row.try_get("node_id")?,
+        epoch: row.try_get("epoch")?,
+        acquired_at: row.try_get("acquired_at")?,
+        renewed_at: row.try_get("renewed_at")?,
+        lease_until: row.try_get("lease_until")?,
+        released_at,
+        lease_remaining_ms: row.try_get("remaining")?,
+        led,
+        state: match (led, released_at) {
+            (true, _) => LeadershipState::Led,
+            (false, Some(_)) => LeadershipState::Released,
+            (false, None) => LeadershipState::Lost,
+        },
+    })
+}
+
 /// The nodes with their state: stopped, down (marked by the scheduler leader), drifted
-/// (marked, or silent for drift_after), else active. `$1` namespace, `$2` drift ms.
+/// (marked, or silent for drift_after), else active; and the roles each leads: those whose
+/// current tenure is its (the same rule as a leader's `led`). `$1` namespace, `$2` drift ms.
 pub(crate) const NODES_SQL: &str =
     "SELECT node_id, hostname, pid, version, started_at, heartbeat_at,
         extract(epoch FROM clock_timestamp() - heartbeat_at)::float8 * 1000 AS age_ms,
-        roles, leads, queues, admin_url, stopped_at, down_at, down_reason,
+        roles, queues, admin_url, stopped_at, down_at, down_reason,
+        ARRAY(SELECT l.role FROM forge.leaders l
+               WHERE l.namespace = n.namespace AND l.node_id = n.node_id
+                 AND forge.tenure_current(l)
+               ORDER BY l.role) AS leads,
         CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
              WHEN down_at IS NOT NULL THEN 'down'
              WHEN drifted_at IS NOT NULL
                OR heartbeat_at < clock_timestamp() - $2 * interval '1 millisecond' THEN 'drifted'
              ELSE 'active' END AS state
-   FROM forge.nodes WHERE namespace = $1";
+   FROM forge.nodes n WHERE namespace = $1";
 
 fn node_from_row(row: &PgRow) -> Result<NodeView> {
+    let state: NodeState = row.try_get("state")?;
     Ok(NodeView {
         node_id: row.try_get("node_id")?,
-        state: row.try_get("state")?,
+        state,
+        live: state.is_live(),
         hostname: row.try_get("hostname")?,
         pid: row.try_get("pid")?,
         version: row.try_get("version")?,
@@ -649,6 +979,9 @@ fn node_from_row(row: &PgRow) -> Result<NodeView> {
 fn tenure_from_row(row: &PgRow) -> Result<TenureView> {
     let released: Option<DateTime<Utc>> = row.try_get("released_at")?;
     let next: Option<DateTime<Utc>> = row.try_get("next_at")?;
+    let failover: bool = row.try_get("failover")?;
+    let gap_ms: Option<f64> = row.try_get("gap_ms")?;
+    let gap_from: Option<String> = row.try_get("gap_from")?;
     let (ended_at, end) = match (released, next) {
         (Some(at), _) => (Some(at), TenureEnd::Released),
         (None, Some(at)) => (Some(at), TenureEnd::Lost),
@@ -660,8 +993,15 @@ fn tenure_from_row(row: &PgRow) -> Result<TenureView> {
         epoch: row.try_get("epoch")?,
         node_id: row.try_get("node_id")?,
         acquired_at: row.try_get("at")?,
-        failover: row.try_get("failover")?,
-        gap_ms: row.try_get("gap_ms")?,
+        failover,
+        gap_from: gap_ms.map(|_| match gap_from.as_deref().and_then(GapFrom::parse) {
+            Some(from) => from,
+            // Recorded before gap_from was: measured from the release or the last renewal.
+            None if failover => GapFrom::LastRenewal,
+            None => GapFrom::Release,
+        }),
+        gap_ms,
+        moved: row.try_get("moved")?,
         ended_at,
         end,
     })

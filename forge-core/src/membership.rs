@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Row};
 use tokio::sync::{Notify, broadcast, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
@@ -126,6 +126,8 @@ pub(crate) struct NodeInfo {
     pub(crate) pid: i32,
     pub(crate) version: String,
     pub(crate) roles: Vec<String>,
+    /// `[node] prefer_roles` (of `roles`).
+    pub(crate) prefers: Vec<String>,
     pub(crate) queues: serde_json::Value,
     pub(crate) admin_url: Option<String>,
 }
@@ -146,6 +148,11 @@ pub(crate) struct Membership {
     /// The roles this node waits for outside their lock (a reserve), with the signal that
     /// wakes their campaign: the heartbeat checks whether they still have their standbys.
     pub(crate) reserves: Arc<dyn Fn() -> Vec<(LockKey, Arc<Notify>)> + Send + Sync>,
+    /// Asks this node's leadership of a role (by name) to hand it over to a node, for a reason:
+    /// the placement moves the heartbeat learns of (`forge.placement_move`).
+    pub(crate) moves: AskMove,
+    /// `[cluster] spread`.
+    pub(crate) spread: bool,
     pub(crate) metrics: Metrics,
     /// The backend (pid, start) of this node's last node session: after a half-open
     /// connection it may live on in the server, holding the node's lock.
@@ -178,6 +185,9 @@ impl Fault {
         }
     }
 }
+
+/// Asks this node's leadership of a role (by name) to hand it over: (role, to node, why).
+pub(crate) type AskMove = Arc<dyn Fn(&str, String, String) + Send + Sync>;
 
 /// An open node session.
 pub(crate) struct Session {
@@ -333,18 +343,20 @@ impl Membership {
 
     /// `forge.node_join` on the session.
     async fn register(&self, session: &mut Session) -> Result<()> {
-        let row = sqlx::query("SELECT * FROM forge.node_join($1, $2, $3, $4, $5, $6, $7, $8, $9)")
-            .bind(&self.namespace)
-            .bind(&self.node_id)
-            .bind(self.incarnation)
-            .bind(&self.info.hostname)
-            .bind(self.info.pid)
-            .bind(&self.info.version)
-            .bind(&self.info.roles)
-            .bind(&self.info.queues)
-            .bind(self.info.admin_url.as_deref())
-            .fetch_one(&mut session.listener)
-            .await?;
+        let row =
+            sqlx::query("SELECT * FROM forge.node_join($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+                .bind(&self.namespace)
+                .bind(&self.node_id)
+                .bind(self.incarnation)
+                .bind(&self.info.hostname)
+                .bind(self.info.pid)
+                .bind(&self.info.version)
+                .bind(&self.info.roles)
+                .bind(&self.info.queues)
+                .bind(self.info.admin_url.as_deref())
+                .bind(&self.info.prefers)
+                .fetch_one(&mut session.listener)
+                .await?;
         let previous: Option<i64> = row.try_get("previous_incarnation")?;
         let stopped: Option<bool> = row.try_get("previous_stopped")?;
         let was_down: Option<bool> = row.try_get("was_down")?;
@@ -574,9 +586,10 @@ impl Membership {
         }
     }
 
-    /// One heartbeat (`via_pool`: not on the node session); for the roles this node is a
-    /// reserve of, in the same statement, which of them lack standbys (their campaigns are
-    /// woken to take a standby's place).
+    /// One heartbeat (`via_pool`: not on the node session). In the same statement: for the
+    /// roles this node is a reserve of, which lack standbys (their campaigns are woken to take a
+    /// standby's place); and, when it leads roles, whether placement wants one of them moved
+    /// (`forge.placement_move`: the role's leadership is asked to hand it over).
     async fn heartbeat_on<'c, E>(
         &self,
         conn: E,
@@ -589,44 +602,57 @@ impl Membership {
         let reserves = (self.reserves)();
         let tally = self.metrics.tally();
         let (all, counters) = tally.for_heartbeat();
-        let beat = |sql| {
-            sqlx::query(sql)
-                .bind(&self.namespace)
-                .bind(&self.node_id)
-                .bind(self.incarnation)
-                .bind(&leading)
-                .bind(&counters)
-                .bind(all)
-                .bind(via_pool)
-        };
-        let landed = |row: &PgRow| {
-            let landed: bool = row.try_get(0)?;
-            if landed {
-                tally.sent();
-            }
-            Ok::<bool, sqlx::Error>(landed)
-        };
-        if reserves.is_empty() {
-            let row = beat("SELECT forge.node_heartbeat($1, $2, $3, $4, $5, $6, $7)")
-                .fetch_one(conn)
-                .await?;
-            return landed(&row);
-        }
         let keys: Vec<i64> = reserves.iter().map(|(key, _)| key.0).collect();
-        let row = beat(
-            "SELECT forge.node_heartbeat($1, $2, $3, $4, $5, $6, $7), forge.standbys_wanted($8, $9)",
-        )
-        .bind(&keys)
-        .bind(self.election.standbys.min(i32::MAX as u32) as i32)
-        .fetch_one(conn)
-        .await?;
-        let wanted: Vec<i64> = row.try_get(1)?;
+        let mut sql = String::from("SELECT forge.node_heartbeat($1, $2, $3, $4, $5, $6, $7)");
+        sql.push_str(if keys.is_empty() {
+            ", NULL::bigint[]"
+        } else {
+            ", forge.standbys_wanted($8, $9)"
+        });
+        if leading.is_empty() {
+            sql.push_str(", NULL::text[]");
+        } else {
+            let first = if keys.is_empty() { 8 } else { 10 };
+            sql.push_str(&format!(
+                ", forge.placement_move($1, $2, ${}, ${}, ${})",
+                first,
+                first + 1,
+                first + 2
+            ));
+        }
+        let every = self.config.heartbeat_interval.as_millis() as i64;
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(&self.namespace)
+            .bind(&self.node_id)
+            .bind(self.incarnation)
+            .bind(&leading)
+            .bind(&counters)
+            .bind(all)
+            .bind(via_pool);
+        if !keys.is_empty() {
+            query = query
+                .bind(&keys)
+                .bind(self.election.standbys.min(i32::MAX as u32) as i32);
+        }
+        if !leading.is_empty() {
+            // One move per heartbeat interval in the cluster; a moved role stays 10 of them.
+            query = query.bind(self.spread).bind(every).bind(every * 10);
+        }
+        let row = query.fetch_one(conn).await?;
+        let landed: bool = row.try_get(0)?;
+        if landed {
+            tally.sent();
+        }
+        let wanted: Option<Vec<i64>> = row.try_get(1)?;
         for (key, wake) in reserves {
-            if wanted.contains(&key.0) {
+            if wanted.as_ref().is_some_and(|w| w.contains(&key.0)) {
                 wake.notify_one();
             }
         }
-        landed(&row)
+        if let Some([role, to, why]) = row.try_get::<Option<Vec<String>>, _>(2)?.as_deref() {
+            (self.moves)(role, to.clone(), why.clone());
+        }
+        Ok(landed)
     }
 
     /// Drops a broken session without waiting on it (it may never answer again).

@@ -148,6 +148,7 @@ pub mod defs {
         "renewal_failed",
         "shutdown",
         "step_down",
+        "rebalance",
     ];
 
     /// Every metric of the core.

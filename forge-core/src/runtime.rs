@@ -24,7 +24,9 @@ use tracing::{Instrument, info, warn};
 use crate::config::CoreConfig;
 use crate::db;
 use crate::duties::{self, Pruner};
-use crate::election::{Campaign, LeaderTask, RoleHandle, RoleState, lock_application_name};
+use crate::election::{
+    Campaign, LeaderTask, PlacementMove, RoleHandle, RoleState, lock_application_name,
+};
 use crate::error::{Error, Result};
 use crate::leadership::Leadership;
 use crate::membership::{
@@ -508,6 +510,12 @@ impl Assembly {
                 .map(|(key, h)| (*key, h.wake.clone()))
                 .collect::<Vec<_>>()
         });
+        let movable: Vec<Arc<RoleHandle>> = handles.to_vec();
+        let moves = Arc::new(move |role: &str, to: String, why: String| {
+            if let Some(handle) = movable.iter().find(|h| h.role.name() == role) {
+                handle.moves.send_replace(Some(PlacementMove { to, why }));
+            }
+        });
         let queues: serde_json::Map<String, serde_json::Value> = self
             .queues
             .iter()
@@ -522,6 +530,7 @@ impl Assembly {
                 pid: std::process::id() as i32,
                 version: self.version.clone(),
                 roles: handles.iter().map(|h| h.role.name().to_owned()).collect(),
+                prefers: self.config.node.prefer_roles.clone(),
                 queues: serde_json::Value::Object(queues),
                 admin_url: self.admin_url.clone(),
             },
@@ -532,6 +541,8 @@ impl Assembly {
             events: events.clone(),
             leading,
             reserves,
+            moves,
+            spread: self.config.cluster.spread,
             metrics: metrics.clone(),
             last_session: std::sync::Mutex::new(None),
             fault,

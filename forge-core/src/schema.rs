@@ -58,11 +58,18 @@ macro_rules! function_files {
 /// The core's part of the schema: leadership, the cluster's history, membership, the cluster
 /// series (the scheduler brings its own).
 pub const SCHEMA: Schema = Schema {
-    migrations: &[(
-        1,
-        "core",
-        include_str!("../../schema/migrations/0001_core.sql"),
-    )],
+    migrations: &[
+        (
+            1,
+            "core",
+            include_str!("../../schema/migrations/0001_core.sql"),
+        ),
+        (
+            3,
+            "placement",
+            include_str!("../../schema/migrations/0003_placement.sql"),
+        ),
+    ],
     functions: crate::function_files![
         "audit",
         "campaign",
@@ -76,6 +83,7 @@ pub const SCHEMA: Schema = Schema {
         "node_join",
         "node_leave",
         "nodes_watch",
+        "placement_move",
         "prune_events",
         "prune_nodes",
         "prune_stats",
@@ -84,6 +92,7 @@ pub const SCHEMA: Schema = Schema {
         "stats_rollup",
         "stats_sample",
         "step_down",
+        "tenure_current",
     ],
 };
 

@@ -13,7 +13,7 @@ use sqlx::query::Query;
 use sqlx::{PgPool, Postgres, Row};
 
 use crate::cron::TickState;
-use crate::jobs::{CancelOutcome, JobId, JobInfo, JobState};
+use crate::jobs::{CancelOutcome, JobAction, JobActions, JobId, JobInfo, JobState};
 
 /// A cron the cluster knows (registered by some node).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -35,7 +35,8 @@ pub struct CronView {
     pub trigger_requested_at: Option<DateTime<Utc>>,
     /// Its next tick (`None`: the expression does not parse here, or never fires again).
     pub next_run: Option<DateTime<Utc>>,
-    /// Its newest tick in the ledger.
+    /// Its newest tick in the ledger whose instant has come (a tick claimed ahead of its
+    /// instant has not run yet).
     pub last: Option<TickView>,
     /// Ticks of the last 24 hours recorded as skipped (paused, or overlap).
     pub skipped_24h: i64,
@@ -60,15 +61,21 @@ pub struct TickView {
     pub node_id: String,
     /// The epoch it ran under.
     pub epoch: i64,
-    /// When it was claimed.
+    /// When it was claimed (ahead of its instant, by `[cron] claim_ahead`, when on time).
     pub claimed_at: DateTime<Utc>,
+    /// When its handler started, by the clock of the leader that ran it (`None`: it did not
+    /// start: skipped, abandoned, or not yet).
+    pub started_at: Option<DateTime<Utc>>,
     /// When its outcome was recorded.
     pub finished_at: Option<DateTime<Utc>>,
     /// The error, or why it was skipped.
     pub error: Option<String>,
-    /// How late after its instant it was claimed, in milliseconds (0 for a tick claimed ahead
-    /// of its instant, see `[cron] claim_ahead`).
-    pub lag_ms: f64,
+    /// How late after its instant the handler started, in milliseconds (what
+    /// `forge_cron_lag_seconds` measures; `None` until it started).
+    pub lag_ms: Option<f64>,
+    /// How long the handler ran, in milliseconds (what `forge_cron_run_duration_seconds`
+    /// measures; `None` until its outcome is recorded).
+    pub duration_ms: Option<f64>,
     /// Run on an operator's request ("trigger now"), not on the schedule.
     pub manual: bool,
 }
@@ -215,13 +222,12 @@ impl Workload {
     /// cancelled, completed, retryable or scheduled). Refused while it runs.
     pub async fn retry_job(&self, id: JobId, by: &str) -> Result<Change> {
         let mut tx = self.pool.begin().await?;
-        let Some(state) = self.state_of(&mut tx, id).await? else {
+        let Some((state, requested)) = self.state_of(&mut tx, id).await? else {
             return Ok(Change::NotFound);
         };
-        let change = match state {
-            JobState::Running => Change::Refused("the job is running".to_owned()),
-            JobState::Available => Change::Applied,
-            _ => {
+        let change = match JobActions::refusal(state, requested, JobAction::Retry) {
+            Some(reason) => Change::Refused(reason),
+            None => {
                 sqlx::query("SELECT forge.jobs_retry_now($1, $2)")
                     .bind(&self.namespace)
                     .bind(vec![id.0])
@@ -238,13 +244,16 @@ impl Workload {
     /// records it cancelled unless the attempt completes first). Refused when it finished.
     pub async fn cancel_job(&self, id: JobId, by: &str) -> Result<Change> {
         let mut tx = self.pool.begin().await?;
-        if self.state_of(&mut tx, id).await?.is_none() {
+        let Some((state, requested)) = self.state_of(&mut tx, id).await? else {
             return Ok(Change::NotFound);
-        }
-        let change = match crate::jobs::cancel(&mut *tx, id).await? {
-            CancelOutcome::Cancelled | CancelOutcome::Requested => Change::Applied,
-            CancelOutcome::Finished(state) => Change::Refused(format!("the job is {state}")),
-            CancelOutcome::NotFound => Change::NotFound,
+        };
+        let change = match JobActions::refusal(state, requested, JobAction::Cancel) {
+            Some(reason) => Change::Refused(reason),
+            None => match crate::jobs::cancel(&mut *tx, id).await? {
+                CancelOutcome::Cancelled | CancelOutcome::Requested => Change::Applied,
+                CancelOutcome::Finished(state) => Change::Refused(format!("the job is {state}")),
+                CancelOutcome::NotFound => Change::NotFound,
+            },
         };
         self.audit_one(tx, "cancel_job", id, by, &change).await?;
         Ok(change)
@@ -253,11 +262,12 @@ impl Workload {
     /// Deletes a job that is not running (cancel a running one first).
     pub async fn delete_job(&self, id: JobId, by: &str) -> Result<Change> {
         let mut tx = self.pool.begin().await?;
-        let Some(state) = self.state_of(&mut tx, id).await? else {
+        let Some((state, requested)) = self.state_of(&mut tx, id).await? else {
             return Ok(Change::NotFound);
         };
-        let change = if state == JobState::Running {
-            Change::Refused("the job is running: cancel it first".to_owned())
+        let change = if let Some(reason) = JobActions::refusal(state, requested, JobAction::Delete)
+        {
+            Change::Refused(reason)
         } else {
             sqlx::query("DELETE FROM forge.jobs WHERE namespace = $1 AND id = $2")
                 .bind(&self.namespace)
@@ -273,7 +283,7 @@ impl Workload {
     /// [`Workload::retry_job`] for every job matching `filter` that is not running, in
     /// batches. Returns how many were made available.
     pub async fn retry_jobs(&self, filter: &JobFilter, by: &str) -> Result<u64> {
-        self.bulk(filter, by, "retry_jobs", RETRYABLE_STATES, |tx, ids| {
+        self.bulk(filter, by, "retry_jobs", JobAction::Retry, |tx, ids| {
             Box::pin(async move {
                 let done: Vec<i64> = sqlx::query_scalar("SELECT forge.jobs_retry_now($1, $2)")
                     .bind(tx.1)
@@ -289,7 +299,7 @@ impl Workload {
     /// [`Workload::cancel_job`] for every job matching `filter` that has not finished, in
     /// batches. Returns how many were cancelled or asked to stop.
     pub async fn cancel_jobs(&self, filter: &JobFilter, by: &str) -> Result<u64> {
-        self.bulk(filter, by, "cancel_jobs", CANCELLABLE_STATES, |tx, ids| {
+        self.bulk(filter, by, "cancel_jobs", JobAction::Cancel, |tx, ids| {
             Box::pin(async move {
                 let mut n = 0;
                 for id in ids {
@@ -309,7 +319,7 @@ impl Workload {
     /// [`Workload::delete_job`] for every job matching `filter` that is not running, in
     /// batches. Returns how many were deleted.
     pub async fn delete_jobs(&self, filter: &JobFilter, by: &str) -> Result<u64> {
-        self.bulk(filter, by, "delete_jobs", DELETABLE_STATES, |tx, ids| {
+        self.bulk(filter, by, "delete_jobs", JobAction::Delete, |tx, ids| {
             Box::pin(async move {
                 let done = sqlx::query(
                     "DELETE FROM forge.jobs WHERE namespace = $1 AND id = ANY ($2) AND state <> 'running'",
@@ -325,29 +335,44 @@ impl Workload {
     }
 
     /// Pauses a queue: no node claims its jobs (running ones finish) until it is resumed.
-    /// Any queue name may be paused, also one no node works yet.
-    pub async fn pause_queue(&self, queue: &str, by: &str) -> Result<bool> {
-        self.set_queue_paused(queue, true, by).await
+    /// Returns whether it was paused already; `None` when the cluster knows no such queue (no
+    /// node works it, it holds no unfinished or dead job, it is not paused: most likely a
+    /// typo), unless `new` says to pre-pause a queue no node works yet.
+    pub async fn pause_queue(&self, queue: &str, by: &str, new: bool) -> Result<Option<bool>> {
+        self.set_queue_paused(queue, true, by, new).await
     }
 
-    /// Resumes a paused queue; its workers claim at once. False when it was not paused.
-    pub async fn resume_queue(&self, queue: &str, by: &str) -> Result<bool> {
-        self.set_queue_paused(queue, false, by).await
+    /// Resumes a paused queue; its workers claim at once. Returns whether it was paused;
+    /// `None` when the cluster knows no such queue.
+    pub async fn resume_queue(&self, queue: &str, by: &str) -> Result<Option<bool>> {
+        self.set_queue_paused(queue, false, by, false).await
     }
 
-    async fn set_queue_paused(&self, queue: &str, paused: bool, by: &str) -> Result<bool> {
+    /// Sets the pause; `Some(whether it was paused)`, `None` for an unknown queue (unless
+    /// `new`).
+    async fn set_queue_paused(
+        &self,
+        queue: &str,
+        paused: bool,
+        by: &str,
+        new: bool,
+    ) -> Result<Option<bool>> {
         crate::jobs::validate_queue(queue)
             .map_err(|message| forge_core::Error::InvalidInput { message })?;
         let mut tx = self.pool.begin().await?;
-        let was: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM forge.queues WHERE namespace = $1 AND queue = $2)",
+        let (was, known): (bool, bool) = sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM forge.queues WHERE namespace = $1 AND queue = $2),
+                    forge.queue_known($1, $2)",
         )
         .bind(&self.namespace)
         .bind(queue)
         .fetch_one(&mut *tx)
         .await?;
+        if !known && !new {
+            return Ok(None);
+        }
         if was == paused {
-            return Ok(paused);
+            return Ok(Some(was));
         }
         sqlx::query("SELECT forge.queue_set_paused($1, $2, $3, $4)")
             .bind(&self.namespace)
@@ -357,17 +382,19 @@ impl Workload {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(true)
+        Ok(Some(was))
     }
 
-    /// A job's state, its row locked for the transaction; `None`: no such job here.
+    /// A job's state and whether a cancel was requested, its row locked for the transaction;
+    /// `None`: no such job here.
     async fn state_of(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
         id: JobId,
-    ) -> Result<Option<JobState>> {
-        Ok(sqlx::query_scalar(
-            "SELECT state FROM forge.jobs WHERE namespace = $1 AND id = $2 FOR UPDATE",
+    ) -> Result<Option<(JobState, bool)>> {
+        Ok(sqlx::query_as(
+            "SELECT state, cancel_requested FROM forge.jobs
+              WHERE namespace = $1 AND id = $2 FOR UPDATE",
         )
         .bind(&self.namespace)
         .bind(id)
@@ -409,7 +436,7 @@ impl Workload {
         filter: &JobFilter,
         by: &str,
         action: &str,
-        states: &[JobState],
+        job_action: JobAction,
         apply: F,
     ) -> Result<u64>
     where
@@ -418,8 +445,9 @@ impl Workload {
             Vec<i64>,
         ) -> futures_util::future::BoxFuture<'t, Result<u64>>,
     {
-        let wanted: Vec<&str> = states
-            .iter()
+        let wanted: Vec<&str> = job_action
+            .states()
+            .into_iter()
             .filter(|s| filter.states.is_empty() || filter.states.contains(s))
             .map(|s| s.as_str())
             .collect();
@@ -566,33 +594,6 @@ impl Workload {
 /// Jobs per bulk transaction.
 const BULK_BATCH: i64 = 1000;
 
-/// States a job can be retried from.
-const RETRYABLE_STATES: &[JobState] = &[
-    JobState::Scheduled,
-    JobState::Retryable,
-    JobState::Completed,
-    JobState::Cancelled,
-    JobState::Dead,
-];
-
-/// States a job can be deleted from.
-const DELETABLE_STATES: &[JobState] = &[
-    JobState::Available,
-    JobState::Scheduled,
-    JobState::Retryable,
-    JobState::Completed,
-    JobState::Cancelled,
-    JobState::Dead,
-];
-
-/// States a job can be cancelled from.
-const CANCELLABLE_STATES: &[JobState] = &[
-    JobState::Available,
-    JobState::Scheduled,
-    JobState::Retryable,
-    JobState::Running,
-];
-
 /// The crons with their newest tick and their last day's skipped ticks; `$1` namespace.
 const CRONS_SQL: &str = "SELECT c.name, c.role, c.expression, c.timezone, c.paused_at,
         c.paused_by, c.trigger_requested_at, c.first_seen_at, c.last_seen_by, t.*,
@@ -604,15 +605,20 @@ const CRONS_SQL: &str = "SELECT c.name, c.role, c.expression, c.timezone, c.paus
             AND s.scheduled_at > clock_timestamp() - interval '24 hours') AS rows_24h
    FROM forge.crons c
    LEFT JOIN LATERAL (
-        SELECT scheduled_at, state, attempt, node_id, epoch, claimed_at, finished_at, error,
-               manual, greatest(extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000, 0) AS lag_ms
+        SELECT scheduled_at, state, attempt, node_id, epoch, claimed_at, started_at,
+               finished_at, error, manual, duration_ms,
+               CASE WHEN started_at IS NOT NULL
+                    THEN greatest(extract(epoch FROM started_at - scheduled_at)::float8 * 1000, 0) END AS lag_ms
           FROM forge.cron_ticks x
          WHERE x.namespace = c.namespace AND x.cron = c.name
+           AND x.scheduled_at <= clock_timestamp()
          ORDER BY x.scheduled_at DESC LIMIT 1) t ON true
   WHERE c.namespace = $1";
 
 const TICKS_SQL: &str = "SELECT scheduled_at, state, attempt, node_id, epoch, claimed_at,
-        finished_at, error, manual, greatest(extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000, 0) AS lag_ms
+        started_at, finished_at, error, manual, duration_ms,
+        CASE WHEN started_at IS NOT NULL
+             THEN greatest(extract(epoch FROM started_at - scheduled_at)::float8 * 1000, 0) END AS lag_ms
    FROM forge.cron_ticks";
 
 fn tick_from_row(row: &PgRow) -> Result<TickView> {
@@ -623,9 +629,11 @@ fn tick_from_row(row: &PgRow) -> Result<TickView> {
         node_id: row.try_get("node_id")?,
         epoch: row.try_get("epoch")?,
         claimed_at: row.try_get("claimed_at")?,
+        started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,
         error: row.try_get("error")?,
         lag_ms: row.try_get("lag_ms")?,
+        duration_ms: row.try_get("duration_ms")?,
         manual: row.try_get("manual")?,
     })
 }

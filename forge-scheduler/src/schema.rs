@@ -6,11 +6,18 @@ use forge_core::Schema;
 
 /// The scheduler's migrations and function files, applied by every node with the core's.
 pub const SCHEMA: Schema = Schema {
-    migrations: &[(
-        2,
-        "scheduler",
-        include_str!("../../schema/migrations/0002_scheduler.sql"),
-    )],
+    migrations: &[
+        (
+            2,
+            "scheduler",
+            include_str!("../../schema/migrations/0002_scheduler.sql"),
+        ),
+        (
+            4,
+            "tick_timing",
+            include_str!("../../schema/migrations/0004_tick_timing.sql"),
+        ),
+    ],
     functions: forge_core::function_files![
         "cron_set_paused",
         "cron_trigger",
@@ -28,6 +35,7 @@ pub const SCHEMA: Schema = Schema {
         "prune_dead_jobs",
         "prune_finished_jobs",
         "prune_ticks",
+        "queue_known",
         "queue_set_paused",
         "tick_claim",
         "tick_claim_ahead_many",

@@ -28,6 +28,11 @@
 //!   through a [`PgProxy`], to make it fall behind);
 //!   [`PgServer::wait_caught_up`] waits until it has replayed everything
 //!   committed on the primary; [`PgServer::promote`] makes it the primary.
+//! * Write stalls: [`PgServer::set_synchronous_standby`] makes such a
+//!   standby synchronous (and the primary asynchronous again), and
+//!   [`PgServer::pause_wal_receiver`] / [`PgServer::resume_wal_receiver`]
+//!   freeze and thaw its WAL receiver: while it is frozen, commits on the
+//!   primary wait and reads do not.
 //! * [`wait_until`] / [`wait_for`]: poll a condition with a deadline, with an
 //!   error saying what was awaited. Tests never sleep to synchronise.
 //!

@@ -22,6 +22,12 @@
 //! `probe_tick` (role `scheduler`, `catch_up = all`) whose handler inserts
 //! `(scheduled_at, attempt, node, epoch)` into `forge_probe_ticks` and completes the tick in
 //! the same fenced transaction, and prints `FORGE-PROBE TICK scheduled=<unix micros> attempt=<n> epoch=<e> node=... t=...`.
+//!
+//! With `FORGE_PROBE_APP_LISTEN` set to an address, the probe serves an application route,
+//! `GET /leader-only`, behind [`LeaderOnly`](forge::admin::LeaderOnly) for the `scheduler`
+//! role: on the leader it answers `<node> <epoch>` and prints `FORGE-PROBE SERVED role=scheduler
+//! epoch=<e> node=... t=...`; elsewhere the layer answers 503 and the handler does not run (for
+//! the load-balancer tests: serve `[admin] listen` too, for the leader probe).
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -238,6 +244,12 @@ pub async fn run(config: Config) -> ExitCode {
         }
     };
     let id = node.id().to_string();
+    if let Ok(listen) = std::env::var("FORGE_PROBE_APP_LISTEN")
+        && let Err(err) = serve_app(&node, &listen).await
+    {
+        eprintln!("error: FORGE_PROBE_APP_LISTEN {listen}: {err}");
+        return ExitCode::FAILURE;
+    }
     emit("READY", "", &id);
     let stopped = node.run_until_signal().await;
     emit("STOPPED", "", &id);
@@ -248,6 +260,30 @@ pub async fn run(config: Config) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Serves `GET /leader-only` behind `LeaderOnly` for the scheduler role on `listen`.
+async fn serve_app(node: &Node, listen: &str) -> std::io::Result<()> {
+    use forge::admin::axum::{Router, routing::get};
+    use forge::admin::{Leader, LeaderOnly};
+
+    let app: Router = Router::new()
+        .route(
+            "/leader-only",
+            get(|Leader(leadership): Leader| async move {
+                let node = leadership.node_id().to_string();
+                emit(
+                    "SERVED",
+                    &format!("role=scheduler epoch={}", leadership.epoch()),
+                    &node,
+                );
+                format!("{node} {}", leadership.epoch())
+            }),
+        )
+        .layer(LeaderOnly::new(node.clone(), forge::Role::SCHEDULER));
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    tokio::spawn(async move { forge::admin::axum::serve(listener, app).await });
+    Ok(())
 }
 
 /// For binaries that re-execute themselves as probe nodes (the benchmarks): with arguments

@@ -1303,3 +1303,101 @@ async fn a_lagging_standby_is_promoted_without_the_commits_it_missed() {
         "the standby's postmaster survived drop"
     );
 }
+
+/// A synchronous standby whose WAL receiver is frozen stalls the primary's
+/// commits, not its reads; resumed, the commits complete; asynchronous
+/// again, a frozen receiver stalls nothing.
+#[tokio::test]
+async fn a_frozen_synchronous_standby_stalls_commits_but_not_reads() {
+    let external = PgServer::external("postgres://me@db.example:5433/app").unwrap();
+    assert!(matches!(
+        external.set_synchronous_standby(None, LONG).await,
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        external.pause_wal_receiver().await,
+        Err(Error::Unsupported(_))
+    ));
+    let primary = PgServer::start().unwrap();
+    match primary.pause_wal_receiver().await {
+        Err(Error::Unsupported(msg)) => assert!(msg.contains("no WAL receiver"), "{msg}"),
+        other => panic!("pausing the WAL receiver of a primary: got {other:?}"),
+    }
+    match primary.set_synchronous_standby(Some(&primary), LONG).await {
+        Err(Error::Unsupported(msg)) => assert!(msg.contains("start_standby"), "{msg}"),
+        other => panic!("a primary as its own synchronous standby: got {other:?}"),
+    }
+    let standby = primary.start_standby(None).unwrap();
+    let mut p = PgConnection::connect(&primary.url()).await.unwrap();
+    sqlx::raw_sql("CREATE TABLE writes (n int)")
+        .execute(&mut p)
+        .await
+        .unwrap();
+
+    primary
+        .set_synchronous_standby(Some(&standby), LONG)
+        .await
+        .unwrap();
+    let name = standby.standby_application_name().unwrap();
+    assert_eq!(
+        texts(
+            &mut p,
+            "SELECT application_name || ' ' || sync_state FROM pg_stat_replication"
+        )
+        .await,
+        [format!("{name} sync")]
+    );
+    sqlx::raw_sql("INSERT INTO writes VALUES (1)")
+        .execute(&mut p)
+        .await
+        .unwrap();
+
+    let pid = standby.pause_wal_receiver().await.unwrap();
+    wait_until("the WAL receiver to stop", LONG, POLL, || async move {
+        (proc_state(pid) == Some('T')).then_some(())
+    })
+    .await
+    .unwrap();
+    let url = primary.url();
+    let mut write = tokio::spawn(async move {
+        let mut conn = PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql("INSERT INTO writes VALUES (2)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut write)
+            .await
+            .is_err(),
+        "a commit returned while the synchronous standby's WAL receiver was frozen"
+    );
+    // Reads go on; the waiting commit is not visible yet (it ends after the standby's answer).
+    assert_eq!(scalar_i64(&mut p, "SELECT count(*) FROM writes").await, 1);
+    assert_eq!(standby.resume_wal_receiver().await.unwrap(), pid);
+    let conn = tokio::time::timeout(LONG, write)
+        .await
+        .expect("the commit completes once the WAL receiver runs")
+        .unwrap();
+    drop(conn);
+
+    // Asynchronous again: a frozen WAL receiver stalls nothing.
+    primary.set_synchronous_standby(None, LONG).await.unwrap();
+    assert_eq!(
+        texts(&mut p, "SELECT sync_state FROM pg_stat_replication").await,
+        ["async"]
+    );
+    standby.pause_wal_receiver().await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        sqlx::raw_sql("INSERT INTO writes VALUES (3)").execute(&mut p),
+    )
+    .await
+    .expect("an asynchronous commit does not wait for the standby")
+    .unwrap();
+    standby.resume_wal_receiver().await.unwrap();
+    primary.wait_caught_up(&standby, LONG).await.unwrap();
+    let mut s = PgConnection::connect(&standby.url()).await.unwrap();
+    assert_eq!(scalar_i64(&mut s, "SELECT count(*) FROM writes").await, 3);
+}

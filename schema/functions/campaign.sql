@@ -11,11 +11,15 @@
 -- (the epoch orders tenures; the tenure id tells apart two tenures given the same epoch by a
 -- promoted asynchronous standby that missed the bump), the lock session identified
 -- (backend_pid, backend_start: the fence checks it is alive on this server), leader_elected
--- recorded (with failover and gap_ms) and a notification sent on channel forge_leader.
+-- recorded (with failover, gap_ms and gap_from) and a notification sent on channel
+-- forge_leader.
 --
 -- Not granted: the function reports the current leadership and who holds the key, and
 -- terminates the holder if it is the recorded FORGE leader and its lease has expired (the
 -- fallback for when idle_session_timeout did not end a frozen leader).
+--
+-- A waiter granted the lock of a role whose graceful handoff named another node (a placement
+-- move, until handoff_until) passes the lock on instead: the named node takes it.
 --
 -- Any error after the lock was granted leaves the session-level lock held: the caller must then
 -- close the session.
@@ -67,8 +71,14 @@ DECLARE
     stand_by   boolean := p_wait;
     ended      integer[];
     tries      integer := 0;
+    granted_at timestamptz;
+    waited     boolean := false;
+    gap_from   text;
 BEGIN
     got := pg_try_advisory_lock(p_key);
+    IF got THEN
+        granted_at := clock_timestamp();
+    END IF;
     IF NOT got AND p_wait AND p_standbys IS NOT NULL
        AND forge.lock_waiters(p_key) >= p_standbys THEN
         -- Enough followers wait inside the lock already: this one waits outside it.
@@ -78,6 +88,9 @@ BEGIN
         BEGIN
             PERFORM pg_advisory_lock(p_key);
             got := true;
+            -- Granted while waiting: the holder's lock session ended (or it unlocked) now.
+            granted_at := clock_timestamp();
+            waited := true;
         EXCEPTION WHEN lock_not_available THEN
             got := false;
         END;
@@ -123,13 +136,25 @@ BEGIN
                 END IF;
             END;
         END LOOP;
+        IF found_prev AND prev.handoff_to IS NOT NULL AND prev.handoff_to <> p_node
+           AND prev.handoff_until > clock_timestamp() THEN
+            -- A placement move handed the role to another node, waiting behind this one: pass
+            -- the lock on (this node waits again, behind it). Reported as not granted.
+            PERFORM pg_advisory_unlock(p_key);
+            RETURN QUERY SELECT false, prev.epoch, NULL::bigint, NULL::timestamptz, prev.node_id,
+                                prev.acquired_at, prev.lease_until, true, false, pg_backend_pid(),
+                                NULL::integer, NULL::text, NULL::integer, false;
+            RETURN;
+        END IF;
         at_time := clock_timestamp();
         IF found_prev THEN
             UPDATE forge.leaders l
                SET epoch = l.epoch + 1, tenure = new_tenure, lock_key = p_key, node_id = p_node,
                    backend_pid = pg_backend_pid(), backend_start = my_start, lease_ms = p_lease_ms,
                    acquired_at = at_time, renewed_at = at_time, lease_until = at_time + lease,
-                   released_at = NULL
+                   released_at = NULL, handoff_to = NULL, handoff_until = NULL,
+                   moved_at = CASE WHEN prev.handoff_to = p_node
+                                    AND prev.handoff_until > at_time THEN at_time END
              WHERE l.namespace = p_namespace AND l.role = p_role
             RETURNING l.epoch INTO new_epoch;
         ELSE
@@ -140,6 +165,20 @@ BEGIN
                     p_lease_ms, at_time, at_time, at_time + lease)
             RETURNING l.epoch INTO new_epoch;
         END IF;
+        -- The gap: how long the role was without a leader, from the last instant the previous
+        -- tenure is known to have led (gap_from) to this election. A handoff: its release. A
+        -- failover whose new leader waited inside the lock while the previous lease was still
+        -- valid: the grant, which is the instant the previous lock session ended (a crash, a
+        -- terminated session) - the takeover itself. Any other failover (the lock was free when
+        -- asked, so the session ended at some unknown earlier instant; or the previous lease had
+        -- run out: a frozen or cut-off leader stopped leading before): the previous leader's
+        -- last renewal, an upper bound.
+        IF found_prev THEN
+            gap_from := CASE
+                WHEN prev.released_at IS NOT NULL THEN 'release'
+                WHEN waited AND prev.lease_until >= granted_at THEN 'lock_granted'
+                ELSE 'last_renewal' END;
+        END IF;
         INSERT INTO forge.events (at, namespace, kind, node_id, role, epoch, detail)
         VALUES (at_time, p_namespace, 'leader_elected', p_node, p_role, new_epoch,
                 jsonb_build_object(
@@ -148,10 +187,12 @@ BEGIN
                     'failover', found_prev AND prev.released_at IS NULL,
                     'previous_lease_until', prev.lease_until,
                     'previous_released_at', prev.released_at,
-                    -- The gap: from the previous leader's release (handoff) or last renewal
-                    -- (failover) to this election.
-                    'gap_ms', CASE WHEN found_prev THEN round(extract(epoch FROM
-                        at_time - coalesce(prev.released_at, prev.renewed_at)) * 1000) END));
+                    'moved', found_prev AND prev.handoff_to IS NOT DISTINCT FROM p_node,
+                    'gap_from', gap_from,
+                    'gap_ms', round((extract(epoch FROM at_time - CASE gap_from
+                        WHEN 'release' THEN prev.released_at
+                        WHEN 'lock_granted' THEN granted_at
+                        ELSE prev.renewed_at END) * 1000)::numeric, 3)));
         PERFORM pg_notify('forge_leader', json_build_object(
             'namespace', p_namespace, 'role', p_role, 'epoch', new_epoch,
             'node', p_node, 'event', 'elected')::text);

@@ -1,5 +1,5 @@
--- The fence. forge.fence_holds answers whether (epoch, tenure) is the role's current,
--- unreleased, unexpired tenure and its lock session is alive on this server, and holds
+-- The fence. forge.fence_holds answers whether (epoch, tenure) is the role's tenure and it is
+-- current (forge.tenure_current: unreleased, unexpired, its lock session alive), and holds
 -- FOR KEY SHARE on the role's row until the transaction ends: a newer leader's bump
 -- (FOR UPDATE) waits for it, so every write in the transaction either commits before a newer
 -- tenure exists or is refused. The transaction also commits synchronously and cannot idle for
@@ -19,11 +19,8 @@ BEGIN
     SELECT * INTO l FROM forge.leaders
      WHERE namespace = p_namespace AND role = p_role
        FOR KEY SHARE;
-    IF NOT FOUND OR l.epoch <> p_epoch OR l.tenure <> p_tenure OR l.released_at IS NOT NULL
-       OR l.lease_until <= clock_timestamp()
-       -- A session of another database user shows no backend_start: count it alive.
-       OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(l.backend_pid) a
-                       WHERE a.backend_start IS NULL OR a.backend_start = l.backend_start) THEN
+    IF NOT FOUND OR l.epoch <> p_epoch OR l.tenure <> p_tenure
+       OR NOT forge.tenure_current(l) THEN
         RETURN false;
     END IF;
     PERFORM pg_advisory_xact_lock_shared(hashtext('forge.fence'), hashtext(p_namespace || ' ' || p_role));

@@ -5,7 +5,8 @@
 -- The deltas and the new cursor come from one read of the nodes, in one statement (two reads
 -- let a heartbeat that committed between them move the cursor past counts that never reached
 -- the series). An interval has a row only for a counter that moved in it: a missing point of
--- a counter series means 0 (the dashboard draws it so). A row for every counter made 30,000
+-- a counter series means 0 at an interval marked rolled up (series 'rollups', written here;
+-- the dashboard draws it so). A row for every counter made 30,000
 -- rows a minute for a node with 10,000 crons (three or four per cron) even when they run
 -- daily. The cursor is written whether or not anything moved.
 CREATE OR REPLACE FUNCTION forge.stats_rollup(
@@ -51,6 +52,12 @@ BEGIN
     )
     -- (The cursor's upsert runs whether or not it is read: data-modifying WITH.)
     SELECT count(*) INTO v_rows FROM ins;
+    -- The interval is rolled up: a counted series' missing point is 0 here, and only at the
+    -- intervals that have this mark (an interval not rolled up yet, or skipped while no
+    -- aggregator led, is unknown, not 0: its counts went to a later interval).
+    INSERT INTO forge.stats (namespace, at, series, label, value)
+    VALUES (p_namespace, p_at, 'rollups', '', 1)
+    ON CONFLICT (namespace, series, label, at) DO NOTHING;
     RETURN v_rows;
 END;
 $$;

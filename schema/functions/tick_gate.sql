@@ -1,5 +1,5 @@
 -- The gate before a claimed tick's handler starts: the database's time, if the calling session
--- is the lock session of the role's current, unreleased, unexpired tenure; NULL otherwise. A
+-- is the lock session of the role's current tenure (forge.tenure_current); NULL otherwise. A
 -- read: no lock, no commit to wait for. The caller starts the handlers of the ticks whose
 -- instant is at or before the answer.
 --
@@ -22,6 +22,6 @@ LANGUAGE sql
 AS $$
     SELECT clock_timestamp() FROM forge.leaders l
      WHERE l.namespace = p_namespace AND l.role = p_role AND l.epoch = p_epoch
-       AND l.tenure = p_tenure AND l.released_at IS NULL
-       AND l.lease_until > clock_timestamp() AND l.backend_pid = pg_backend_pid();
+       AND l.tenure = p_tenure AND l.backend_pid = pg_backend_pid()
+       AND forge.tenure_current(l);
 $$;

@@ -458,12 +458,21 @@ async fn a_paused_queue_is_not_claimed_until_resumed() {
         .await
         .unwrap();
     let workload = node.workload();
-    assert!(workload.pause_queue("default", "op").await.unwrap());
-    assert!(
-        workload.pause_queue("default", "op").await.unwrap(),
+    assert_eq!(
+        workload.pause_queue("default", "op", false).await.unwrap(),
+        Some(false)
+    );
+    assert_eq!(
+        workload.pause_queue("default", "op", false).await.unwrap(),
+        Some(true),
         "already paused"
     );
-    assert!(workload.pause_queue("bad queue!", "op").await.is_err());
+    assert!(
+        workload
+            .pause_queue("bad queue!", "op", false)
+            .await
+            .is_err()
+    );
     let held = node
         .jobs()
         .enqueue(plain, Behave::tag("held"))
@@ -485,9 +494,13 @@ async fn a_paused_queue_is_not_claimed_until_resumed() {
     let queues = workload.queues().await.unwrap();
     let default = queues.iter().find(|q| q.queue == "default").unwrap();
     assert!(default.paused && default.available == 1, "{default:?}");
-    assert!(workload.resume_queue("default", "op").await.unwrap());
-    assert!(
-        !workload.resume_queue("default", "op").await.unwrap(),
+    assert_eq!(
+        workload.resume_queue("default", "op").await.unwrap(),
+        Some(true)
+    );
+    assert_eq!(
+        workload.resume_queue("default", "op").await.unwrap(),
+        Some(false),
         "not paused"
     );
     wait_state(&pool, held, JobState::Completed).await;

@@ -152,6 +152,65 @@ impl Api {
     }
 }
 
+impl Api {
+    /// A POST with a large body the way curl sends one: `Expect: 100-continue` first, the body
+    /// only after the server's `100 Continue` (a server that refuses it answers at once).
+    async fn post_large(&self, path: &str, body: &[u8]) -> Reply {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+        let mut head = format!(
+            "POST {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nexpect: 100-continue\r\nconnection: close\r\n",
+            self.addr,
+            body.len()
+        );
+        if let Some(token) = &self.token {
+            head.push_str(&format!("authorization: Bearer {token}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut received = Vec::new();
+        let mut chunk = [0u8; 8192];
+        let mut sent_body = false;
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut chunk))
+                .await
+                .unwrap_or_else(|_| panic!("POST {path}: no answer within 30 s"))
+                .unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            received.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&received).into_owned();
+            if !sent_body
+                && text.starts_with("HTTP/1.1 100")
+                && let Some(end) = text.find("\r\n\r\n")
+            {
+                received.drain(..end + 4);
+                sent_body = true;
+                // The server asked for it: send it (it may still refuse it part-way).
+                let _ = stream.write_all(body).await;
+            }
+        }
+        let text = String::from_utf8_lossy(&received).into_owned();
+        let status = text
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("POST {path}: no status in {text:?}"));
+        let json = text
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_owned();
+        let body = serde_json::from_str(&json).unwrap_or_else(|_| Value::String(json.clone()));
+        Reply {
+            status,
+            body,
+            text: json,
+        }
+    }
+}
+
 /// Percent-encodes a query parameter's value.
 fn encode(value: &str) -> String {
     value
@@ -1365,4 +1424,466 @@ async fn a_step_down_with_no_standby_is_refused_with_409_unless_forced() {
     .await
     .unwrap();
     solo.shutdown().await;
+}
+
+/// After a SIGKILL of the scheduler's leader, every endpoint tells the same truth at once: the
+/// killed node leads nothing (also before it is marked down), each role is led by the one node
+/// `forge.leaders` names, the failover's gap is the takeover (measured from the lock grant, and
+/// never longer than from the kill to the election), and the status stays healthy - the dead
+/// node is a warning - with each expected role led.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_sigkill_the_dead_node_leads_nothing_and_the_gap_is_the_takeover() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let dir = ScratchDir::new("admin-sigkill");
+    let mut probes = probes_with_standbys(&db, &dir.0, ["k1", "k2", "k3"]).await;
+    let (api, _guard) = standalone(pool.clone(), |_| {}).await;
+    let (victim, epoch, before_kill) = kill_scheduler_leader(&pool, &mut probes).await;
+    let successor = wait_for(
+        "a new scheduler leader",
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            let leader = api.get("/api/cluster/leaders/scheduler").await.expect(200);
+            if leader["led"] == true && leader["epoch"].as_i64() > Some(epoch) {
+                Ok(leader)
+            } else {
+                Err(leader.to_string())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_ne!(successor["node_id"], victim.as_str(), "{successor}");
+
+    // The killed node leads nothing, whatever its last heartbeat said: asked at once, before
+    // the scheduler's watch marks it down.
+    let dead = api
+        .get(&format!("/api/cluster/nodes/{victim}"))
+        .await
+        .expect(200);
+    assert_eq!(dead["leads"], json!([]), "{dead}");
+    assert_eq!(successor["state"], "led", "{successor}");
+    // Each role is led by exactly one node, the one the leaders say.
+    let leaders = api.get("/api/cluster/leaders").await.expect(200);
+    let nodes = api.get("/api/cluster/nodes").await.expect(200);
+    for role in BUILTIN_ROLES {
+        let leader = leaders["leaders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["role"] == role)
+            .unwrap_or_else(|| panic!("{role} in {leaders}"));
+        let leading: Vec<&Value> = nodes["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["leads"].as_array().unwrap().iter().any(|r| r == role))
+            .collect();
+        if leader["led"] == true {
+            assert_eq!(leading.len(), 1, "{role}: {nodes}");
+            assert_eq!(leading[0]["node_id"], leader["node_id"], "{role}: {nodes}");
+            assert_ne!(leading[0]["node_id"], victim.as_str(), "{role}: {nodes}");
+        } else {
+            assert!(leading.is_empty(), "{role} is not led: {nodes}");
+        }
+    }
+
+    // The failover's gap: from the lock grant (a standby waited inside the lock), and no
+    // longer than from the kill to the election.
+    let history = api
+        .get("/api/cluster/history?role=scheduler&limit=1")
+        .await
+        .expect(200);
+    let tenure = &history["items"][0];
+    assert_eq!(tenure["epoch"], successor["epoch"], "{history}");
+    assert_eq!(tenure["failover"], true, "{history}");
+    assert_eq!(tenure["gap_from"], "lock_granted", "{history}");
+    let acquired = chrono::DateTime::parse_from_rfc3339(tenure["acquired_at"].as_str().unwrap())
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let since_kill = (acquired - before_kill).num_microseconds().unwrap() as f64 / 1000.0;
+    let gap = tenure["gap_ms"].as_f64().unwrap();
+    assert!(
+        (0.0..=since_kill).contains(&gap),
+        "the gap {gap} ms is at most the {since_kill} ms from the kill to the election: {history}"
+    );
+    let elected = api
+        .get("/api/cluster/events?kind=leader_elected&role=scheduler&limit=1")
+        .await
+        .expect(200);
+    assert_eq!(elected["items"][0]["detail"]["gap_from"], "lock_granted");
+    assert_eq!(elected["items"][0]["detail"]["gap_ms"], tenure["gap_ms"]);
+
+    // The status: every expected role led, healthy; once the node is marked down, a warning.
+    let status = wait_for(
+        "the killed node down, every role led",
+        SOON,
+        Duration::from_millis(50),
+        || async {
+            let status = api.get("/api/cluster/status").await.expect(200);
+            let down = status["nodes"]["down"] == 1;
+            let led = status["roles"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["led"] == true);
+            if down && led {
+                Ok(status)
+            } else {
+                Err(status.to_string())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(status["healthy"], true, "{status}");
+    assert_eq!(status["problems"], json!([]), "{status}");
+    assert_eq!(status["leaderless"], json!([]), "{status}");
+    assert_eq!(
+        status["warnings"],
+        json!([format!("node {victim} is down")]),
+        "{status}"
+    );
+    assert_eq!(status["nodes"]["active"], 2, "{status}");
+    let roles: Vec<&str> = status["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["log_compactor", "metrics_aggregator", "scheduler"]);
+    let now = chrono::DateTime::parse_from_rfc3339(status["now"].as_str().unwrap()).unwrap();
+    assert!(
+        (chrono::Utc::now() - now.with_timezone(&chrono::Utc))
+            .num_seconds()
+            .abs()
+            < 5,
+        "the status has the database's now: {status}"
+    );
+    let dead = api
+        .get(&format!("/api/cluster/nodes/{victim}"))
+        .await
+        .expect(200);
+    assert_eq!(dead["state"], "down", "{dead}");
+    assert_eq!(dead["live"], false, "{dead}");
+    assert_eq!(dead["leads"], json!([]), "{dead}");
+    for probe in &probes {
+        let _ = probe.process.terminate();
+    }
+}
+
+/// A queue no node works and that holds no job is a 404 to pause or resume (a typo must not
+/// show as a paused queue), unless the caller says it means a new queue; a queue that a node
+/// works, or that holds jobs, pauses without more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pausing_a_queue_nobody_knows_is_a_404_unless_it_is_new() {
+    let (db, pool) = setup().await;
+    let node = admin_node(db.url(), "q", Some(TOKEN)).await;
+    let admin = Api::of(&node).with_token(TOKEN);
+    let message = admin
+        .post("/api/queues/never-existed/pause")
+        .await
+        .expect_error(404);
+    assert!(
+        message.contains("never-existed") && message.contains("new"),
+        "{message}"
+    );
+    admin
+        .post("/api/queues/never-existed/resume")
+        .await
+        .expect_error(404);
+    let queues = admin.get("/api/queues").await.expect(200);
+    assert!(
+        !queues.to_string().contains("never-existed"),
+        "the typo is no queue: {queues}"
+    );
+    let paused: i64 = sqlx::query_scalar("SELECT count(*) FROM forge.queues")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(paused, 0);
+
+    // Meant: a queue paused before any node works it.
+    let reply = admin
+        .post_json("/api/queues/coming-soon/pause", r#"{"new": true}"#)
+        .await
+        .expect(200);
+    assert_eq!(reply["paused"], true, "{reply}");
+    let queues = admin.get("/api/queues").await.expect(200);
+    let listed = queues["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "coming-soon")
+        .cloned();
+    assert_eq!(
+        listed.map(|q| q["paused"].clone()),
+        Some(json!(true)),
+        "{queues}"
+    );
+    let resumed = admin
+        .post("/api/queues/coming-soon/resume")
+        .await
+        .expect(200);
+    assert_eq!(resumed["was_paused"], true, "{resumed}");
+    // Resumed, it is unknown again.
+    admin
+        .post("/api/queues/coming-soon/resume")
+        .await
+        .expect_error(404);
+    admin
+        .post_json("/api/queues/x/pause", r#"{"new": "yes"}"#)
+        .await
+        .expect_error(400);
+
+    // The node works `work`: known. A queue no node works that holds a job: known.
+    let reply = admin.post("/api/queues/work/pause").await.expect(200);
+    assert_eq!(reply["was_paused"], false, "{reply}");
+    let reply = admin.post("/api/queues/work/pause").await.expect(200);
+    assert_eq!(reply["was_paused"], true, "{reply}");
+    admin.post("/api/queues/work/resume").await.expect(200);
+    client(&pool)
+        .enqueue_job(NewJob::new(plain, Behave::tag("parked")).queue("parked"))
+        .await
+        .unwrap();
+    admin.post("/api/queues/parked/pause").await.expect(200);
+    admin.post("/api/queues/parked/resume").await.expect(200);
+    node.shutdown().await;
+}
+
+/// A body over the limit is a 413; a write that takes no body refuses one (400), and does
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_too_large_is_a_413_and_a_write_without_a_body_refuses_one() {
+    let (db, pool) = setup().await;
+    let node = admin_node(db.url(), "b", Some(TOKEN)).await;
+    let admin = Api::of(&node).with_token(TOKEN);
+    // The cron is registered: a write that took the junk would act on it.
+    wait_until(
+        "the cron registered",
+        SOON,
+        Duration::from_millis(20),
+        || async { (admin.get("/api/crons/yearly").await.status == 200).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let big = "x".repeat(10 * 1024 * 1024);
+    let big_json = format!("{{\"state\": \"dead\", \"kind\": \"{big}\"}}");
+    for (path, body) in [
+        ("/api/jobs/bulk/retry", big_json.as_str()),
+        ("/api/crons/yearly/pause", big.as_str()),
+        ("/api/crons/yearly/trigger", big.as_str()),
+        ("/api/queues/work/pause", big.as_str()),
+        ("/api/cluster/roles/scheduler/step-down", big.as_str()),
+        ("/api/jobs/1/retry", big.as_str()),
+    ] {
+        let reply = admin.post_large(path, body.as_bytes()).await;
+        assert_eq!(reply.status, 413, "{path}: {}", reply.text);
+        assert_eq!(
+            reply.body["code"], "payload_too_large",
+            "{path}: {}",
+            reply.text
+        );
+    }
+    for path in [
+        "/api/crons/yearly/pause",
+        "/api/crons/yearly/resume",
+        "/api/crons/yearly/trigger",
+        "/api/queues/work/resume",
+        "/api/jobs/1/cancel",
+    ] {
+        let message = admin.post_json(path, "junk").await.expect_error(400);
+        assert!(message.contains("no body"), "{path}: {message}");
+    }
+    let deleted = admin.call("DELETE", "/api/jobs/1", Some("{}")).await;
+    assert_eq!(deleted.status, 400, "{}", deleted.text);
+    let state: (
+        Option<chrono::DateTime<chrono::Utc>>,
+        Option<chrono::DateTime<chrono::Utc>>,
+    ) = sqlx::query_as(
+        "SELECT paused_at, trigger_requested_at FROM forge.crons WHERE name = 'yearly'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(state, (None, None), "nothing was paused or triggered");
+    // Without a body (or an empty one), the same writes work.
+    admin.post("/api/crons/yearly/pause").await.expect(200);
+    admin
+        .post_json("/api/crons/yearly/resume", "")
+        .await
+        .expect(200);
+    node.shutdown().await;
+}
+
+/// PostgreSQL really stopped: every endpoint that needs it answers 503 within about 2 s (not
+/// the pool's 10 s connect_timeout), saying since when the database is unreachable; readiness
+/// too; the probes that need no database still answer; once it is back, so is everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_postgresql_stopped_every_request_fails_within_two_seconds_saying_since_when() {
+    let server = tokio::task::spawn_blocking(PgServer::start)
+        .await
+        .unwrap()
+        .unwrap();
+    let db = server.create_database().await.unwrap();
+    let mut config = served_job_config(db.url(), "ff", false);
+    config.admin.token = Some(TOKEN.to_owned());
+    // The default: what a request waited for before.
+    config.database.connect_timeout = Duration::from_secs(10);
+    let node = Node::builder(config)
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .expect("node starts");
+    let api = Api::of(&node).with_token(TOKEN);
+    api.get("/api/cluster/status").await.expect(200);
+    tokio::task::block_in_place(|| server.stop()).unwrap();
+
+    let mut first_since: Option<String> = None;
+    for (method, path) in [
+        ("GET", "/api/cluster/status"),
+        ("GET", "/api/cluster/nodes"),
+        ("GET", "/api/cluster/leaders"),
+        ("GET", "/api/cluster/history"),
+        ("GET", "/api/cluster/events"),
+        ("GET", "/api/crons"),
+        ("GET", "/api/jobs"),
+        ("GET", "/api/queues"),
+        ("GET", "/api/dashboard/series"),
+        ("POST", "/api/queues/work/pause"),
+        ("POST", "/api/jobs/1/retry"),
+        ("GET", "/api/cluster/status"),
+    ] {
+        let started = std::time::Instant::now();
+        let reply = api.call(method, path, None).await;
+        let took = started.elapsed();
+        assert_eq!(reply.status, 503, "{method} {path}: {}", reply.text);
+        assert!(
+            took < Duration::from_millis(3500),
+            "{method} {path} took {took:?} to say the database is unreachable"
+        );
+        assert_eq!(reply.body["database"], "unreachable", "{}", reply.text);
+        let since = reply.body["since"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            reply.body["error"]
+                .as_str()
+                .unwrap()
+                .contains("unreachable (since"),
+            "{}",
+            reply.text
+        );
+        // One outage, one instant it began.
+        match &first_since {
+            None => first_since = Some(since),
+            Some(first) => assert_eq!(&since, first, "{method} {path}: {}", reply.text),
+        }
+    }
+    let started = std::time::Instant::now();
+    let ready = api.get("/api/health/ready").await;
+    assert_eq!(ready.status, 503, "{}", ready.text);
+    assert!(started.elapsed() < Duration::from_millis(3500));
+    api.get("/api/health/live").await.expect(200);
+    api.get("/api/cluster/config").await.expect(200);
+
+    tokio::task::block_in_place(|| server.start_again()).unwrap();
+    wait_until(
+        "the API answering again",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { (api.get("/api/cluster/status").await.status == 200).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let later = api.get("/api/crons").await.expect(200);
+    assert!(later.get("since").is_none(), "{later}");
+    node.shutdown().await;
+}
+
+/// A cron claimed ahead of its instant: its ticks say when the handler started (lag from the
+/// instant, not 0 for a claim made ahead) and how long it ran (not finished minus claimed,
+/// which adds the claim-ahead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticks_lag_and_duration_are_the_handlers() {
+    let (db, _pool) = setup().await;
+    let mut config = served_job_config(db.url(), "cr", false);
+    config.admin.token = Some(TOKEN.to_owned());
+    let sleepy = CronJob::new(
+        "sleepy",
+        Schedule::parse("* * * * * *").unwrap(),
+        |_ctx: CronContext| async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            Ok::<_, forge::CronError>(())
+        },
+    );
+    let node = Node::builder(config)
+        .auto_register(false)
+        .cron(sleepy)
+        .start()
+        .await
+        .expect("node starts");
+    let api = Api::of(&node);
+    let ticks = wait_for(
+        "three finished ticks",
+        SOON,
+        Duration::from_millis(100),
+        || async {
+            let reply = api.get("/api/crons/sleepy/ticks").await;
+            if reply.status != 200 {
+                return Err(reply.text);
+            }
+            let ticks = reply.body;
+            let done = ticks["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|t| t["state"] == "succeeded")
+                .count();
+            if done >= 3 {
+                Ok(ticks)
+            } else {
+                Err(ticks.to_string())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    for tick in ticks["items"].as_array().unwrap() {
+        if tick["started_at"].is_null() {
+            // Not started (claimed ahead of its instant): no lag, no duration yet.
+            assert!(
+                tick["lag_ms"].is_null() && tick["duration_ms"].is_null(),
+                "{tick}"
+            );
+        }
+        if tick["state"] != "succeeded" {
+            continue;
+        }
+        let at = |field: &str| {
+            chrono::DateTime::parse_from_rfc3339(tick[field].as_str().unwrap()).unwrap()
+        };
+        let ms =
+            |from: &str, to: &str| (at(to) - at(from)).num_microseconds().unwrap() as f64 / 1000.0;
+        // Started at or after the instant (claimed ahead of it when on time).
+        assert!(at("started_at") >= at("scheduled_at"), "{tick}");
+        let lag = tick["lag_ms"].as_f64().unwrap();
+        assert!(
+            lag > 0.0 && (lag - ms("scheduled_at", "started_at")).abs() < 0.01,
+            "lag {lag} ms from the instant to the handler's start: {tick}"
+        );
+        // The handler's 30 ms, not the time since the claim: at most from the instant to the
+        // outcome's record.
+        let took = tick["duration_ms"].as_f64().unwrap();
+        assert!(
+            took >= 30.0 && took <= ms("scheduled_at", "finished_at") + 1.0,
+            "the handler sleeps 30 ms: duration {took} ms: {tick}"
+        );
+    }
+    let cron = api.get("/api/crons/sleepy").await.expect(200);
+    assert!(
+        cron["cron"]["last"]["duration_ms"].is_f64() || cron["cron"]["last"]["state"] == "running",
+        "{cron}"
+    );
+    node.shutdown().await;
 }

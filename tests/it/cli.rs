@@ -10,7 +10,7 @@ use std::time::Duration;
 use forge::cron::CronJob;
 use forge::jobs::NewJob;
 use forge::{Config, CronContext, LockNamespace, Node, Role, RoleState, Schedule};
-use forge_testkit::{NodeProcess, PgServer, TestDatabase, TxPooler, wait_until};
+use forge_testkit::{NodeProcess, PgServer, TestDatabase, TxPooler, wait_for, wait_until};
 use serde_json::Value;
 use sqlx::Connection;
 use tokio::process::Command;
@@ -1229,20 +1229,24 @@ async fn doctor_passes_a_healthy_cluster_and_fails_on_a_leaderless_role_or_a_for
         .expect(2);
     assert!(run.stderr.contains("--max-clock-skew"), "{}", run.stderr);
 
-    // A role the configuration lists but nobody leads.
-    let run = forge_env(
-        Some(url),
-        &[("FORGE_ROLES", "scheduler,billing")],
-        &["doctor"],
-    )
-    .await
-    .expect(1);
-    assert!(run.stdout.contains("billing: no leader"), "{}", run.stdout);
+    // A role this configuration lists but no node campaigns for: not the cluster's problem
+    // (the admin API's status says healthy too), a warning - a problem with --strict.
+    let billing = [("FORGE_ROLES", "scheduler,billing")];
+    let run = forge_env(Some(url), &billing, &["doctor"]).await.ok();
     assert!(
-        run.stdout.contains("no live node campaigns for billing"),
+        run.stdout
+            .contains("billing: listed in [node] roles here, but no node campaigns for it"),
         "{}",
         run.stdout
     );
+    assert!(
+        run.stdout.contains("healthy: 0 problems, 1 warnings"),
+        "{}",
+        run.stdout
+    );
+    forge_env(Some(url), &billing, &["doctor", "--strict"])
+        .await
+        .expect(1);
 
     // A stopped node is no problem; with no node left, there is.
     node.shutdown().await;
@@ -1449,6 +1453,191 @@ async fn alerts_export_writes_the_rule_file_of_the_configuration() {
     .await
     .expect(2);
     assert!(run.stderr.contains("no_condition"), "{}", run.stderr);
+}
+
+/// After a SIGKILL of the scheduler's leader, `forge nodes` shows the killed node leading
+/// nothing (the node that leads each role is the one `forge leaders` names), `forge leaders
+/// --history` measures the failover from the lock grant, and `forge status` and `forge doctor`
+/// agree with each other: healthy, the dead node a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_sigkill_forge_nodes_shows_the_dead_node_leading_nothing() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let url = db.url();
+    let dir = ScratchDir::new("cli-sigkill");
+    let mut probes = probes_with_standbys(&db, &dir.0, ["n1", "n2", "n3"]).await;
+    let (victim, epoch, _) = kill_scheduler_leader(&pool, &mut probes).await;
+    wait_until(
+        "a new scheduler leader",
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            let leaders = forge(url, &["leaders", "--json"]).await.ok().json();
+            leaders
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|l| {
+                    l["role"] == "scheduler"
+                        && l["led"] == true
+                        && l["epoch"].as_i64() > Some(epoch)
+                })
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+
+    // The table: the killed node's LEADS is empty, whether or not it is marked down yet.
+    let run = forge(url, &["nodes"]).await.ok();
+    let header = run.stdout.lines().next().unwrap();
+    let leads_at = header.find("LEADS").unwrap();
+    let row = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(victim.as_str()))
+        .unwrap_or_else(|| panic!("{victim} in\n{}", run.stdout));
+    assert_eq!(
+        row[leads_at..].trim(),
+        "-",
+        "{victim} leads nothing:\n{}",
+        run.stdout
+    );
+    let one = forge(url, &["nodes", &victim, "--json"]).await.ok().json();
+    assert_eq!(one["leads"], serde_json::json!([]), "{one}");
+    // Each role: led by the node `forge leaders` names, and by no other.
+    let leaders = forge(url, &["leaders", "--json"]).await.ok().json();
+    let nodes = forge(url, &["nodes", "--json"]).await.ok().json();
+    for leader in leaders
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["led"] == true)
+    {
+        let leading: Vec<&str> = nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["leads"].as_array().unwrap().contains(&leader["role"]))
+            .map(|n| n["node_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            leading,
+            [leader["node_id"].as_str().unwrap()],
+            "{leader}\n{nodes}"
+        );
+    }
+
+    // The failover's gap, from the lock grant.
+    let history = forge(
+        url,
+        &[
+            "leaders",
+            "--history",
+            "--role",
+            "scheduler",
+            "--limit",
+            "1",
+            "--json",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(history["items"][0]["gap_from"], "lock_granted", "{history}");
+    let run = forge(url, &["leaders", "--history", "--role", "scheduler"])
+        .await
+        .ok();
+    assert!(
+        run.stdout.lines().next().unwrap().contains("GAP FROM")
+            && run.stdout.contains("lock_granted"),
+        "{}",
+        run.stdout
+    );
+
+    // Status and doctor say the same: healthy, the killed node down as a warning.
+    let status = wait_for(
+        "the killed node down",
+        SOON,
+        Duration::from_millis(50),
+        || async {
+            let status = forge(url, &["status", "--json"]).await.ok().json();
+            if status["nodes"]["down"] == 1 {
+                Ok(status)
+            } else {
+                Err(status.to_string())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(status["healthy"], true, "{status}");
+    assert_eq!(
+        status["warnings"],
+        serde_json::json!([format!("node {victim} is down")]),
+        "{status}"
+    );
+    let report = forge(url, &["doctor", "--json"]).await.ok().json();
+    let leaders_ok = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["check"] == "leaders")
+        .all(|c| c["status"] == "ok");
+    assert!(leaders_ok, "{report}");
+    assert!(
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["check"] == "nodes"
+                && c["status"] == "warn"
+                && c["detail"].as_str().unwrap().contains(victim.as_str())),
+        "{report}"
+    );
+    forge(url, &["doctor", "--strict"]).await.expect(1);
+    for probe in &probes {
+        let _ = probe.process.terminate();
+    }
+}
+
+/// `forge queues pause` of a queue the cluster does not know (a typo) exits 1 and pauses
+/// nothing; `--new` pre-pauses it on purpose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pausing_a_typo_queue_fails_unless_new() {
+    let db = migrated_db().await;
+    let pool = db.pool().await.unwrap();
+    let url = db.url();
+    let run = forge(url, &["queues", "pause", "typo-queue"])
+        .await
+        .expect(1);
+    assert!(
+        run.stderr.contains("no queue \"typo-queue\"") && run.stderr.contains("--new"),
+        "{}",
+        run.stderr
+    );
+    forge(url, &["queues", "resume", "typo-queue"])
+        .await
+        .expect(1);
+    let queues = forge(url, &["queues", "--json"]).await.ok().json();
+    assert_eq!(queues, serde_json::json!([]), "the typo is no queue");
+    let run = forge(url, &["queues", "pause", "typo-queue", "--new"])
+        .await
+        .ok();
+    assert!(
+        run.stdout.contains("paused queue typo-queue"),
+        "{}",
+        run.stdout
+    );
+    let paused: Vec<String> = sqlx::query_scalar("SELECT queue FROM forge.queues")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(paused, ["typo-queue"]);
+    forge(url, &["queues", "resume", "typo-queue"]).await.ok();
+    forge(url, &["queues", "resume", "typo-queue"])
+        .await
+        .expect(1);
 }
 
 /// A server that answers every connection as an HTTP server answers bytes it cannot parse

@@ -71,24 +71,46 @@ fn screenshot_dir() -> PathBuf {
     dir
 }
 
-/// chromedriver's legacy log endpoint: the browser console's entries since the last call.
+/// A chromedriver extension command: POST `session/{id}/<path>` with a JSON body - the
+/// browser console's entries since the last call (`se/log`, the legacy log endpoint), or a
+/// Chrome DevTools Protocol command (`goog/cdp/execute`).
 #[derive(Debug)]
-struct BrowserLog;
+struct DriverCommand {
+    path: &'static str,
+    body: String,
+}
 
-impl WebDriverCompatibleCommand for BrowserLog {
+impl DriverCommand {
+    fn browser_log() -> DriverCommand {
+        DriverCommand {
+            path: "se/log",
+            body: r#"{"type":"browser"}"#.to_owned(),
+        }
+    }
+
+    fn cdp(cmd: &str, params: Value) -> DriverCommand {
+        DriverCommand {
+            path: "goog/cdp/execute",
+            body: json!({ "cmd": cmd, "params": params }).to_string(),
+        }
+    }
+}
+
+impl WebDriverCompatibleCommand for DriverCommand {
     fn endpoint(
         &self,
         base_url: &url::Url,
         session_id: Option<&str>,
     ) -> Result<url::Url, url::ParseError> {
         base_url.join(&format!(
-            "session/{}/se/log",
-            session_id.unwrap_or_default()
+            "session/{}/{}",
+            session_id.unwrap_or_default(),
+            self.path
         ))
     }
 
     fn method_and_body(&self, _request_url: &url::Url) -> (http::Method, Option<String>) {
-        (http::Method::POST, Some(r#"{"type":"browser"}"#.to_owned()))
+        (http::Method::POST, Some(self.body.clone()))
     }
 }
 
@@ -184,6 +206,30 @@ impl Browser {
             }
         }
         panic!("could not start a Chromium session through chromedriver: {last_error}");
+    }
+
+    /// Sets the browser's clock `skew_ms` off the real one (every page opened from now on:
+    /// `Date` and `Date.now()`), keeping the real clock as `window.__realDate`.
+    async fn skew_clock(&self, skew_ms: i64) {
+        let source = format!(
+            "(() => {{
+               const Real = Date;
+               const skew = {skew_ms};
+               class Skewed extends Real {{
+                 constructor(...args) {{ if (args.length) super(...args); else super(Real.now() + skew); }}
+                 static now() {{ return Real.now() + skew; }}
+               }}
+               window.__realDate = Real;
+               window.Date = Skewed;
+             }})();"
+        );
+        self.client
+            .issue_cmd(DriverCommand::cdp(
+                "Page.addScriptToEvaluateOnNewDocument",
+                json!({ "source": source }),
+            ))
+            .await
+            .expect("CDP Page.addScriptToEvaluateOnNewDocument");
     }
 
     /// Opens a page of the dashboard (`base` + `#/page`).
@@ -348,7 +394,7 @@ impl Browser {
     async fn console_errors(&self) -> Vec<String> {
         let entries = self
             .client
-            .issue_cmd(BrowserLog)
+            .issue_cmd(DriverCommand::browser_log())
             .await
             .expect("the browser log (chromedriver's se/log)");
         entries
@@ -398,13 +444,6 @@ fn kill_group(driver: &NodeProcess) {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status();
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 fn slug(text: &str) -> String {
@@ -1234,4 +1273,371 @@ async fn charts_with_points(browser: &Browser, base: &str) {
     }
     browser.screenshot("charts").await;
     browser.assert_no_console_errors("on the Charts page").await;
+}
+
+/// What the dashboard shows is what the server knows, also with a browser whose clock is 90 s
+/// ahead: relative times ("next run in ...") count from the server's clock and the header's
+/// time is the server's, in the 24-hour format of the rest; a tick's lag and duration are the
+/// API's (the handler's, not the claim-ahead's); a chart draws a counter only at the intervals
+/// the aggregator rolled up (no invented drop at the newest point, where only samples are yet);
+/// a gap is coloured by its size; and with PostgreSQL stopped the page says "database
+/// unreachable since ..." within seconds, on a page already open and on one opened then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_the_servers_truth_with_a_skewed_browser_clock_and_postgresql_down() {
+    if !browser_present() {
+        return;
+    }
+    let server = tokio::task::spawn_blocking(forge_testkit::PgServer::start)
+        .await
+        .unwrap()
+        .unwrap();
+    let db = server.create_database().await.unwrap();
+    let pool = db.pool().await.unwrap();
+    let mut config = served_job_config(db.url(), "web", false);
+    config.admin.token = Some(TOKEN.to_owned());
+    config.database.connect_timeout = Duration::from_secs(10);
+    let every_second = CronJob::new(
+        "every_second",
+        Schedule::parse("* * * * * *").unwrap(),
+        |_ctx: CronContext| async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            Ok::<_, forge::CronError>(())
+        },
+    );
+    let node = forge::Node::builder(config)
+        .auto_register(false)
+        .cron(every_second)
+        .start()
+        .await
+        .expect("node starts");
+    let base = format!("{}/", node.admin_url().unwrap());
+
+    // The aggregator's points, as it writes them (no aggregator runs here): counters at the
+    // intervals it rolled up (marked `rollups`; the third was skipped, no aggregator led),
+    // samples at every interval, also the newest, which is not rolled up yet.
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let minute = chrono::TimeDelta::minutes(1);
+    let first = chrono::DurationRound::duration_trunc(now, minute).unwrap() - minute * 6;
+    let at = |i: i32| first + minute * i;
+    let mut points: Vec<(chrono::DateTime<chrono::Utc>, &str, &str, f64)> = Vec::new();
+    for i in [1, 2, 4, 5] {
+        points.push((at(i), "rollups", "", 1.0));
+    }
+    for (i, runs) in [(1, 3.0), (2, 3.0), (4, 6.0), (5, 3.0)] {
+        points.push((at(i), "cron_runs", "synthetic", runs));
+    }
+    points.push((at(1), "jobs_completed", "synthetic", 7.0));
+    for i in 1..=6 {
+        points.push((at(i), "queue_depth", "synthetic", 5.0));
+    }
+    for (at, series, label, value) in &points {
+        sqlx::query(
+            "INSERT INTO forge.stats (namespace, at, series, label, value) VALUES ('forge', $1, $2, $3, $4)",
+        )
+        .bind(at)
+        .bind(series)
+        .bind(label)
+        .bind(value)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    // A role's history with a 10.8 s handoff and a 1.2 ms one.
+    let t0 = now - chrono::TimeDelta::minutes(5);
+    for (offset_ms, kind, node, epoch, detail) in [
+        (
+            0,
+            "leader_elected",
+            "x",
+            1,
+            json!({ "failover": false, "gap_ms": null }),
+        ),
+        (60_000, "leader_released", "x", 1, json!({})),
+        (
+            70_800,
+            "leader_elected",
+            "y",
+            2,
+            json!({ "failover": false, "gap_ms": 10800.0, "gap_from": "release" }),
+        ),
+        (120_000, "leader_released", "y", 2, json!({})),
+        (
+            120_001,
+            "leader_elected",
+            "x",
+            3,
+            json!({ "failover": false, "gap_ms": 1.2, "gap_from": "release" }),
+        ),
+    ] {
+        sqlx::query(
+            "INSERT INTO forge.events (at, namespace, kind, node_id, role, epoch, detail)
+             VALUES ($1, 'forge', $2, $3, 'demo', $4, $5)",
+        )
+        .bind(t0 + chrono::TimeDelta::milliseconds(offset_ms))
+        .bind(kind)
+        .bind(node)
+        .bind(epoch)
+        .bind(detail)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+
+    let browser = Browser::start("truth").await;
+    browser.skew_clock(90_000).await;
+
+    // Relative times by the server's clock: the per-second cron's next run is within a second
+    // (a browser 90 s ahead read it as "1 min 29 s ago").
+    browser.open(&format!("{base}#/crons")).await;
+    browser.wait_loaded("crons").await;
+    let next = browser
+        .wait_js(
+            "the cron's next run",
+            PAGE_DEADLINE,
+            "const row = document.querySelector('#page tr[data-cron=every_second]');
+             const cell = row && row.cells[3];
+             return cell && cell.textContent !== '-' ? cell.textContent : null;",
+            vec![],
+        )
+        .await;
+    let next = next.as_str().unwrap();
+    assert!(
+        next.starts_with("in ")
+            && (next.ends_with(" ms") || next.ends_with(" s"))
+            && !next.contains("min"),
+        "the next run of a per-second cron, by the server's clock: {next:?}"
+    );
+    // The header: the server's time, 24-hour (the browser's locale would say "1:02:03 PM").
+    let header = browser
+        .wait_js(
+            "the header's time",
+            PAGE_DEADLINE,
+            "const text = document.querySelector('#updated').textContent;
+             const m = /^updated (\\d\\d):(\\d\\d):(\\d\\d)$/.exec(text);
+             if (!m) return { text };
+             const real = new window.__realDate();
+             const shown = (+m[1]) * 3600 + (+m[2]) * 60 + (+m[3]);
+             const actual = real.getHours() * 3600 + real.getMinutes() * 60 + real.getSeconds();
+             let off = Math.abs(actual - shown);
+             off = Math.min(off, 86400 - off);
+             return { text, off };",
+            vec![],
+        )
+        .await;
+    assert!(
+        header["off"].as_f64().is_some_and(|off| off <= 5.0),
+        "the header shows the server's time as HH:MM:SS: {header}"
+    );
+
+    // A tick's lag and duration are the API's: the handler's 30 ms, not claim-ahead included.
+    browser.open(&format!("{base}#/crons/every_second")).await;
+    browser.wait_loaded("crons").await;
+    let shown = browser
+        .wait_js(
+            "succeeded ticks with their lag and duration",
+            PAGE_DEADLINE,
+            "const rows = [...document.querySelectorAll('#page tr[data-tick][data-state=succeeded]')];
+             const ticks = rows.map((r) => ({
+               tick: r.dataset.tick,
+               lag: r.querySelector('[data-field=lag]')?.dataset.ms,
+               duration: r.querySelector('[data-field=duration]')?.dataset.ms }));
+             return ticks.length >= 2 ? ticks : null;",
+            vec![],
+        )
+        .await;
+    let api: Value = get_json(&format!("{base}api/crons/every_second/ticks?limit=50")).await;
+    for tick in shown.as_array().unwrap() {
+        let from_api = api["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["scheduled_at"] == tick["tick"])
+            .unwrap_or_else(|| panic!("{tick} in {api}"));
+        let number = |v: &Value| v.as_str().and_then(|s| s.parse::<f64>().ok());
+        let duration = number(&tick["duration"]).unwrap_or_else(|| panic!("{tick}"));
+        assert!(
+            (duration - from_api["duration_ms"].as_f64().unwrap()).abs() < 1e-6
+                && (number(&tick["lag"]).unwrap() - from_api["lag_ms"].as_f64().unwrap()).abs()
+                    < 1e-6,
+            "the page shows the API's lag and duration: {tick} / {from_api}"
+        );
+        assert!(duration >= 30.0, "{tick}");
+    }
+
+    // The charts: the synthetic cron's runs at the four rolled-up intervals, the last one 3
+    // (not a 0 at the newest instant, which holds only samples), the skipped interval not
+    // drawn as a 0; the queue's samples at all six.
+    browser.open(&format!("{base}#/charts")).await;
+    browser.wait_loaded("charts").await;
+    let drawn = browser
+        .wait_js(
+            "the synthetic series drawn",
+            PAGE_DEADLINE,
+            "const line = (chart, name) => {
+               const g = [...document.querySelectorAll(`#page [data-chart=${chart}] svg g.series`)]
+                 .find((g) => g.querySelectorAll('circle title')[0]?.textContent.startsWith(name));
+               if (!g) return null;
+               return { points: g.querySelector('polyline').getAttribute('points').trim().split(' ').length,
+                        last: [...g.querySelectorAll('circle title')].pop().textContent };
+             };
+             const runs = line('cron-runs', 'synthetic');
+             const depth = line('queue-depth', 'synthetic');
+             const done = line('throughput', 'synthetic');
+             return runs && depth && done ? { runs, depth, done } : null;",
+            vec![],
+        )
+        .await;
+    assert_eq!(drawn["runs"]["points"], 4, "{drawn}");
+    assert!(
+        drawn["runs"]["last"].as_str().unwrap().ends_with(": 3"),
+        "the last drawn point is the last rolled-up interval's: {drawn}"
+    );
+    assert_eq!(drawn["depth"]["points"], 6, "{drawn}");
+    // A counter that did not move at a rolled-up interval is 0 there: drawn at all four.
+    assert_eq!(drawn["done"]["points"], 4, "{drawn}");
+    assert!(
+        drawn["done"]["last"].as_str().unwrap().ends_with(": 0"),
+        "{drawn}"
+    );
+    browser.screenshot("truth-charts").await;
+
+    // Gaps coloured by their size: the 10.8 s handoff is not green like the 1.2 ms one.
+    browser.open(&format!("{base}#/leadership?role=demo")).await;
+    browser.wait_loaded("leadership").await;
+    let gaps = browser
+        .wait_js(
+            "the demo role's handoffs",
+            PAGE_DEADLINE,
+            "const gap = (epoch) => {
+               const el = document.querySelector(
+                 `#page tr.tenure-row[data-role=demo][data-epoch=\"${epoch}\"] [data-field=gap]`);
+               return el && { text: el.textContent, classes: el.className,
+                              colour: getComputedStyle(el).color };
+             };
+             const slow = gap(2);
+             const fast = gap(3);
+             const markers = [...document.querySelectorAll('.lane[data-role=demo] .marker')]
+               .map((m) => ({ text: m.textContent, colour: getComputedStyle(m).color }));
+             return slow && fast ? { slow, fast, markers } : null;",
+            vec![],
+        )
+        .await;
+    assert_ne!(gaps["slow"]["colour"], gaps["fast"]["colour"], "{gaps}");
+    let classes = |gap: &str| gaps[gap]["classes"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        classes("slow").split(' ').any(|c| c == "bad")
+            && classes("fast").split(' ').any(|c| c == "good"),
+        "{gaps}"
+    );
+    let markers = gaps["markers"].as_array().unwrap();
+    assert_eq!(markers.len(), 2, "{gaps}");
+    assert_ne!(markers[0]["colour"], markers[1]["colour"], "{gaps}");
+    // The current tenure (epoch 3) is held for as long as the server's clock says.
+    let held = browser
+        .text("#page tr.tenure-row[data-role=demo][data-epoch=\"3\"] td:last-child")
+        .await;
+    let server_now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let expected = (server_now - (t0 + chrono::TimeDelta::milliseconds(120_001))).num_seconds();
+    let shown = held
+        .strip_suffix(" s")
+        .and_then(|rest| rest.split_once(" min "))
+        .and_then(|(m, s)| Some(m.parse::<i64>().ok()? * 60 + s.parse::<i64>().ok()?))
+        .unwrap_or_else(|| panic!("held for {held:?}"));
+    assert!(
+        (shown - expected).abs() <= 10,
+        "held for {held:?}, by the server's clock {expected} s"
+    );
+    browser.screenshot("truth-leadership").await;
+    browser
+        .assert_no_console_errors("with a skewed clock")
+        .await;
+
+    // PostgreSQL stops: the open page says so within seconds, with since when.
+    browser.open(&format!("{base}#/overview")).await;
+    browser.wait_loaded("overview").await;
+    tokio::task::block_in_place(|| server.stop()).unwrap();
+    let stopped = Instant::now();
+    let outage = browser
+        .wait_js(
+            "the outage banner",
+            Duration::from_secs(8),
+            "const box = document.querySelector('#outage');
+             return box && !box.hidden && box.textContent.includes('Database unreachable since')
+               ? box.textContent : null;",
+            vec![],
+        )
+        .await;
+    eprintln!(
+        "the open page said {outage} {:?} after PostgreSQL stopped",
+        stopped.elapsed()
+    );
+    assert!(
+        outage
+            .as_str()
+            .unwrap()
+            .contains("The figures below are from"),
+        "{outage}"
+    );
+    browser.screenshot("truth-outage").await;
+    // A page opened now says so just as soon.
+    let opened = Instant::now();
+    browser.open(&format!("{base}#/jobs")).await;
+    browser
+        .wait_js(
+            "the outage banner on a page opened during the outage",
+            Duration::from_secs(6),
+            "const box = document.querySelector('#outage');
+             return box && !box.hidden && box.textContent.includes('Database unreachable since');",
+            vec![],
+        )
+        .await;
+    eprintln!(
+        "a page opened during the outage said so after {:?}",
+        opened.elapsed()
+    );
+    tokio::task::block_in_place(|| server.start_again()).unwrap();
+    browser
+        .wait_js(
+            "the banner gone once PostgreSQL is back",
+            Duration::from_secs(30),
+            "return document.querySelector('#outage').hidden
+               && document.querySelector('#page').dataset.loaded === 'true';",
+            vec![],
+        )
+        .await;
+    browser.close().await;
+    node.shutdown().await;
+}
+
+/// GET `url` as JSON (the API's reads need no token here).
+async fn get_json(url: &str) -> Value {
+    let url: url::Url = url.parse().unwrap();
+    let addr = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
+    let stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let path = match url.query() {
+        Some(q) => format!("{}?{q}", url.path()),
+        None => url.path().to_owned(),
+    };
+    let request = hyper::Request::builder()
+        .uri(path)
+        .header("host", addr)
+        .body(http_body_util::Full::new(hyper::body::Bytes::new()))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
 }

@@ -92,6 +92,28 @@ async fn running_on(pool: &PgPool, node: &str) -> Vec<i64> {
     .unwrap()
 }
 
+/// Waits until the sessions of a killed node are gone from the server: a round trip it sent
+/// before it died still commits there, so what it held is known only after.
+async fn sessions_gone(pool: &PgPool, node: &str) {
+    wait_until(
+        &format!("{node}'s sessions to end"),
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            let left: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'forge:%:' || $1",
+            )
+            .bind(node)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            (left == 0).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
 async fn wait_all_completed(pool: &PgPool, n: i64, within: Duration) {
     wait_until(
         &format!("all {n} jobs to complete"),
@@ -440,23 +462,7 @@ async fn a_node_killed_while_draining_a_backlog_of_short_jobs_loses_none() {
     .unwrap();
     n1.process.kill().unwrap();
     n1.process.wait_exit(SOON).await.unwrap();
-    // A round trip n1 sent before it died still commits on the server: count after it.
-    wait_until(
-        "n1's sessions to end",
-        SOON,
-        Duration::from_millis(5),
-        || async {
-            let left: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'forge:%:n1'",
-            )
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            (left == 0).then_some(())
-        },
-    )
-    .await
-    .unwrap();
+    sessions_gone(&pool, "n1").await;
     let held: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM forge.jobs WHERE state = 'running' AND node_id = 'n1'",
     )
@@ -603,6 +609,7 @@ async fn with_completed_jobs_deleted_a_node_killed_mid_backlog_loses_none() {
     .unwrap();
     n1.process.kill().unwrap();
     n1.process.wait_exit(SOON).await.unwrap();
+    sessions_gone(&pool, "n1").await;
     let held: Vec<i64> = sqlx::query_scalar(
         "SELECT id FROM forge.jobs WHERE state = 'running' AND node_id = 'n1' ORDER BY id",
     )

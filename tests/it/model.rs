@@ -549,16 +549,23 @@ async fn rollups_come_from_whichever_node_leads_the_metrics_aggregator() {
         points.iter().any(|p| p.series == "jobs_completed"),
         "{points:?}"
     );
-    // An interval in which no counter moved writes no row (a missing point of a counter
-    // series is a 0): two rollups after the jobs, the counted series have not grown.
+    // An interval in which no counter moved writes no row of a counter, only its `rollups`
+    // mark (a missing point of a counter series is a 0 there): two rollups after the jobs, the
+    // counted series have not grown, the marks have.
     let counted_rows = |pool: PgPool| async move {
         sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM forge.stats
-              WHERE series NOT IN ('queue_depth', 'oldest_job_age_seconds', 'dead_jobs')",
+              WHERE series NOT IN ('queue_depth', 'oldest_job_age_seconds', 'dead_jobs', 'rollups')",
         )
         .fetch_one(&pool)
         .await
         .unwrap()
+    };
+    let marks = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM forge.stats WHERE series = 'rollups'")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
     };
     let rolled = |pool: PgPool| async move {
         sqlx::query_scalar::<_, Option<DateTime<Utc>>>("SELECT max(at) FROM forge.stats_cursor")
@@ -583,10 +590,15 @@ async fn rollups_come_from_whichever_node_leads_the_metrics_aggregator() {
         .await
         .unwrap();
     let before = counted_rows(pool.clone()).await;
+    let marked = marks(pool.clone()).await;
     rollup_after(Utc::now() + TimeDelta::seconds(2))
         .await
         .unwrap();
     assert_eq!(counted_rows(pool.clone()).await, before);
+    assert!(
+        marks(pool.clone()).await > marked,
+        "each rollup marks its interval"
+    );
     let text = b.render_metrics();
     assert!(
         text.contains("forge_cluster_nodes{state=\"active\"} 1"),

@@ -615,3 +615,32 @@ async fn a_node_cut_off_stops_its_attempts_before_they_can_be_rescued() {
     b.shutdown().await;
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_begin_cancelled_in_flight_leaves_no_transaction_behind() {
+    // FORGE cancels handlers and leader tasks (timeouts, lost leaderships); one cancelled while
+    // its BEGIN travels must not leave the pooled session inside a transaction for the next
+    // user (vendor/README.md).
+    let db = fresh_db().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(db.url())
+        .await
+        .unwrap();
+    let mut cancelled = 0;
+    for i in 0..300u64 {
+        let cut = Duration::from_micros((i % 30) * 20);
+        if tokio::time::timeout(cut, pool.begin()).await.is_err() {
+            cancelled += 1;
+        }
+        // The next user of the connection, in autocommit: two statements, two transactions,
+        // two transaction ids - unless both run inside a transaction left behind.
+        let xid = || sqlx::query_scalar::<_, i64>("SELECT txid_current()").fetch_one(&pool);
+        let (first, second) = (xid().await.unwrap(), xid().await.unwrap());
+        assert_ne!(
+            first, second,
+            "after {cancelled} cancelled begins, statements ran inside a transaction left behind"
+        );
+    }
+    assert!(cancelled > 0, "no begin was cut short");
+}

@@ -159,7 +159,23 @@ impl Probe {
         id: &str,
         roles: &[&str],
     ) -> Probe {
-        Probe::spawn(db, dir, id, roles, None).await
+        Probe::spawn(db, dir, id, roles, None, &[]).await
+    }
+
+    /// A probe that also serves the admin API on `admin` and `GET /leader-only` (behind
+    /// `LeaderOnly` for the scheduler) on `app`, both on 127.0.0.1.
+    pub(crate) async fn start_serving(
+        db: &TestDatabase,
+        dir: &std::path::Path,
+        id: &str,
+        roles: &[&str],
+        (admin, app): (u16, u16),
+    ) -> Probe {
+        let env = [
+            ("FORGE_ADMIN_LISTEN", format!("127.0.0.1:{admin}")),
+            ("FORGE_PROBE_APP_LISTEN", format!("127.0.0.1:{app}")),
+        ];
+        Probe::spawn(db, dir, id, roles, None, &env).await
     }
 
     /// A probe that also runs the `probe_tick` cron with this expression (catch_up = all).
@@ -170,7 +186,7 @@ impl Probe {
         roles: &[&str],
         cron: &str,
     ) -> Probe {
-        Probe::spawn(db, dir, id, roles, Some(cron)).await
+        Probe::spawn(db, dir, id, roles, Some(cron), &[]).await
     }
 
     async fn spawn(
@@ -179,10 +195,14 @@ impl Probe {
         id: &str,
         roles: &[&str],
         cron: Option<&str>,
+        env: &[(&str, String)],
     ) -> Probe {
         let path = dir.join("forge.toml");
         if !path.exists() {
-            std::fs::write(&path, config_toml(db.url())).unwrap();
+            // Probe tests follow one leader through kills and handoffs: placement moves would
+            // add handoffs of their own to the history they read (placement has its own tests).
+            let toml = config_toml(db.url()) + "\n[cluster]\nspread = false\n";
+            std::fs::write(&path, toml).unwrap();
         }
         let mut command = Command::new(env!("CARGO_BIN_EXE_forge-probe-node"));
         command
@@ -198,6 +218,7 @@ impl Probe {
             Some(cron) => command.env("FORGE_PROBE_CRON", cron),
             None => command.env_remove("FORGE_PROBE_CRON"),
         };
+        command.envs(env.iter().map(|(k, v)| (k, v)));
         let mut process = NodeProcess::spawn(command).unwrap().named(id);
         process
             .wait_for_line("READY", SOON, |line| line.starts_with("FORGE-PROBE READY"))
@@ -217,6 +238,83 @@ impl Probe {
             .filter_map(|line| ProbeLine::parse(line))
             .collect()
     }
+}
+
+/// A TCP port of 127.0.0.1 that was free a moment ago.
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free port")
+}
+
+/// The built-in roles, by name.
+pub(crate) const BUILTIN_ROLES: [&str; 3] = ["scheduler", "metrics_aggregator", "log_compactor"];
+
+/// Three probe processes campaigning for every built-in role, returned once each role is led
+/// and two standbys of the scheduler wait inside its lock: a SIGKILLed leader's successor is
+/// then granted the lock the instant the leader's session ends.
+pub(crate) async fn probes_with_standbys(
+    db: &TestDatabase,
+    dir: &std::path::Path,
+    ids: [&str; 3],
+) -> Vec<Probe> {
+    let mut probes = Vec::new();
+    for id in ids {
+        probes.push(Probe::start(db, dir, id, &BUILTIN_ROLES).await);
+    }
+    let pool = db.pool().await.unwrap();
+    wait_until(
+        "every role led, two standbys of the scheduler waiting",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            let waiting: Option<i64> = sqlx::query_scalar(
+                "SELECT forge.lock_waiters(lock_key) FROM forge.leaders WHERE role = 'scheduler'",
+            )
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            (current_leaders(&pool).await.len() == BUILTIN_ROLES.len() && waiting == Some(2))
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    probes
+}
+
+/// The scheduler's leader among `probes`, SIGKILLed once its last heartbeat has reported it
+/// leading (what a view trusting heartbeats would go on showing): its id, its epoch and the
+/// database's clock just before the kill.
+pub(crate) async fn kill_scheduler_leader(
+    pool: &PgPool,
+    probes: &mut [Probe],
+) -> (String, i64, chrono::DateTime<chrono::Utc>) {
+    let (victim, epoch) = current_leaders(pool).await["scheduler"].clone();
+    wait_until(
+        "a heartbeat after the election",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let reported: Vec<String> =
+                sqlx::query_scalar("SELECT leads FROM forge.nodes WHERE node_id = $1")
+                    .bind(&victim)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap();
+            reported.iter().any(|r| r == "scheduler").then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let index = probes.iter().position(|p| p.id == victim).unwrap();
+    let before: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    probes[index].process.kill().unwrap();
+    (victim, epoch, before)
 }
 
 /// A scratch directory for config files, removed on drop.

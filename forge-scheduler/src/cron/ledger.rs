@@ -196,6 +196,10 @@ pub(super) struct FinishRequest {
     pub(super) tick: DateTime<Utc>,
     pub(super) state: TickState,
     pub(super) error: Option<String>,
+    /// When the handler started (this node's clock).
+    pub(super) started: DateTime<Utc>,
+    /// How long it ran, in milliseconds (this node's monotonic clock).
+    pub(super) took_ms: f64,
 }
 
 /// Records the outcomes of runs that ended together in one statement, each only if its tick
@@ -208,8 +212,10 @@ pub(super) async fn finish_many(
     let ticks: Vec<DateTime<Utc>> = requests.iter().map(|r| r.tick).collect();
     let states: Vec<&str> = requests.iter().map(|r| r.state.as_str()).collect();
     let errors: Vec<Option<&str>> = requests.iter().map(|r| r.error.as_deref()).collect();
+    let started: Vec<DateTime<Utc>> = requests.iter().map(|r| r.started).collect();
+    let took: Vec<f64> = requests.iter().map(|r| r.took_ms).collect();
     let rows = sqlx::query(
-        "SELECT outcome FROM forge.tick_finish_many($1, $2, $3, $4, $5, $6) ORDER BY idx",
+        "SELECT outcome FROM forge.tick_finish_many($1, $2, $3, $4, $5, $6, $7, $8) ORDER BY idx",
     )
     .bind(leadership.namespace())
     .bind(leadership.tenure_id())
@@ -217,6 +223,8 @@ pub(super) async fn finish_many(
     .bind(&ticks)
     .bind(&states)
     .bind(&errors)
+    .bind(&started)
+    .bind(&took)
     .fetch_all(&mut *leadership.session().await?)
     .await?;
     if rows.len() != requests.len() {
@@ -241,20 +249,23 @@ pub(super) async fn finish_many(
     Ok(found)
 }
 
-/// Marks the tick succeeded inside the handler's transaction, fenced.
+/// Marks the tick succeeded inside the handler's transaction, fenced, with when its handler
+/// started.
 pub(super) async fn complete(
     leadership: &Leadership,
     cron: &str,
     tick: DateTime<Utc>,
+    started: DateTime<Utc>,
     tx: &mut Transaction<'_, Postgres>,
 ) -> Result<()> {
     let token = leadership.fence_token();
     token
         .bind(sqlx::query(
-            "SELECT forge.tick_complete($1, $2, $3, $4, $5, $6)",
+            "SELECT forge.tick_complete($1, $2, $3, $4, $5, $6, $7)",
         ))
         .bind(cron)
         .bind(tick)
+        .bind(started)
         .execute(&mut **tx)
         .await
         .map_err(|err| match &err {

@@ -508,7 +508,14 @@ impl CronContext {
     /// returns an error after a completed commit leaves the tick `succeeded`.
     pub async fn complete(&self, tx: &mut Transaction<'_, Postgres>) -> Result<()> {
         self.leadership.check_local()?;
-        ledger::complete(&self.leadership, &self.name, self.scheduled_at, tx).await
+        ledger::complete(
+            &self.leadership,
+            &self.name,
+            self.scheduled_at,
+            self.fired_at,
+            tx,
+        )
+        .await
     }
 
     /// Whether the run should stop: leadership lost or past its local deadline, handoff

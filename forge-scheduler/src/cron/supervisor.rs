@@ -895,7 +895,18 @@ async fn run_tick_in_span(
         }
         None => debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, "run succeeded"),
     }
-    record(&cron, &leadership, &finisher, tick, state, error).await;
+    let ran = Ran {
+        started: fired_at,
+        took_ms: took * 1000.0,
+    };
+    record(&cron, &leadership, &finisher, tick, state, error, ran).await;
+}
+
+/// When a run's handler started and how long it ran, recorded with its outcome.
+#[derive(Clone, Copy)]
+struct Ran {
+    started: DateTime<Utc>,
+    took_ms: f64,
 }
 
 /// Runs the handler with the cron's timeout; panics are caught.
@@ -938,6 +949,7 @@ async fn record(
     tick: DateTime<Utc>,
     state: TickState,
     error: Option<String>,
+    ran: Ran,
 ) {
     let mut pause = Duration::from_millis(50);
     let bound = leadership.lease_duration();
@@ -947,6 +959,8 @@ async fn record(
             tick,
             state,
             error: error.clone(),
+            started: ran.started,
+            took_ms: ran.took_ms,
         };
         let finished = tokio::time::timeout(bound, ask(finisher, request)).await;
         match finished {

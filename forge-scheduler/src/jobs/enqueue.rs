@@ -10,7 +10,7 @@ use forge_core::{Error, LockNamespace, Metrics, Result};
 use sqlx::postgres::PgRow;
 use sqlx::{Executor, PgPool, Postgres, Row};
 
-use super::{Job, JobId, JobState, validate_queue};
+use super::{Job, JobActions, JobId, JobState, validate_queue};
 use crate::metrics::JOB_ENQUEUED;
 
 /// A job to enqueue, with per-job options on top of its type's declared [`super::JobOptions`].
@@ -229,6 +229,8 @@ pub struct JobInfo {
     pub cancel_requested: bool,
     /// Failed, interrupted and rescued attempts, oldest first.
     pub errors: Vec<AttemptError>,
+    /// What an operator may do to it now ([`JobActions::of`] its state).
+    pub actions: JobActions,
 }
 
 fn state_name<S: serde::Serializer>(
@@ -251,6 +253,7 @@ fn millis<S: serde::Serializer>(
 impl JobInfo {
     pub(crate) fn from_row(row: &PgRow) -> Result<JobInfo> {
         let state: JobState = row.try_get("state")?;
+        let cancel_requested: bool = row.try_get("cancel_requested")?;
         let errors: serde_json::Value = row.try_get("errors")?;
         let errors = serde_json::from_value(errors).map_err(|err| Error::Serialization {
             kind: row.try_get::<String, _>("kind").unwrap_or_default(),
@@ -281,8 +284,9 @@ impl JobInfo {
             attempted_at: row.try_get("attempted_at")?,
             finished_at: row.try_get("finished_at")?,
             created_at: row.try_get("created_at")?,
-            cancel_requested: row.try_get("cancel_requested")?,
+            cancel_requested,
             errors,
+            actions: JobActions::of(state, cancel_requested),
         })
     }
 }

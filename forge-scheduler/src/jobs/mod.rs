@@ -379,6 +379,100 @@ impl JobState {
     }
 }
 
+/// An operator's action on a job (one by one, or in bulk by filter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobAction {
+    /// Make it available again now, with one more attempt.
+    Retry,
+    /// Cancel it (a running one: ask its node to stop it).
+    Cancel,
+    /// Delete it.
+    Delete,
+}
+
+impl JobAction {
+    /// Every action.
+    pub const ALL: &'static [JobAction] = &[JobAction::Retry, JobAction::Cancel, JobAction::Delete];
+
+    /// `retry`, `cancel` or `delete`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobAction::Retry => "retry",
+            JobAction::Cancel => "cancel",
+            JobAction::Delete => "delete",
+        }
+    }
+
+    /// The action named `name`.
+    pub fn parse(name: &str) -> Option<JobAction> {
+        JobAction::ALL.iter().copied().find(|a| a.as_str() == name)
+    }
+
+    /// The states from which it changes a job (what a bulk action selects).
+    pub fn states(self) -> Vec<JobState> {
+        JobState::ALL
+            .iter()
+            .copied()
+            .filter(|state| JobActions::of(*state, false).allows(self))
+            .collect()
+    }
+}
+
+/// What an operator may do to a job now: the one rule behind the refusals of the read
+/// models' actions (so the admin API's 409s and the CLI's), the dashboard's buttons and the
+/// bulk actions' states ([`JobInfo::actions`](crate::jobs::JobInfo::actions)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct JobActions {
+    /// Retry: not while it runs or waits to be claimed.
+    pub retry: bool,
+    /// Cancel: while it waits (at once) or runs (its node is asked to stop it) and no cancel
+    /// was requested yet; never once it finished.
+    pub cancel: bool,
+    /// Delete: unless it runs (cancel it first).
+    pub delete: bool,
+}
+
+impl JobActions {
+    /// The actions a job in `state` allows (`cancel_requested`: a cancel was asked of its
+    /// running attempt).
+    pub fn of(state: JobState, cancel_requested: bool) -> JobActions {
+        use JobState::*;
+        JobActions {
+            retry: matches!(state, Scheduled | Retryable | Completed | Cancelled | Dead),
+            cancel: matches!(state, Available | Scheduled | Retryable)
+                || (state == Running && !cancel_requested),
+            delete: state != Running,
+        }
+    }
+
+    /// Whether `action` is allowed.
+    pub fn allows(self, action: JobAction) -> bool {
+        match action {
+            JobAction::Retry => self.retry,
+            JobAction::Cancel => self.cancel,
+            JobAction::Delete => self.delete,
+        }
+    }
+
+    /// Why `action` is refused for a job in `state`, or `None` when it is allowed.
+    pub fn refusal(state: JobState, cancel_requested: bool, action: JobAction) -> Option<String> {
+        if JobActions::of(state, cancel_requested).allows(action) {
+            return None;
+        }
+        Some(match (action, state) {
+            (JobAction::Retry, JobState::Available) => {
+                "the job is available already: a worker claims it next".to_owned()
+            }
+            (JobAction::Cancel, JobState::Running) => {
+                "a cancel was requested already: its node stops it".to_owned()
+            }
+            (JobAction::Delete, _) => "the job is running: cancel it first".to_owned(),
+            _ => format!("the job is {state}"),
+        })
+    }
+}
+
 /// Why a [`JobContext`] was cancelled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CancelReason {

@@ -296,6 +296,163 @@ impl PgServer {
         })
     }
 
+    /// Makes `standby` (made of this primary by
+    /// [`start_standby`](PgServer::start_standby)) the primary's synchronous
+    /// standby, or with `None` makes the primary asynchronous again: sets
+    /// `synchronous_standby_names` to the standby's WAL receiver name (or
+    /// resets it) with `ALTER SYSTEM` and `pg_reload_conf()`, and returns once
+    /// `pg_stat_replication` shows the standby as `sync` (or no standby as
+    /// anything but `async`), within `timeout`.
+    ///
+    /// While a standby is synchronous, every commit that wrote something
+    /// waits until the standby has flushed its WAL (`synchronous_commit` on,
+    /// the default): pause its WAL receiver
+    /// ([`pause_wal_receiver`](PgServer::pause_wal_receiver)) and writes
+    /// stall on the primary while reads go on, as with a stalled disk or
+    /// network behind a synchronous standby. Sessions that set
+    /// `synchronous_commit` to `local` or `off` do not wait.
+    ///
+    /// The setting is written to the primary's `postgresql.auto.conf`: it
+    /// survives a restart, and a standby made meanwhile inherits it (set
+    /// `None` before making or promoting one). Errors on external and shared
+    /// servers and for a server that has no WAL receiver name (not made by
+    /// `start_standby`); [`Error::Timeout`] if the standby does not show as
+    /// synchronous in time (it is not connected to this primary).
+    pub async fn set_synchronous_standby(
+        &self,
+        standby: Option<&PgServer>,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.controllable("change the synchronous standby of")?;
+        let name = match standby {
+            Some(standby) => Some(standby.standby_application_name().ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "the server on port {} has no WAL receiver name of the kit's: make it with \
+                     PgServer::start_standby",
+                    standby.port
+                ))
+            })?),
+            None => None,
+        };
+        let mut conn = self.admin_connection().await?;
+        let sql = match name {
+            Some(name) => format!(
+                "ALTER SYSTEM SET synchronous_standby_names = '\"{}\"'",
+                name.replace('\'', "''").replace('"', "\"\"")
+            ),
+            None => "ALTER SYSTEM RESET synchronous_standby_names".to_owned(),
+        };
+        let set = async {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone()))
+                .execute(&mut conn)
+                .await?;
+            sqlx::query("SELECT pg_reload_conf()")
+                .execute(&mut conn)
+                .await
+        }
+        .await;
+        if let Err(e) = set {
+            let _ = conn.close().await;
+            return Err(Error::db(format!("{sql} on port {}", self.port), e));
+        }
+        let conn = Arc::new(tokio::sync::Mutex::new(conn));
+        let what = match name {
+            Some(name) => format!(
+                "the standby {name} to be the synchronous standby of the primary on port {}",
+                self.port
+            ),
+            None => format!("the primary on port {} to be asynchronous", self.port),
+        };
+        let wanted = name.map(str::to_owned);
+        let settled = wait_for(&what, timeout, CATCH_UP_POLL, || {
+            let conn = conn.clone();
+            let wanted = wanted.clone();
+            async move {
+                let mut conn = conn.lock().await;
+                // Each poll is a new statement: the backend has reloaded its configuration.
+                let rows: Vec<(String, String)> = sqlx::query_as(
+                    "SELECT coalesce(application_name, ''), coalesce(sync_state, '')
+                       FROM pg_stat_replication",
+                )
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(|e| format!("cannot read pg_stat_replication: {e}"))?;
+                let names: String = sqlx::query_scalar("SHOW synchronous_standby_names")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(|e| format!("cannot read synchronous_standby_names: {e}"))?;
+                let seen =
+                    format!("synchronous_standby_names = {names:?}, pg_stat_replication: {rows:?}");
+                let done = match &wanted {
+                    Some(wanted) => rows
+                        .iter()
+                        .any(|(app, state)| app == wanted && state == "sync"),
+                    None => names.is_empty() && rows.iter().all(|(_, state)| state == "async"),
+                };
+                if done { Ok(()) } else { Err(seen) }
+            }
+        })
+        .await;
+        if let Ok(conn) = Arc::try_unwrap(conn).map(tokio::sync::Mutex::into_inner) {
+            let _ = conn.close().await;
+        }
+        settled
+    }
+
+    /// Freezes this standby's WAL receiver (`SIGSTOP` to the process
+    /// `pg_stat_wal_receiver` names) and returns its pid: the standby stops
+    /// receiving, flushing and acknowledging WAL while its connection to the
+    /// primary stays open. With the standby synchronous
+    /// ([`set_synchronous_standby`](PgServer::set_synchronous_standby)),
+    /// commits on the primary wait until
+    /// [`resume_wal_receiver`](PgServer::resume_wal_receiver). Left frozen
+    /// for over a minute (`wal_sender_timeout`), the primary drops the
+    /// replication connection and the standby reconnects once resumed.
+    ///
+    /// Errors on external and shared servers, and on a server with no WAL
+    /// receiver running (a primary, or a standby not connected to one).
+    pub async fn pause_wal_receiver(&self) -> Result<u32, Error> {
+        let pid = self.wal_receiver_pid("pause the WAL receiver of").await?;
+        crate::sys::send_signal(pid, libc::SIGSTOP)
+            .map_err(|e| Error::io(format!("SIGSTOP to the WAL receiver (pid {pid})"), e))?;
+        Ok(pid)
+    }
+
+    /// Resumes the WAL receiver [`pause_wal_receiver`](PgServer::pause_wal_receiver)
+    /// froze (`SIGCONT`; harmless if it is not frozen) and returns its pid:
+    /// it catches up, and commits waiting for it on a primary that has it as
+    /// synchronous standby complete.
+    pub async fn resume_wal_receiver(&self) -> Result<u32, Error> {
+        let pid = self.wal_receiver_pid("resume the WAL receiver of").await?;
+        crate::sys::send_signal(pid, libc::SIGCONT)
+            .map_err(|e| Error::io(format!("SIGCONT to the WAL receiver (pid {pid})"), e))?;
+        Ok(pid)
+    }
+
+    /// The pid of this standby's WAL receiver (`pg_stat_wal_receiver`, which
+    /// shows it even while it is frozen).
+    async fn wal_receiver_pid(&self, op: &str) -> Result<u32, Error> {
+        self.controllable(op)?;
+        let mut conn = self.admin_connection().await?;
+        let pid: Result<Option<i32>, _> =
+            sqlx::query_scalar("SELECT pid FROM pg_stat_wal_receiver WHERE pid IS NOT NULL")
+                .fetch_optional(&mut conn)
+                .await;
+        let _ = conn.close().await;
+        match pid {
+            Ok(Some(pid)) if pid > 0 => Ok(pid as u32),
+            Ok(_) => Err(Error::Unsupported(format!(
+                "cannot {op} the server on port {}: it runs no WAL receiver (not a standby, or \
+                 not connected to its primary)",
+                self.port
+            ))),
+            Err(e) => Err(Error::db(
+                format!("SELECT pid FROM pg_stat_wal_receiver on port {}", self.port),
+                e,
+            )),
+        }
+    }
+
     /// A connection to the maintenance database, for the kit's own queries.
     async fn admin_connection(&self) -> Result<PgConnection, Error> {
         let url = self.url();
