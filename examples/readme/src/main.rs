@@ -69,6 +69,24 @@ async fn leader_tasks() -> forge::Result<()> {
     Ok(())
 }
 
+/// "Routes that run on the leader only".
+#[rustfmt::skip]
+mod leader_routes {
+    use forge::admin::axum::{Router, routing::post};
+    use forge::admin::{Leader, LeaderOnly};
+
+    async fn webhook(Leader(leadership): Leader) -> String {
+        format!("handled by the scheduler's leader, epoch {}", leadership.epoch())
+    }
+
+    fn router(node: &forge::Node) -> Router {
+        let app: Router = Router::new()
+            .route("/webhook", post(webhook))
+            .layer(LeaderOnly::new(node.clone(), forge::Role::SCHEDULER));
+        app
+    }
+}
+
 /// "Crons".
 #[rustfmt::skip]
 #[forge::cron("*/5 * * * *", tz = "Europe/Berlin", catch_up = "all", overlap = "skip", timeout = "2m")]
