@@ -272,6 +272,8 @@ async fn leader_only_series_are_exported_by_the_leader_only() {
         let mut config = crate::jobs::job_config(db.url(), id);
         config.node.roles = vec!["scheduler".into(), "metrics_aggregator".into()];
         config.metrics.listen = Some(addr);
+        // a leads both roles until the test moves them (not a placement move).
+        config.cluster.spread = false;
         Node::builder(config)
             .auto_register(false)
             .cron(yearly.clone())
@@ -293,15 +295,18 @@ async fn leader_only_series_are_exported_by_the_leader_only() {
         .unwrap();
     let leads = |addr| async move {
         let text = scrape_body(addr).await;
-        [
+        match [
             "forge_cron_lag_seconds_count{cron=\"yearly\",role=\"scheduler\"} 0",
             "forge_cron_run_duration_seconds_count{cron=\"yearly\",role=\"scheduler\"} 0",
             "forge_cluster_nodes{state=\"active\"} 2",
             "forge_job_queue_depth{queue=\"default\",kind=\"plain\",state=\"scheduled\"} 1",
         ]
         .iter()
-        .all(|line| text.contains(line))
-        .then_some(text)
+        .find(|line| !text.contains(*line))
+        {
+            Some(missing) => Err(format!("missing {missing:?} in\n{text}")),
+            None => Ok(text),
+        }
     };
     let follows = |addr| async move {
         let text = scrape_body(addr).await;
@@ -314,7 +319,7 @@ async fn leader_only_series_are_exported_by_the_leader_only() {
             && !LEADER_ONLY.iter().any(|name| text.contains(name)))
         .then_some(text)
     };
-    forge_testkit::wait_until("a to export the leader's series", SOON, MS_20, || {
+    forge_testkit::wait_for("a to export the leader's series", SOON, MS_20, || {
         leads(addr_a)
     })
     .await
@@ -336,7 +341,7 @@ async fn leader_only_series_are_exported_by_the_leader_only() {
     .unwrap();
     assert_eq!(terminated, [true, true]);
     wait_single_leader(&[&a, &b], &Role::SCHEDULER).await;
-    forge_testkit::wait_until("b to export the leader's series", SOON, MS_20, || {
+    forge_testkit::wait_for("b to export the leader's series", SOON, MS_20, || {
         leads(addr_b)
     })
     .await
