@@ -44,9 +44,62 @@ use serde::{Deserialize, Serialize};
 use crate::Config;
 
 /// Where the built-in rules' `runbook_url` annotations point by default: the runbook in
-/// FORGE's repository (`docs/runbook.md`, one section per rule, anchored by its name). Use
-/// [`rules_yaml_with`] to point them at your own copy.
+/// FORGE's repository (`docs/runbook.md`, one section per rule, anchored by its name), a
+/// relative link. Set `[alerting] runbook_base_url` (or use [`rules_yaml_with`]) to make the
+/// links absolute, so that they open from Alertmanager, PagerDuty or Slack.
 pub const DEFAULT_RUNBOOK_BASE: &str = "docs/runbook.md";
+
+/// `[alerting]`: settings of the exported rule file as a whole (the rules themselves are
+/// `[[alerts]]`, an array of tables, which is why this section has a name of its own).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct AlertingConfig {
+    /// The absolute URL (`http://` or `https://`) of your copy of `docs/runbook.md`: the
+    /// built-in rules' `runbook_url` is `<runbook_base_url>#<rule name>`. Unset: the relative
+    /// [`DEFAULT_RUNBOOK_BASE`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runbook_base_url: Option<String>,
+}
+
+impl AlertingConfig {
+    /// Where the built-in rules' runbook links point.
+    pub fn runbook_base(&self) -> &str {
+        self.runbook_base_url
+            .as_deref()
+            .unwrap_or(DEFAULT_RUNBOOK_BASE)
+    }
+
+    pub(crate) fn validate(&self, at: &forge_core::config::ConfigSource<'_>) -> Result<()> {
+        let Some(url) = &self.runbook_base_url else {
+            return Ok(());
+        };
+        let key = "alerting.runbook_base_url";
+        let rest = url
+            .strip_prefix("https://")
+            .or_else(|| url.strip_prefix("http://"));
+        match rest {
+            Some(rest) if !rest.is_empty() && !url.contains(char::is_whitespace) => {}
+            _ => {
+                return Err(at.error(
+                    key,
+                    format!(
+                        "{url:?} is not an absolute http(s) URL: give the address your copy of docs/runbook.md is served at, such as \"https://github.com/acme/app/blob/main/docs/runbook.md\""
+                    ),
+                ));
+            }
+        }
+        if url.contains('#') {
+            return Err(at.error(
+                key,
+                format!(
+                    "{url:?} has a fragment: each rule's link adds `#<rule name>` to it; give the page's URL without one"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// How loud an alert is: the `severity` label of the exported rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -305,6 +358,9 @@ pub struct Rule {
 /// The rules `config` exports, in order: the built-ins (with forge.toml's changes, without
 /// those turned off), then forge.toml's own rules. Built-in rules' runbook links are
 /// `<runbook_base>#<name>` unless forge.toml sets `runbook`.
+///
+/// With `[metrics] per_cron = false` the cron metrics have no `cron` label: the cron rules
+/// then group by role and say so.
 pub fn rules(config: &Config, runbook_base: &str) -> Vec<Rule> {
     let mut rules = Vec::new();
     for builtin in BUILTIN {
@@ -319,6 +375,9 @@ pub fn rules(config: &Config, runbook_base: &str) -> Vec<Rule> {
             runbook_url: Some(format!("{runbook_base}#{}", builtin.name)),
             builtin: true,
         };
+        if !config.metrics.per_cron {
+            per_role(&mut rule);
+        }
         match config.alerts.iter().find(|a| a.name == builtin.name) {
             Some(change) if !change.enabled => continue,
             Some(change) => apply(&mut rule, change),
@@ -345,6 +404,25 @@ pub fn rules(config: &Config, runbook_base: &str) -> Vec<Rule> {
         rules.push(rule);
     }
     rules
+}
+
+/// A built-in cron rule for cron metrics labelled by role only (`[metrics] per_cron = false`).
+fn per_role(rule: &mut Rule) {
+    rule.expr = rule.expr.replace("by (job, role, cron)", "by (job, role)");
+    for text in [&mut rule.summary, &mut rule.description]
+        .into_iter()
+        .flatten()
+    {
+        *text = text
+            .replace(
+                "Cron {{ $labels.cron }}",
+                "Crons of role {{ $labels.role }}:",
+            )
+            .replace(
+                "the cron {{ $labels.cron }} (role {{ $labels.role }})",
+                "crons of role {{ $labels.role }} (forge.cron_ticks says which: [metrics] per_cron = false)",
+            );
+    }
 }
 
 fn apply(rule: &mut Rule, alert: &AlertRule) {
@@ -397,11 +475,12 @@ pub fn notify_labels(notify: &[String]) -> BTreeMap<String, String> {
 }
 
 /// The Prometheus rule file (`rule_files:`) of `config`: the built-in rules and forge.toml's
-/// `[[alerts]]`, in one group `forge`, runbook links into [`DEFAULT_RUNBOOK_BASE`]. The same
-/// config always gives the same text. The repository ships the default config's export as
+/// `[[alerts]]`, in one group `forge`, runbook links into `[alerting] runbook_base_url` (by
+/// default the relative [`DEFAULT_RUNBOOK_BASE`]). The same config always gives the same
+/// text. The repository ships the default config's export as
 /// `deploy/prometheus/forge-alerts.yml`.
 pub fn rules_yaml(config: &Config) -> String {
-    rules_yaml_with(config, DEFAULT_RUNBOOK_BASE)
+    rules_yaml_with(config, config.alerting.runbook_base())
 }
 
 /// [`rules_yaml`] with the built-in rules' runbook links into `runbook_base` (a URL of your

@@ -16,7 +16,7 @@ use forge_core::{
 use forge_scheduler::{CronConfig, JobsConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::alerts::{self, AlertRule};
+use crate::alerts::{self, AlertRule, AlertingConfig};
 
 /// The whole configuration of a node (`forge.toml`).
 ///
@@ -58,6 +58,8 @@ pub struct Config {
     pub jobs: JobsConfig,
     /// `[admin]`: the admin API the node serves, and its tokens
     pub admin: AdminConfig,
+    /// `[alerting]`: the exported rule file's runbook links
+    pub alerting: AlertingConfig,
     /// `[[alerts]]`: Prometheus alert rules of your own, and changes to the built-in ones
     /// (exported with [`forge::alerts::rules_yaml`](crate::alerts::rules_yaml))
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -116,7 +118,8 @@ impl Config {
         self.core().validate(at)?;
         self.cron.validate(at)?;
         self.jobs.validate(at)?;
-        self.admin.validate(at)
+        self.admin.validate(at)?;
+        self.alerting.validate(at)
     }
 
     /// The core's sections.
@@ -413,6 +416,7 @@ mod tests {
         full.database.url = Some("postgres://x@y/z".into());
         full.node.id = Some("n".into());
         full.metrics.listen = Some("0.0.0.0:1".parse().unwrap());
+        full.alerting.runbook_base_url = Some("https://example.com/runbook.md".into());
         let mut keys = Vec::new();
         collect_keys(&toml::Value::try_from(&full).unwrap(), "", &mut keys);
         assert!(keys.len() >= 20, "{keys:?}");

@@ -25,7 +25,7 @@
 //!
 //! # Crons and jobs
 //!
-//! [`cron`] and [`job`] turn an `async fn` into leader-only work checked at compile time:
+//! [`cron`](macro@cron) and [`job`](macro@job) turn an `async fn` into leader-only work checked at compile time:
 //!
 //! ```no_run
 //! use forge::{Config, CronContext, CronError, Node};
@@ -73,10 +73,10 @@ pub use node::{Node, NodeBuilder};
 
 pub use forge_core::{
     Assembly, Component, Epoch, Error, FenceToken, LeaderInfo, Leadership, ListenerEvent, LockKey,
-    LockNamespace, Metrics, NodeContext, NodeId, Result, Role, RoleState, redact_url,
+    LockNamespace, Metrics, NodeContext, NodeId, Result, Role, RoleState, not_postgres, redact_url,
     shutdown_signal,
 };
-pub use forge_macros::{cron, job};
+pub use forge_macros::{cron, job, migrate};
 pub use forge_scheduler::cron::{CronContext, CronError};
 pub use forge_scheduler::jobs::{JobContext, JobError};
 pub use forge_scheduler::{Schedule, ScheduleError};
@@ -87,6 +87,7 @@ pub use sqlx;
 
 /// The sections of [`Config`], and what reading them needs.
 pub mod config_sections {
+    pub use crate::alerts::AlertingConfig;
     pub use forge_core::config::ConfigSource;
     pub use forge_core::{
         AdminConfig, ClusterConfig, DatabaseConfig, Env, LeaderElectionConfig, MembershipConfig,
@@ -164,6 +165,37 @@ pub use forge_core::sql::check_values as sql_check_values;
 pub mod __private {
     pub use forge_core::{Error, Result};
     pub use forge_scheduler::__private::*;
+
+    use sqlx::SqlSafeStr as _;
+    use sqlx::migrate::{Migration, MigrationType, Migrator};
+
+    /// One migration of `forge::migrate!`, as sqlx's own `migrate!` builds it (the same
+    /// checksum); `kind` is `simple`, `up` or `down`.
+    pub fn migration(
+        version: i64,
+        description: &'static str,
+        kind: &str,
+        sql: &'static str,
+    ) -> Migration {
+        let kind = match kind {
+            "up" => MigrationType::ReversibleUp,
+            "down" => MigrationType::ReversibleDown,
+            _ => MigrationType::Simple,
+        };
+        let no_tx = sql.starts_with("-- no-transaction");
+        Migration::new(
+            version,
+            description.into(),
+            kind,
+            sqlx::AssertSqlSafe(sql).into_sql_str(),
+            no_tx,
+        )
+    }
+
+    /// What `forge::migrate!` expands to.
+    pub fn migrator(migrations: Vec<Migration>) -> Migrator {
+        Migrator::with_migrations(migrations)
+    }
 }
 
 #[cfg(test)]

@@ -31,8 +31,8 @@ pub(crate) fn page(limit: Option<u32>, before: Option<i64>) -> ApiResult<PageReq
 
 pub(crate) fn parse_role(name: &str) -> ApiResult<Role> {
     Role::new(name).map_err(|err| {
-        ApiError::bad_request(format!("invalid role name {name:?}: {err}"))
-            .with("parameter", "role")
+        // The message names the role already ("invalid role name \"x'y\": ...").
+        ApiError::bad_request(err.to_string()).with("parameter", "role")
     })
 }
 

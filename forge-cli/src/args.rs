@@ -49,10 +49,14 @@ pub(crate) enum Command {
         #[command(subcommand)]
         action: Option<CronsCommand>,
     },
-    /// Jobs: list with filters, show, retry, cancel, delete (one, or all matching).
+    /// Jobs: list with filters, show, retry, cancel, delete (one, or all matching). Without a
+    /// subcommand, `ls` with the filters given (`forge jobs --state dead`).
+    #[command(args_conflicts_with_subcommands = true)]
     Jobs {
         #[command(subcommand)]
         action: Option<JobsCommand>,
+        #[command(flatten)]
+        list: JobsList,
     },
     /// Queues: depth, oldest job, paused; pause and resume.
     Queues {
@@ -194,16 +198,7 @@ impl JobFilterArgs {
 pub(crate) enum JobsCommand {
     /// Jobs matching the filters, newest first (the default).
     #[command(alias = "list")]
-    Ls {
-        #[command(flatten)]
-        filter: JobFilterArgs,
-        /// Jobs per page.
-        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=500))]
-        limit: u32,
-        /// The `next` cursor of the previous page.
-        #[arg(long, value_name = "CURSOR")]
-        before: Option<i64>,
-    },
+    Ls(JobsList),
     /// One job, with each failed attempt's error.
     Show {
         /// The job's id.
@@ -216,6 +211,19 @@ pub(crate) enum JobsCommand {
     Cancel(JobAction),
     /// Deletes a job that is not running (or every such job matching the filters).
     Delete(JobAction),
+}
+
+/// A page of jobs: `forge jobs ls` (or `forge jobs` alone).
+#[derive(Debug, Args)]
+pub(crate) struct JobsList {
+    #[command(flatten)]
+    pub(crate) filter: JobFilterArgs,
+    /// Jobs per page.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=500))]
+    pub(crate) limit: u32,
+    /// The `next` cursor of the previous page.
+    #[arg(long, value_name = "CURSOR")]
+    pub(crate) before: Option<i64>,
 }
 
 #[derive(Debug, Args)]

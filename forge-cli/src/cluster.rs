@@ -195,7 +195,7 @@ pub(crate) fn print_next(next: Option<i64>) {
 }
 
 pub(crate) fn parse_role(name: &str) -> Result<Role, Fail> {
-    Role::new(name).map_err(|err| Fail::usage(format!("role {name:?}: {err}")))
+    Role::new(name).map_err(|err| Fail::usage(err.to_string()))
 }
 
 fn parse_kinds(kinds: &[String]) -> Result<Vec<EventKind>, Fail> {

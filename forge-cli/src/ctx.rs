@@ -30,7 +30,7 @@ impl Settings {
         };
         let namespace = match &cli.namespace {
             Some(name) => LockNamespace::new(name)
-                .map_err(|err| Fail::usage(format!("--namespace {name:?}: {err}")))?,
+                .map_err(|err| Fail::usage(format!("--namespace: {err}")))?,
             None => config.lock_namespace()?,
         };
         Ok(Settings { config, namespace })
@@ -113,6 +113,27 @@ async fn connect_once(
             format!("no answer within {}", humantime::format_duration(timeout)),
         )),
     };
+    // What reading a foreign server's answer as PostgreSQL's fails with.
+    let protocol_trouble = match &err {
+        forge::sqlx::Error::Protocol(_) => true,
+        forge::sqlx::Error::Io(io) => matches!(
+            io.kind(),
+            std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::InvalidData
+                | std::io::ErrorKind::ConnectionReset
+        ),
+        _ => false,
+    };
+    let not_postgres = if protocol_trouble {
+        forge::not_postgres(options).await
+    } else {
+        None
+    };
+    if let Some(answer) = not_postgres {
+        return Err(Fail::problem(format!(
+            "cannot connect to PostgreSQL at {shown}: the server there is not PostgreSQL (it answered {answer:?} to PostgreSQL's first message): check the host and port in DATABASE_URL / [database] url"
+        )));
+    }
     let what = match &err {
         forge::sqlx::Error::Database(db) => match db.code().as_deref() {
             Some("28P01" | "28000") => format!(

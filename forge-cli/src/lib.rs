@@ -26,10 +26,7 @@ mod migrate;
 mod out;
 mod work;
 
-use args::{
-    AlertsCommand, Cli, Command, ConfigCommand, CronsCommand, JobFilterArgs, JobsCommand,
-    QueuesCommand,
-};
+use args::{AlertsCommand, Cli, Command, ConfigCommand, CronsCommand, QueuesCommand};
 use ctx::{Ctx, Settings};
 use fail::{Fail, Outcome};
 
@@ -109,14 +106,10 @@ async fn dispatch(cli: Cli) -> Outcome {
         Command::Crons { action } => {
             work::crons(&ctx, action.as_ref().unwrap_or(&CronsCommand::Ls), json).await
         }
-        Command::Jobs { action } => {
-            let default = JobsCommand::Ls {
-                filter: JobFilterArgs::default(),
-                limit: 50,
-                before: None,
-            };
-            work::jobs(&ctx, action.as_ref().unwrap_or(&default), json).await
-        }
+        Command::Jobs { action, list } => match action {
+            Some(action) => work::jobs(&ctx, action, json).await,
+            None => work::jobs_list(&ctx, list, json).await,
+        },
         Command::Queues { action } => {
             work::queues(&ctx, action.as_ref().unwrap_or(&QueuesCommand::Ls), json).await
         }

@@ -62,18 +62,23 @@ pub(crate) fn print_fields(fields: &[(&str, String)]) {
     }
 }
 
-/// Pretty JSON on stdout.
+/// Pretty JSON on stdout, its floats without binary noise ([`tidy`]).
 pub(crate) fn print_json(value: &impl Serialize) {
-    match serde_json::to_string_pretty(value) {
+    match json_text(value) {
         Ok(text) => println!("{text}"),
         Err(err) => eprintln!("forge: cannot render JSON: {err}"),
     }
 }
 
+/// What [`print_json`] prints.
+fn json_text(value: &impl Serialize) -> serde_json::Result<String> {
+    serde_json::to_value(value).and_then(|v| serde_json::to_string_pretty(&tidy(v)))
+}
+
 /// One line of JSON on stdout (for `--follow`), flushed at once.
 pub(crate) fn print_json_line(value: &impl Serialize) {
     use std::io::Write;
-    if let Ok(text) = serde_json::to_string(value) {
+    if let Ok(text) = serde_json::to_value(value).and_then(|v| serde_json::to_string(&tidy(v))) {
         let mut stdout = std::io::stdout().lock();
         let _ = writeln!(stdout, "{text}");
         let _ = stdout.flush();
@@ -152,6 +157,28 @@ pub(crate) fn cut(text: &str, max: usize) -> String {
     }
 }
 
+/// `value` with each float rounded to 12 significant digits: figures computed in floating point
+/// (`10422.669000000002` ms) print as the decimals they stand for (`10422.669`); no FORGE
+/// figure has that many meaningful digits.
+pub(crate) fn tidy(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let x = n.as_f64().unwrap_or_default();
+            let rounded = format!("{x:.11e}").parse::<f64>().unwrap_or(x);
+            serde_json::Number::from_f64(rounded).map_or(Value::Number(n), Value::Number)
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(tidy).collect()),
+        Value::Object(fields) => Value::Object(
+            fields
+                .into_iter()
+                .map(|(key, value)| (key, tidy(value)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,5 +204,32 @@ mod tests {
         assert_eq!(secs(7380.0), "2h03m");
         assert_eq!(secs(-3.0), "-3.0s");
         assert_eq!(cut("abcdef", 4), "abc…");
+    }
+
+    #[test]
+    fn json_floats_print_without_binary_noise() {
+        let value = serde_json::json!({
+            "lease_left_ms": 10422.669000000002,
+            "sum": 0.1 + 0.2,
+            "small": [1.0e-7 + 2.0e-7, 3.0],
+            "exact": 12.5,
+            "count": 7,
+            "big": 123456789012.0,
+        });
+        let text = json_text(&value).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .map(|line| line.trim().trim_end_matches(','))
+            .collect();
+        for expected in [
+            "\"lease_left_ms\": 10422.669",
+            "\"sum\": 0.3",
+            "3e-7",
+            "\"exact\": 12.5",
+            "\"count\": 7",
+            "\"big\": 123456789012.0",
+        ] {
+            assert!(lines.contains(&expected), "missing {expected:?} in {text}");
+        }
     }
 }

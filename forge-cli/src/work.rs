@@ -5,7 +5,7 @@ use forge::jobs::JobAction as Action;
 use forge::jobs::{JobId, JobState};
 use serde_json::json;
 
-use crate::args::{CronsCommand, JobAction, JobFilterArgs, JobsCommand, QueuesCommand};
+use crate::args::{CronsCommand, JobAction, JobFilterArgs, JobsCommand, JobsList, QueuesCommand};
 use crate::cluster::print_next;
 use crate::ctx::Ctx;
 use crate::fail::{Fail, Outcome};
@@ -232,57 +232,62 @@ pub(crate) fn job_filter(args: &JobFilterArgs) -> Result<JobFilter, Fail> {
     Ok(filter)
 }
 
+/// `forge jobs ls` (or `forge jobs` with filters alone): a page of jobs.
+pub(crate) async fn jobs_list(ctx: &Ctx, list: &JobsList, json: bool) -> Outcome {
+    let JobsList {
+        filter,
+        limit,
+        before,
+    } = list;
+    let filter = job_filter(filter)?;
+    let page = ctx
+        .workload()
+        .jobs(
+            &filter,
+            PageRequest {
+                limit: *limit,
+                before: *before,
+            },
+        )
+        .await?;
+    if json {
+        out::print_json(&json!({
+            "items": page.items,
+            "next": page.next,
+        }));
+        return Ok(0);
+    }
+    if page.items.is_empty() {
+        println!("no jobs match");
+        return Ok(0);
+    }
+    let mut table = Table::new(&[
+        "ID", "QUEUE", "KIND", "STATE", "ATTEMPT", "RUN AT", "NODE", "ARGS",
+    ]);
+    for job in &page.items {
+        table.row(vec![
+            job.id.to_string(),
+            job.queue.clone(),
+            job.kind.clone(),
+            job.state.as_str().to_owned(),
+            match job.max_attempts {
+                Some(max) => format!("{}/{max}", job.attempt),
+                None => job.attempt.to_string(),
+            },
+            out::time(job.run_at),
+            out::or_dash(job.node_id.as_deref()),
+            out::cut(&job.args.to_string(), 60),
+        ]);
+    }
+    table.print();
+    print_next(page.next);
+    Ok(0)
+}
+
 pub(crate) async fn jobs(ctx: &Ctx, action: &JobsCommand, json: bool) -> Outcome {
     let workload = ctx.workload();
     match action {
-        JobsCommand::Ls {
-            filter,
-            limit,
-            before,
-        } => {
-            let filter = job_filter(filter)?;
-            let page = workload
-                .jobs(
-                    &filter,
-                    PageRequest {
-                        limit: *limit,
-                        before: *before,
-                    },
-                )
-                .await?;
-            if json {
-                out::print_json(&json!({
-                    "items": page.items,
-                    "next": page.next,
-                }));
-                return Ok(0);
-            }
-            if page.items.is_empty() {
-                println!("no jobs match");
-                return Ok(0);
-            }
-            let mut table = Table::new(&[
-                "ID", "QUEUE", "KIND", "STATE", "ATTEMPT", "RUN AT", "NODE", "ARGS",
-            ]);
-            for job in &page.items {
-                table.row(vec![
-                    job.id.to_string(),
-                    job.queue.clone(),
-                    job.kind.clone(),
-                    job.state.as_str().to_owned(),
-                    match job.max_attempts {
-                        Some(max) => format!("{}/{max}", job.attempt),
-                        None => job.attempt.to_string(),
-                    },
-                    out::time(job.run_at),
-                    out::or_dash(job.node_id.as_deref()),
-                    out::cut(&job.args.to_string(), 60),
-                ]);
-            }
-            table.print();
-            print_next(page.next);
-            Ok(0)
-        }
+        JobsCommand::Ls(list) => jobs_list(ctx, list, json).await,
         JobsCommand::Show { id } => {
             let Some(job) = workload.job(JobId(*id)).await? else {
                 return Err(no_job(ctx, *id));

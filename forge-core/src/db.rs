@@ -133,8 +133,77 @@ fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis() as u64)
 }
 
+/// Whether the server at `options`' host and port is something other than PostgreSQL: asked
+/// PostgreSQL's first question (an `SSLRequest`, which a PostgreSQL server answers with one
+/// byte, `S` or `N`), it answered something else - an HTTP server's `HTTP/1.1 400 Bad Request`,
+/// say. Then `Some(the start of its answer)`; `None` when it answered as PostgreSQL does, gave
+/// no answer within a second, or could not be asked (a Unix socket, nothing listening).
+///
+/// A connection attempt to such a server fails with the protocol error of reading its answer
+/// as PostgreSQL's (`expected to read 1414811696 bytes`): FORGE asks this to say what is wrong.
+pub async fn not_postgres(options: &PgConnectOptions) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if options.get_socket().is_some() {
+        return None;
+    }
+    let ask = async {
+        let mut stream =
+            tokio::net::TcpStream::connect((options.get_host(), options.get_port())).await?;
+        // Length 8, then the SSLRequest code 80877103.
+        stream
+            .write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
+            .await?;
+        let mut answer = vec![0u8; 64];
+        let n = stream.read(&mut answer).await?;
+        answer.truncate(n);
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(1), ask)
+        .await
+        .ok()?
+        .ok()?;
+    match answer.first() {
+        // S or N: PostgreSQL. E: a server too old for SSLRequest, still PostgreSQL.
+        None | Some(b'S' | b'N' | b'E') => None,
+        Some(_) => {
+            let text = String::from_utf8_lossy(&answer);
+            let first_line = text.lines().next().unwrap_or_default();
+            let shown: String = first_line
+                .chars()
+                .map(|c| if c.is_control() { '.' } else { c })
+                .take(40)
+                .collect();
+            Some(shown)
+        }
+    }
+}
+
+/// A connection error, said plainly when the server turns out not to be PostgreSQL.
+async fn explain(options: &PgConnectOptions, err: sqlx::Error, waited: Duration) -> Error {
+    let protocol_trouble = match &err {
+        sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Io(io) => matches!(
+            io.kind(),
+            std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::InvalidData
+                | std::io::ErrorKind::ConnectionReset
+        ),
+        _ => false,
+    };
+    if protocol_trouble && let Some(answer) = not_postgres(options).await {
+        return Error::Connect {
+            message: format!(
+                "cannot connect to PostgreSQL, {}: the server there is not PostgreSQL (it answered {answer:?} to PostgreSQL's first message): check the host and port in DATABASE_URL / [database] url",
+                describe_target(options)
+            ),
+            source: err,
+        };
+    }
+    connect_error(options, err, waited)
+}
+
 /// Opens one connection, retrying transient failures until `patience` has passed; fails at once
-/// on mistakes (bad password, unknown database, bad URL).
+/// on mistakes (bad password, unknown database, bad URL, a server that is not PostgreSQL).
 pub(crate) async fn connect_patiently(
     options: &PgConnectOptions,
     patience: Duration,
@@ -156,7 +225,11 @@ pub(crate) async fn connect_patiently(
         };
         let remaining = patience.saturating_sub(started.elapsed());
         if !is_transient(&err) || remaining.is_zero() {
-            return Err(connect_error(options, err, started.elapsed()));
+            return Err(explain(options, err, started.elapsed()).await);
+        }
+        if matches!(err, sqlx::Error::Protocol(_)) && not_postgres(options).await.is_some() {
+            // Not a server that may come up: no use waiting.
+            return Err(explain(options, err, started.elapsed()).await);
         }
         // The last attempt happens at the deadline.
         tokio::time::sleep(delay.min(remaining)).await;
@@ -171,7 +244,7 @@ pub(crate) async fn connect_once(
 ) -> Result<PgConnection> {
     match tokio::time::timeout(bound, options.connect()).await {
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(err)) => Err(connect_error(options, err, Duration::ZERO)),
+        Ok(Err(err)) => Err(explain(options, err, Duration::ZERO).await),
         Err(_) => Err(connect_error(
             options,
             sqlx::Error::Io(std::io::Error::new(

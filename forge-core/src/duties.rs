@@ -181,17 +181,9 @@ async fn rollup(leadership: &Leadership, at: DateTime<Utc>) -> bool {
     }
 }
 
-/// `forge_cluster_nodes{state}`, one gauge per state; zeroed when the tenure ends, so that
-/// only the aggregator leader reports the cluster.
+/// `forge_cluster_nodes{state}`, one gauge per state, registered through the tenure's metrics:
+/// exported while this node is the aggregator leader only (never as 0 elsewhere).
 struct NodeGauges(BTreeMap<NodeState, metrics::Gauge>);
-
-impl Drop for NodeGauges {
-    fn drop(&mut self) {
-        for gauge in self.0.values() {
-            gauge.set(0.0);
-        }
-    }
-}
 
 impl NodeGauges {
     fn new(leadership: &Leadership) -> NodeGauges {

@@ -334,6 +334,12 @@ impl Campaign {
         });
         if changed && let RoleState::Follower { leader } = &state {
             match leader {
+                // The lock is held by a session of this node's id that is not this campaign's
+                // (a previous incarnation's, about to end): not a leader to follow.
+                Some(leader) if leader.node_id == self.node_id.as_str() => {
+                    info!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = leader.epoch.0,
+                          "waiting for the lock: a previous session of this node still holds it")
+                }
                 Some(leader) => {
                     info!(target: "forge::leader", role = %self.role(), node = %self.node_id,
                                       leader = %leader.node_id, epoch = leader.epoch.0, "following")
@@ -587,6 +593,9 @@ impl Campaign {
     ) {
         if let Heard::Notice(notice) = self.hear(event)
             && notice.event != STEP_DOWN
+            // This node's own election, heard on its node session before the campaign call's
+            // reply on the lock session says so: not a leader to follow.
+            && !(notice.event == "elected" && notice.node.as_deref() == Some(self.node_id.as_str()))
         {
             let leader = (notice.event == "elected")
                 .then_some(notice.node)
@@ -674,8 +683,10 @@ impl Campaign {
         };
         let session: SharedSession = Arc::new(tokio::sync::Mutex::new(Some(conn)));
         let leadership = self.begin_tenure(&row, sent_at, metrics, session.clone());
+        // What only this tenure exported (a leader's figures) goes with it.
+        let tenure_metrics = leadership.metrics().clone();
         let mut tasks = self.start_tasks(&leadership);
-        match self.hold(&session, &leadership, metrics).await {
+        let end = match self.hold(&session, &leadership, metrics).await {
             Hold::Shutdown => {
                 self.hand_over(&session, leadership, tasks, metrics, None)
                     .await
@@ -708,7 +719,9 @@ impl Campaign {
                 }
                 SessionEnd::Broken
             }
-        }
+        };
+        tenure_metrics.close_scope();
+        end
     }
 
     /// Records `leader_lost` in the events history, in the background and best effort (the
@@ -788,7 +801,7 @@ impl Campaign {
                 acquired_at: since,
                 lease,
                 pool: self.pool.clone(),
-                metrics: self.metrics.clone(),
+                metrics: self.metrics.scoped(),
             },
             session,
             deadline,

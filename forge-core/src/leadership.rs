@@ -136,7 +136,11 @@ impl Leadership {
         self.tenure.who.lease
     }
 
-    /// The node's metrics registry, for leader-only work that records figures.
+    /// The node's metrics registry as this tenure sees it, for leader-only work that records
+    /// figures: a series first registered here is exported until the tenure ends (then it
+    /// is removed, so that a node that no longer leads does not export a leader's figures,
+    /// frozen); one the node exports too (say, a counter exported at 0 from the start, or
+    /// registered through `NodeContext::metrics`) stays.
     pub fn metrics(&self) -> &Metrics {
         &self.tenure.who.metrics
     }

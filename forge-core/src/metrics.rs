@@ -2,21 +2,27 @@
 //!
 //! Each node owns its registry rather than using the process-global recorder, so several nodes
 //! in one process (tests, embedded clusters) keep separate figures. The registry is served on
-//! `[metrics] listen` and rendered by [`Metrics::render`]. A metric's name is spelled in its
-//! definition only; code records through handles built from the definition (once per label
-//! set where it is hot).
+//! `[metrics] listen` and rendered by [`Metrics::render`], with the process' own figures
+//! (`process_*`) and `forge_build_info`. A metric's name is spelled in its definition only; code
+//! records through handles built from the definition (once per label set where it is hot).
+//!
+//! A series registered through a tenure's [`Leadership::metrics`](crate::Leadership::metrics)
+//! is exported only while the tenure lasts, unless the node exports it too (a counter at 0
+//! from the start): what only a leader measures (a cron's lag and durations, the cluster
+//! gauges) is not left behind, frozen, on a node that no longer leads.
+
+mod http;
+mod process;
+mod registry;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, Unit};
-use metrics_exporter_prometheus::{
-    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
-};
+use metrics::{Counter, Gauge, Histogram};
 
 use crate::error::{Error, Result};
+use registry::{Owner, Registry, Scope};
 
 /// What kind of metric a [`MetricDef`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,10 +72,6 @@ impl MetricDef {
             kind: MetricKind::Histogram,
             help,
         }
-    }
-
-    fn unit(&self) -> Option<Unit> {
-        self.name.ends_with("_seconds").then_some(Unit::Seconds)
     }
 }
 
@@ -133,6 +135,12 @@ pub mod defs {
         "Rows the log_compactor leader deleted by retention, by table (on the node that led it)",
     );
 
+    /// `forge_build_info{version, git_sha}`
+    pub const BUILD_INFO: MetricDef = MetricDef::gauge(
+        "forge_build_info",
+        "Always 1; its labels are the FORGE version this node runs and the git commit it was built from (unknown outside a git checkout)",
+    );
+
     /// Why a leadership ends: the `reason` label of [`LOSSES`].
     pub const LOSS_REASONS: &[&str] = &[
         "deadline",
@@ -145,6 +153,7 @@ pub mod defs {
 
     /// Every metric of the core.
     pub const ALL: &[&MetricDef] = &[
+        &BUILD_INFO,
         &CLUSTER_NODES,
         &PRUNED,
         &IS_LEADER,
@@ -165,17 +174,42 @@ const SECONDS_BUCKETS: &[f64] = &[
     60.0, 300.0,
 ];
 
-static METADATA: Metadata<'static> = Metadata::new("forge", Level::INFO, Some(module_path!()));
+/// The git commit FORGE was built from (`forge-core/build.rs`), or `unknown`.
+pub const GIT_SHA: &str = env!("FORGE_GIT_SHA");
 
-/// A node's metrics registry. Cheap to clone.
+/// A node's metrics registry, or a tenure's view of it. Cheap to clone.
 ///
 /// Besides the Prometheus registry it holds the node's [`Tally`]: the counters the node
 /// publishes to the cluster in its heartbeat.
 #[derive(Clone)]
 pub struct Metrics {
-    recorder: Arc<PrometheusRecorder>,
-    handle: PrometheusHandle,
+    shared: Arc<Shared>,
+    /// A tenure's view: the series it registers go when the scope closes.
+    scope: Option<Arc<Scope>>,
+}
+
+struct Shared {
+    registry: Arc<Registry>,
     tally: Tally,
+    /// The scrape endpoint's task, if any (it ends with the registry).
+    server: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Shared {
+    fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        self.registry.render(&mut out);
+        process::render(&mut out);
+        out
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.get_mut().ok().and_then(Option::take) {
+            server.abort();
+        }
+    }
 }
 
 /// Counters a node publishes to the cluster: cumulative since the node started, sent with
@@ -255,75 +289,101 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// A registry that is only rendered on demand (no HTTP listener).
     pub fn new() -> Metrics {
-        Metrics::from_recorder(builder().build_recorder())
+        let metrics = Metrics {
+            shared: Arc::new(Shared {
+                registry: Arc::default(),
+                tally: Tally::default(),
+                server: Mutex::new(None),
+            }),
+            scope: None,
+        };
+        metrics.describe(defs::ALL);
+        metrics
+            .gauge(
+                &defs::BUILD_INFO,
+                &[("version", env!("CARGO_PKG_VERSION")), ("git_sha", GIT_SHA)],
+            )
+            .set(1.0);
+        metrics
     }
 
-    /// A registry served on `listen` (`GET /metrics`). Must be called inside a tokio runtime;
-    /// fails if the address cannot be bound.
+    /// A registry served on `listen` (`GET /metrics`; any path answers). Must be called inside
+    /// a tokio runtime; fails if the address cannot be bound. The endpoint is served until
+    /// the last clone of the registry is dropped.
     pub fn serve(listen: SocketAddr) -> Result<Metrics> {
-        let (recorder, exporter) = builder()
-            .with_http_listener(listen)
-            // The exporter's own upkeep would run on an async worker as well: the node's
-            // (`run_upkeep`, on a blocking thread) is the only one.
-            .upkeep_timeout(Duration::from_secs(365 * 24 * 3600))
-            .build()
-            .map_err(|err| Error::Metrics {
+        let metrics = Metrics::new();
+        let server =
+            http::serve(listen, Arc::downgrade(&metrics.shared)).map_err(|err| Error::Metrics {
                 listen: listen.to_string(),
                 message: format!(
                     "{err}; choose a free address in [metrics] listen or FORGE_METRICS_LISTEN"
                 ),
             })?;
-        tokio::spawn(async move {
-            if let Err(err) = exporter.await {
-                tracing::error!(target: "forge::metrics", %listen, error = ?err, "metrics endpoint stopped");
-            }
-        });
-        Ok(Metrics::from_recorder(recorder))
+        *metrics
+            .shared
+            .server
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(server);
+        Ok(metrics)
     }
 
-    fn from_recorder(recorder: PrometheusRecorder) -> Metrics {
-        let handle = recorder.handle();
-        let metrics = Metrics {
-            recorder: Arc::new(recorder),
-            handle,
-            tally: Tally::default(),
-        };
-        metrics.describe(defs::ALL);
-        metrics
+    /// A view of this registry whose new series are exported until [`Metrics::close_scope`]
+    /// (or until the last clone of the view is dropped): a tenure's.
+    pub(crate) fn scoped(&self) -> Metrics {
+        Metrics {
+            shared: self.shared.clone(),
+            scope: Some(Arc::new(Scope::new(self.shared.registry.clone()))),
+        }
     }
 
-    /// Registers the `# HELP` and unit of metrics (every crate describes its own).
+    /// The node's registry itself, whatever view this is (a tenure's): what is registered
+    /// through it is kept for the node's life - for clients that count on the node's behalf,
+    /// such as a job client made in a cron handler.
+    pub fn node_wide(&self) -> Metrics {
+        Metrics {
+            shared: self.shared.clone(),
+            scope: None,
+        }
+    }
+
+    /// Removes the series only this scope registered (nothing for the node's own registry);
+    /// the view exports nothing new afterwards.
+    pub(crate) fn close_scope(&self) {
+        if let Some(scope) = &self.scope {
+            scope.close();
+        }
+    }
+
+    fn owner(&self) -> Owner<'_> {
+        match &self.scope {
+            Some(scope) => Owner::Scope(scope),
+            None => Owner::Node,
+        }
+    }
+
+    /// Registers the `# HELP` text of metrics (every crate describes its own).
     pub fn describe(&self, defs: &[&MetricDef]) {
         for def in defs {
-            let key = KeyName::from_const_str(def.name);
-            let help = def.help.into();
-            match def.kind {
-                MetricKind::Counter => self.recorder.describe_counter(key, def.unit(), help),
-                MetricKind::Gauge => self.recorder.describe_gauge(key, def.unit(), help),
-                MetricKind::Histogram => self.recorder.describe_histogram(key, def.unit(), help),
-            }
+            self.shared.registry.describe(def);
         }
     }
 
     /// A counter with labels.
     pub fn counter(&self, def: &MetricDef, labels: &[(&'static str, &str)]) -> Counter {
         debug_assert_eq!(def.kind, MetricKind::Counter, "{}", def.name);
-        self.recorder
-            .register_counter(&key(def.name, labels), &METADATA)
+        self.shared.registry.counter(def, labels, self.owner())
     }
 
     /// A gauge with labels.
     pub fn gauge(&self, def: &MetricDef, labels: &[(&'static str, &str)]) -> Gauge {
         debug_assert_eq!(def.kind, MetricKind::Gauge, "{}", def.name);
-        self.recorder
-            .register_gauge(&key(def.name, labels), &METADATA)
+        self.shared.registry.gauge(def, labels, self.owner())
     }
 
     /// A histogram with labels.
     pub fn histogram(&self, def: &MetricDef, labels: &[(&'static str, &str)]) -> Histogram {
         debug_assert_eq!(def.kind, MetricKind::Histogram, "{}", def.name);
-        self.recorder
-            .register_histogram(&key(def.name, labels), &METADATA)
+        self.shared.registry.histogram(def, labels, self.owner())
     }
 
     /// Exports a series before its first event: a counter at 0, a gauge at 0 unless it is
@@ -342,42 +402,19 @@ impl Metrics {
 
     /// The counters this node publishes to the cluster.
     pub fn tally(&self) -> &Tally {
-        &self.tally
+        &self.shared.tally
     }
 
-    /// The registry in the Prometheus text format.
+    /// The registry in the Prometheus text format (0.0.4), the process' figures included.
     pub fn render(&self) -> String {
-        self.handle.render()
+        self.shared.render()
     }
-
-    /// Drains histogram buffers; the node calls it periodically.
-    pub(crate) fn run_upkeep(&self) {
-        self.handle.run_upkeep();
-    }
-
-    pub(crate) const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
     }
-}
-
-fn builder() -> PrometheusBuilder {
-    PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
-        .expect("static, non-empty bucket list")
-}
-
-fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
-    Key::from_parts(
-        name,
-        labels
-            .iter()
-            .map(|(k, v)| Label::new(*k, (*v).to_owned()))
-            .collect::<Vec<_>>(),
-    )
 }
 
 /// The `session` label of a role's lock session in `forge_db_reconnects_total`.

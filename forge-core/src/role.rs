@@ -15,7 +15,7 @@ use crate::sql::sql_text_type;
 /// Every role owns one PostgreSQL advisory-lock key; the node holding it is the role's leader.
 /// The built-in roles have the fixed keys `0x464F524745_0001..3` ("FORGE" in ASCII, then the
 /// role number) in the default namespace. User-defined roles get a key derived from their name
-/// (see [`LockKey::derive`]).
+/// (see [`Role::lock_key`]).
 ///
 /// ```
 /// use forge_core::Role;
@@ -57,10 +57,8 @@ impl Role {
     /// user-defined one. Names are 1-48 characters of lowercase ASCII letters, digits and `_`,
     /// starting with a letter, so that they are safe as metric labels and in `application_name`.
     pub fn new(name: &str) -> Result<Role> {
-        check_name(Name::Role, name).map_err(|err| Error::Config {
-            path: None,
-            line: None,
-            key: "role".into(),
+        // The name is in the message already: callers show it as it is.
+        check_name(Name::Role, name).map_err(|err| Error::InvalidInput {
             message: err.to_string(),
         })?;
         Ok(Role::BUILTIN
@@ -339,8 +337,14 @@ mod tests {
         ] {
             assert!(Role::new(bad).is_err(), "{bad:?} should be rejected");
         }
-        let err = Role::new("Bad").unwrap_err().to_string();
+        let err = Role::new("x'y").unwrap_err().to_string();
         assert!(err.contains("use 1-48 lowercase letters"), "{err}");
+        assert_eq!(
+            err.matches("x'y").count(),
+            1,
+            "the message names the role once: {err}"
+        );
+        assert!(err.starts_with("invalid role name \"x'y\""), "{err}");
         assert!(Role::with_lock_slot("mine", 0x0001).is_err());
         assert_eq!(
             Role::with_lock_slot("mine", 0x1234)

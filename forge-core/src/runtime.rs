@@ -17,9 +17,9 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPool;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
-use tokio::time::{sleep, timeout};
+use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use crate::config::CoreConfig;
 use crate::db;
@@ -359,7 +359,7 @@ impl Assembly {
         let leave = CancellationToken::new();
         let membership_task = tokio::spawn(membership.run(session, leave.clone()));
 
-        let mut tasks = vec![tokio::spawn(upkeep(metrics.clone(), shutdown.clone()))];
+        let mut tasks = Vec::new();
         let mut roles = BTreeMap::new();
         for handle in handles {
             let role = handle.role.clone();
@@ -376,7 +376,9 @@ impl Assembly {
                 shutdown: shutdown.clone(),
                 metrics: metrics.clone(),
             };
-            tasks.push(tokio::spawn(campaign.run()));
+            // The election's transitions are logged inside the role's span.
+            let span = tracing::info_span!(target: "forge::leader", "role", role = %role);
+            tasks.push(tokio::spawn(campaign.run().instrument(span)));
             roles.insert(role, handle);
         }
         let context = NodeContext {
@@ -454,7 +456,11 @@ impl Assembly {
 
     /// First contact: connect patiently, refuse poolers, migrate (FORGE's, then the app's).
     async fn prepare_database(&mut self) -> Result<()> {
-        let setup_options = self.options("setup")?;
+        // Migrations that find their objects there already (`CREATE SCHEMA IF NOT EXISTS`, sqlx's
+        // own table) raise NOTICEs, which sqlx logs at INFO on every start: warnings only.
+        let setup_options = self
+            .options("setup")?
+            .options([("client_min_messages", "warning")]);
         let patience = self.config.database.connect_timeout;
         let mut setup = db::connect_patiently(&setup_options, patience).await?;
         db::check_not_pooled(&setup_options, patience).await?;
@@ -725,21 +731,6 @@ impl Runtime {
         // A connection lost in a silent network is never given back: do not wait for it.
         let _ = timeout(Duration::from_secs(5), self.inner.context.pool.close()).await;
         info!(target: "forge::node", node = %self.id(), "node stopped");
-    }
-}
-
-async fn upkeep(metrics: Metrics, shutdown: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = sleep(Metrics::UPKEEP_EVERY) => {
-                // It drains every histogram of the registry, whether it recorded or not: tens
-                // of milliseconds with thousands of crons. On a blocking thread, so that the
-                // async workers keep firing ticks and answering round trips meanwhile.
-                let metrics = metrics.clone();
-                let _ = tokio::task::spawn_blocking(move || metrics.run_upkeep()).await;
-            }
-            _ = shutdown.cancelled() => return,
-        }
     }
 }
 

@@ -118,6 +118,7 @@
 mod cron;
 mod handler;
 mod job;
+mod migrate;
 mod options;
 
 use proc_macro::TokenStream;
@@ -236,6 +237,30 @@ pub fn job(args: TokenStream, item: TokenStream) -> TokenStream {
         .into()
 }
 
+/// The application's migrations, embedded at compile time: `forge::migrate!("migrations")`
+/// (the folder relative to the crate's `Cargo.toml`; `forge::migrate!()` means
+/// `"migrations"`) is a `sqlx::migrate::Migrator` for `NodeBuilder::migrations`, built from the
+/// folder's files as sqlx's own `migrate!` builds it (same versions, descriptions and
+/// checksums), for a crate that depends on `forge` only.
+///
+/// Files are `<VERSION>_<DESCRIPTION>.sql` (or `.up.sql` / `.down.sql` for reversible ones);
+/// others are ignored. Each is included with `include_str!`: a changed migration rebuilds the
+/// crate; a new file is seen at the next build of the crate (a build script with
+/// `println!("cargo:rerun-if-changed=migrations");` makes that automatic).
+///
+/// ```text
+/// let node = forge::Node::builder(config)
+///     .migrations(forge::migrate!("migrations"))
+///     .start()
+///     .await?;
+/// ```
+#[proc_macro]
+pub fn migrate(input: TokenStream) -> TokenStream {
+    migrate::expand(input.into())
+        .unwrap_or_else(|err| err.into_compile_error())
+        .into()
+}
+
 /// The item unchanged, and the error: what to emit when nothing better can be generated.
 fn with_error(item: proc_macro2::TokenStream, err: syn::Error) -> proc_macro2::TokenStream {
     let mut tokens = item;
@@ -271,6 +296,8 @@ mod tests {
                     async fn mail(args: String) {}
                 ),
             ),
+            // This crate's own source folder: `lib.rs` is no migration, `migrate.rs` neither.
+            crate::migrate::expand(quote!("src")),
         ];
         for expansion in expansions {
             let text = expansion.unwrap().to_string();

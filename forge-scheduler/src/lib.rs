@@ -5,6 +5,7 @@
 //! [`jobs::JobQueue`]). See the crate docs of `forge` for examples, and [`cron`] and [`jobs`]
 //! for exactly what is guaranteed.
 
+mod clients;
 pub mod config;
 pub mod cron;
 pub mod inspect;

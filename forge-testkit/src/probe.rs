@@ -311,6 +311,10 @@ async fn create_table(config: &Config) -> Result<(), Box<dyn std::error::Error>>
     sqlx::query("SELECT pg_advisory_xact_lock(4242)")
         .execute(&mut *tx)
         .await?;
+    // No NOTICE "relation ... already exists, skipping" in the node's log at each start.
+    sqlx::raw_sql("SET LOCAL client_min_messages = warning")
+        .execute(&mut *tx)
+        .await?;
     sqlx::raw_sql(PROBE_TABLE_SQL).execute(&mut *tx).await?;
     tx.commit().await?;
     conn.close().await?;

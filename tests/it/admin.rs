@@ -493,11 +493,14 @@ async fn the_cluster_endpoints_show_nodes_leaders_history_events_config_and_step
         .post("/api/cluster/roles/never_led/step-down")
         .await
         .expect_error(404);
-    follower
+    let message = follower
         .with_token(TOKEN)
         .post("/api/cluster/roles/Bad%20Role/step-down")
         .await
         .expect_error(400);
+    // Said once: not "invalid role name ...: `role`: invalid role name ...".
+    assert_eq!(message.matches("Bad Role").count(), 1, "{message}");
+    assert!(message.starts_with("invalid role name"), "{message}");
 
     // History: the first tenure ended by the handoff, the next one current.
     let history = api_a

@@ -357,3 +357,89 @@ fn promtool_accepts_the_export_of_user_rules() {
         "{checked}"
     );
 }
+
+/// `[alerting] runbook_base_url` makes every built-in rule's runbook link absolute (a relative
+/// `docs/runbook.md#...` opens from nowhere an alert is read: Alertmanager, PagerDuty, Slack);
+/// a rule's own `runbook` still wins; anything but an absolute http(s) URL without a fragment
+/// is refused at its line.
+#[test]
+fn runbook_base_url_makes_the_runbook_links_absolute() {
+    let base = "https://github.com/acme/app/blob/main/docs/runbook.md";
+    let config = parse(&format!(
+        "[alerting]\nrunbook_base_url = \"{base}\"\n{SEED}\n[[alerts]]\nname = \"forge_nodes_drifted\"\nrunbook = \"https://wiki.example.com/drift\"\n"
+    ))
+    .unwrap();
+    let yaml = alerts::rules_yaml(&config);
+    for builtin in BUILTIN {
+        let link = if builtin.name == "forge_nodes_drifted" {
+            "https://wiki.example.com/drift".to_owned()
+        } else {
+            format!("{base}#{}", builtin.name)
+        };
+        assert!(
+            yaml.contains(&format!("runbook_url: \"{link}\"\n")),
+            "{}: {yaml}",
+            builtin.name
+        );
+    }
+    assert!(!yaml.contains("\"docs/runbook.md"), "{yaml}");
+    // Without it, the links stay relative (the shipped file).
+    assert!(
+        alerts::rules_yaml(&Config::default())
+            .contains("runbook_url: \"docs/runbook.md#forge_no_leader\"")
+    );
+
+    for (value, detail) in [
+        ("docs/runbook.md", "not an absolute http(s) URL"),
+        ("https://", "not an absolute http(s) URL"),
+        ("ftp://example.com/runbook", "not an absolute http(s) URL"),
+        (
+            "https://example.com/run book.md",
+            "not an absolute http(s) URL",
+        ),
+        ("https://example.com/runbook.md#top", "fragment"),
+    ] {
+        let msg = parse_err(&format!(
+            "[cron]\nclaim_ahead = \"50ms\"\n\n[alerting]\nrunbook_base_url = \"{value}\"\n"
+        ));
+        assert!(
+            msg.starts_with("forge.toml:5: `alerting.runbook_base_url`"),
+            "{value}: {msg}"
+        );
+        assert!(msg.contains(detail), "{value}: {msg}");
+    }
+}
+
+/// With `[metrics] per_cron = false` the cron metrics carry no `cron` label: the cron rules
+/// group by role (grouping by a label no series has would name no cron and read "Cron  runs
+/// fail") and promtool accepts them.
+#[test]
+fn the_cron_rules_group_by_role_without_per_cron_series() {
+    let config = parse("[metrics]\nper_cron = false\n").unwrap();
+    let yaml = alerts::rules_yaml(&config);
+    assert!(!yaml.contains("cron)"), "{yaml}");
+    assert!(!yaml.contains("$labels.cron"), "{yaml}");
+    assert!(
+        yaml.contains(
+            "sum by (job, role) (increase(forge_cron_runs_total{outcome=~\\\"failed|timed_out|abandoned\\\"}[1h])) >= 1"
+        ),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains("summary: \"Crons of role {{ $labels.role }}: runs fail\""),
+        "{yaml}"
+    );
+    if !promtool_present() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("forge-alerts-per-role-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rules.yml");
+    std::fs::write(&file, &yaml).unwrap();
+    let checked = promtool(&["check", "rules", file.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        checked.contains(&format!("SUCCESS: {} rules found", BUILTIN.len())),
+        "{checked}"
+    );
+}

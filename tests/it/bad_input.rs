@@ -86,6 +86,23 @@ async fn wrong_database_urls_fail_with_what_to_check() {
         "{message}"
     );
 
+    // An HTTP server where PostgreSQL should be: said at once, not retried.
+    let (addr, http) = crate::cli::http_server().await;
+    let message = start_error(&format!("postgres://forge:secret@{addr}/app")).await;
+    assert!(
+        message.contains("is not PostgreSQL")
+            && message.contains("HTTP/1.1 400 Bad Request")
+            && message.contains(&addr.to_string()),
+        "{message}"
+    );
+    assert!(!message.contains("expected to read"), "{message}");
+    assert!(!message.contains("secret"), "{message}");
+    assert!(
+        !message.contains("kept trying"),
+        "a server that is not PostgreSQL is not waited for: {message}"
+    );
+    http.abort();
+
     let message = start_error("postgres://127.0.0.1:notaport/app").await;
     assert!(
         message.contains("database.url") && message.contains("cannot parse"),

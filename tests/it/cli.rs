@@ -1422,6 +1422,27 @@ async fn alerts_export_writes_the_rule_file_of_the_configuration() {
     .json();
     assert_eq!(out["rules"].as_str().unwrap(), written);
 
+    // Runbook links made absolute by [alerting] runbook_base_url.
+    std::fs::write(
+        &path,
+        "[alerting]\nrunbook_base_url = \"https://runbooks.example.com/forge.md\"\n",
+    )
+    .unwrap();
+    let run = forge_env(
+        None,
+        &[],
+        &["alerts", "export", "--config", path.to_str().unwrap()],
+    )
+    .await
+    .ok();
+    assert!(
+        run.stdout
+            .contains("runbook_url: \"https://runbooks.example.com/forge.md#forge_no_leader\""),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("\"docs/runbook.md#"), "{}", run.stdout);
+
     // A broken rule is a configuration error.
     std::fs::write(&path, "[[alerts]]\nname = \"no_condition\"\n").unwrap();
     let run = forge_env(
@@ -1617,4 +1638,95 @@ async fn pausing_a_typo_queue_fails_unless_new() {
     forge(url, &["queues", "resume", "typo-queue"])
         .await
         .expect(1);
+}
+
+/// A server that answers every connection as an HTTP server answers bytes it cannot parse
+/// (the admin API's port given as `DATABASE_URL`, say), until dropped.
+pub(crate) async fn http_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 512];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                    )
+                    .await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// The forms a person tries first work (`forge jobs --state dead`, as `forge jobs ls --state
+/// dead`); errors say what is wrong once (a bad role name is not repeated in a prefix of its
+/// own) and plainly (a `DATABASE_URL` at a server that is not PostgreSQL says so, not
+/// "expected to read 1414811696 bytes").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn obvious_forms_work_and_errors_say_what_is_wrong_once() {
+    let db = migrated_db().await;
+    let pool = db.pool().await.unwrap();
+    client(&pool)
+        .enqueue_job(NewJob::new(plain, Behave::tag("a")).queue("cli"))
+        .await
+        .unwrap();
+    let url = db.url();
+
+    let run = forge(url, &["jobs", "--state", "dead"]).await.ok();
+    assert!(run.stdout.contains("no jobs match"), "{}", run.stdout);
+    let short = forge(
+        url,
+        &["jobs", "--state", "available", "--queue", "cli", "--json"],
+    )
+    .await
+    .ok()
+    .json();
+    let long = forge(
+        url,
+        &[
+            "jobs",
+            "ls",
+            "--state",
+            "available",
+            "--queue",
+            "cli",
+            "--json",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(short, long);
+    assert_eq!(short["items"].as_array().unwrap().len(), 1, "{short}");
+    let run = forge(url, &["jobs", "--state", "dead", "show", "1"])
+        .await
+        .expect(2);
+    assert!(run.stderr.contains("cannot be used"), "{}", run.stderr);
+
+    // A bad name is named once, in one message.
+    let run = forge(url, &["step-down", "x'y"]).await.expect(2);
+    assert_eq!(run.stderr.matches("x'y").count(), 1, "{}", run.stderr);
+    assert!(run.stderr.contains("invalid role name"), "{}", run.stderr);
+    let run = forge(url, &["leaders", "--namespace", "Bad Name"])
+        .await
+        .expect(2);
+    assert_eq!(run.stderr.matches("Bad Name").count(), 1, "{}", run.stderr);
+
+    // DATABASE_URL at an HTTP server.
+    let (addr, server) = http_server().await;
+    let run = forge(&format!("postgres://forge:secret@{addr}/app"), &["status"])
+        .await
+        .expect(1);
+    assert!(
+        run.stderr.contains("is not PostgreSQL") && run.stderr.contains("HTTP/1.1 400 Bad Request"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("expected to read"), "{}", run.stderr);
+    assert!(!run.stderr.contains("secret"), "{}", run.stderr);
+    server.abort();
 }

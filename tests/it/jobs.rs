@@ -11,11 +11,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
+use forge::cron::CronJob;
 use forge::jobs::{
     Backoff, CancelOutcome, Enqueued, Job, JobContext, JobError, JobId, JobInfo, JobOptions,
     JobState, NewJob,
 };
-use forge::{Config, Node, Role, RoleState};
+use forge::{Config, CronContext, Node, Role, RoleState, Schedule};
 use forge_testkit::{TestDatabase, wait_until};
 use sqlx::PgPool;
 
@@ -1608,4 +1609,82 @@ async fn a_report_that_waits_for_a_concurrent_rescue_is_refused() {
             .await
             .unwrap();
     }
+}
+
+/// A job that enqueues a `plain` job through its context's client.
+#[derive(Clone, Copy, Debug)]
+struct Chained;
+
+impl forge::jobs::Job for Chained {
+    type Args = ();
+    const KIND: &'static str = "chained";
+
+    async fn run(&self, ctx: JobContext, _args: ()) -> Result<(), JobError> {
+        let mut tx = ctx.pool().begin().await?;
+        ctx.jobs()
+            .enqueue_in(&mut *tx, plain, Behave::tag("from a job"))
+            .await?;
+        ctx.complete(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// `CronContext::jobs()` and `JobContext::jobs()` are the node's job client: a cron enqueues
+/// in its tick's fenced transaction, a job in its own, and both count what they enqueue in
+/// the node's metrics (`forge_job_enqueued_total`), as `node.jobs()` does - a client pieced
+/// together with `Jobs::new` counted nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_enqueue_through_the_nodes_client() {
+    let (db, pool) = setup().await;
+    let once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let enqueues = CronJob::new(
+        "enqueues",
+        Schedule::parse("* * * * * *").unwrap(),
+        move |ctx: CronContext| {
+            let once = once.clone();
+            async move {
+                if once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    return Ok(());
+                }
+                let mut tx = ctx.fenced_transaction().await?;
+                ctx.jobs().enqueue_in(&mut *tx, Chained, ()).await?;
+                ctx.complete(&mut tx).await?;
+                tx.commit().await?;
+                Ok::<_, forge::CronError>(())
+            }
+        },
+    );
+    let node = Node::builder(job_config(db.url(), "a"))
+        .auto_register(false)
+        .cron(enqueues)
+        .job(Chained)
+        .job(plain)
+        .start()
+        .await
+        .unwrap();
+    wait_until(
+        "the chained job's follow-up to run",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM forge.jobs WHERE kind = 'plain' AND state = 'completed'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (n == 1).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let text = node.render_metrics();
+    for line in [
+        r#"forge_job_enqueued_total{queue="default",kind="chained"} 1"#,
+        r#"forge_job_enqueued_total{queue="default",kind="plain"} 1"#,
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    node.shutdown().await;
 }

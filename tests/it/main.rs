@@ -25,6 +25,8 @@
 //!   replies, refused fences, a clock that runs ahead.
 //! * `claim_ahead`: ticks claimed before their instant, with their leader cut off unaware,
 //!   SIGKILLed with and without a follower, and handing over before the instant.
+//! * `readme`: every Rust snippet of the README is compiled (in `examples/readme/`, word for
+//!   word), every TOML snippet loads.
 //! * `schema`: the function files (applied once, again when changed, never over a newer
 //!   release's; one function each, every body compiles), stale functions with migrations off,
 //!   a database from before the pre-1.0 squash.
@@ -45,6 +47,7 @@ mod model;
 mod observability;
 mod placement;
 mod processes;
+mod readme;
 mod routing;
 mod schema;
 mod stalls;

@@ -1013,3 +1013,58 @@ async fn states_exchanged_with_sql_match_the_check_lists() {
         )
     );
 }
+
+/// `forge::migrate!` embeds the application's migrations at compile time in a crate that
+/// depends on `forge` only (no sqlx macros): the same versions, descriptions, types and
+/// checksums as sqlx reading the folder at run time (so a database migrated either way
+/// accepts the other), applied by the node before its work starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forge_migrate_embeds_the_applications_migrations() {
+    let embedded = forge::migrate!("app_migrations");
+    let read = sqlx::migrate::Migrator::new(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("app_migrations"),
+    )
+    .await
+    .unwrap();
+    let describe = |migrator: &sqlx::migrate::Migrator| {
+        migrator
+            .iter()
+            .map(|m| {
+                (
+                    m.version,
+                    m.description.to_string(),
+                    format!("{:?}", m.migration_type),
+                    m.checksum.to_vec(),
+                    m.no_tx,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(describe(&embedded), describe(&read));
+    assert_eq!(
+        embedded.iter().map(|m| m.version).collect::<Vec<_>>(),
+        [1, 2]
+    );
+
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    let mut config = config(db.url(), "embedded");
+    config.node.roles = vec!["scheduler".into()];
+    let node = Node::builder(config)
+        .auto_register(false)
+        .migrations(forge::migrate!("app_migrations"))
+        .start()
+        .await
+        .unwrap();
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(applied, [1, 2]);
+    sqlx::query("INSERT INTO orders (total) VALUES (1)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    node.shutdown().await;
+}

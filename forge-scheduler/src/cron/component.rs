@@ -87,8 +87,9 @@ impl Component for Crons {
         if self.crons.is_empty() {
             return Ok(());
         }
+        let per_cron = node.config().metrics.per_cron;
         for cron in &self.crons {
-            export_cron(node, &cron.name, &cron.role);
+            export_cron(node, cron, per_cron);
         }
         let board: SharedBoard = Arc::new(watch::Sender::new(Default::default()));
         let refresh = Arc::new(Notify::new());
@@ -97,6 +98,7 @@ impl Component for Crons {
             claim_ahead: self.config.claim_ahead,
             board: board.clone(),
             refresh_board: refresh.clone(),
+            per_cron,
         });
         let mut by_role: BTreeMap<Role, Vec<CronJob>> = BTreeMap::new();
         for cron in &self.crons {
@@ -121,22 +123,26 @@ impl Component for Crons {
     }
 }
 
-/// Exports a cron's counters and histograms at 0 from the start (runs by outcome, missed
-/// ticks, lag, duration) on nodes that campaign for its role: Prometheus sees a first
-/// failure, a first missed tick, a first late run.
-fn export_cron(node: &mut Assembly, cron: &str, role: &Role) {
+/// Exports a cron's counters at 0 from the start (runs by outcome, missed ticks) on nodes that
+/// campaign for its role: Prometheus sees a first failure, a first missed tick (counted the
+/// moment a tenure starts). Its lag and duration histograms are the leader's: registered
+/// through the tenure's metrics when it starts, they go when it ends. With `[metrics]
+/// per_cron = false` the series are the role's (label `role` only), histograms included:
+/// 46 series per role on each node that campaigns for it, however many crons it has.
+fn export_cron(node: &mut Assembly, cron: &CronJob, per_cron: bool) {
+    let labels = super::supervisor::metric_labels(cron, per_cron);
     for outcome in TickState::ALL {
         if *outcome != TickState::Running {
-            let labels = [
-                ("cron", cron),
-                ("role", role.name()),
-                ("outcome", outcome.as_str()),
-            ];
-            node.export_series(Some(role), &CRON_RUNS, &labels);
+            let mut labels = labels.to_vec();
+            labels.push(("outcome", outcome.as_str()));
+            node.export_series(Some(&cron.role), &CRON_RUNS, &labels);
         }
     }
-    for def in [&CRON_MISSED, &CRON_LAG, &CRON_DURATION] {
-        node.export_series(Some(role), def, &[("cron", cron), ("role", role.name())]);
+    node.export_series(Some(&cron.role), &CRON_MISSED, &labels);
+    if !per_cron {
+        for def in [&CRON_LAG, &CRON_DURATION] {
+            node.export_series(Some(&cron.role), def, &labels);
+        }
     }
 }
 

@@ -41,7 +41,7 @@ use metrics::{Counter, Histogram};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use super::ledger::{self, Board, Claim, ClaimRequest, Finish, FinishRequest, Resume};
 use super::{CatchUp, CronContext, CronJob, Interrupted, Overlap, TickState};
@@ -63,6 +63,8 @@ pub(super) struct Settings {
     pub(super) board: SharedBoard,
     /// Asks the cron-registry service to read the board again (a tenure starts).
     pub(super) refresh_board: Arc<tokio::sync::Notify>,
+    /// `[metrics] per_cron`: the cron metrics' series are per cron (else per role).
+    pub(super) per_cron: bool,
 }
 
 /// The leader task of one role's crons.
@@ -314,7 +316,7 @@ async fn run_cron(
     batchers: Batchers,
 ) {
     let mut runs = Runs {
-        metrics: Arc::new(CronMetrics::new(&cron, &leadership)),
+        metrics: Arc::new(CronMetrics::new(&cron, &leadership, settings.per_cron)),
         cron: cron.clone(),
         leadership: leadership.clone(),
         board: settings.board.clone(),
@@ -337,7 +339,7 @@ async fn run_cron(
     }
     let start = Utc::now();
     let from = resume.frontier.or(resume.first_seen).unwrap_or(start);
-    for tick in backlog(&cron, &leadership, from, start, settings.misfire_threshold) {
+    for tick in backlog(&cron, &leadership, from, start, &settings) {
         if !runs.fire(tick, true).await {
             return runs.drain().await;
         }
@@ -390,7 +392,7 @@ fn backlog(
     leadership: &Leadership,
     from: DateTime<Utc>,
     now: DateTime<Utc>,
-    misfire_threshold: Duration,
+    settings: &Settings,
 ) -> Vec<DateTime<Utc>> {
     if from >= now {
         return Vec::new();
@@ -398,7 +400,7 @@ fn backlog(
     let window_start = now
         .checked_sub_signed(to_delta(cron.catch_up_window))
         .unwrap_or(DateTime::<Utc>::MIN_UTC);
-    let threshold = to_delta(misfire_threshold);
+    let threshold = to_delta(settings.misfire_threshold);
     let mut missed = 0u64;
     let mut due: Vec<DateTime<Utc>> = Vec::new();
     for tick in cron.schedule.ticks_between(from, now) {
@@ -419,7 +421,7 @@ fn backlog(
     if missed > 0 {
         leadership
             .metrics()
-            .counter(&CRON_MISSED, &labels(cron))
+            .counter(&CRON_MISSED, &metric_labels(cron, settings.per_cron))
             .increment(missed);
         warn!(target: "forge::cron", cron = %cron.name, role = %cron.role, missed, catch_up = cron.catch_up.as_str(),
               "ticks were due while the role had no leader and are not run");
@@ -532,7 +534,8 @@ impl Runs {
         match slot {
             Slot::Skip(why) => {
                 self.metrics.runs(TickState::Skipped).increment(1);
-                info!(target: "forge::cron", cron = %self.cron.name, %tick, why, "tick skipped");
+                // In the ledger, the metrics and the dashboard: a paused cron is not a line a tick.
+                debug!(target: "forge::cron", cron = %self.cron.name, %tick, why, "tick skipped");
             }
             // A run whose claim had to be retried starts late through no fault of its
             // handler: if it is still going when the next tick is due, that is not an
@@ -822,8 +825,33 @@ async fn recover(
     }
 }
 
-/// Runs a claimed tick's handler and records the outcome.
+/// Runs a claimed tick's handler and records the outcome, in the run's span: the cron's
+/// name, the tick's instant, the attempt, the role and the tenure's epoch (the handler's own
+/// log lines carry them).
 async fn run_tick(
+    cron: CronJob,
+    metrics: Arc<CronMetrics>,
+    leadership: Leadership,
+    finisher: Finisher,
+    tick: DateTime<Utc>,
+    attempt: u32,
+) {
+    let span = tracing::info_span!(
+        target: "forge::cron",
+        "cron",
+        otel.name = %format_args!("cron {}", cron.name),
+        cron.name = %cron.name,
+        cron.tick = %tick.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+        cron.attempt = i64::from(attempt),
+        role = %cron.role,
+        epoch = leadership.epoch().0,
+    );
+    run_tick_in_span(cron, metrics, leadership, finisher, tick, attempt)
+        .instrument(span)
+        .await
+}
+
+async fn run_tick_in_span(
     cron: CronJob,
     metrics: Arc<CronMetrics>,
     leadership: Leadership,
@@ -991,8 +1019,15 @@ fn to_delta(d: Duration) -> TimeDelta {
     TimeDelta::from_std(d).unwrap_or(TimeDelta::MAX)
 }
 
-fn labels(cron: &CronJob) -> [(&'static str, &str); 2] {
-    [("cron", cron.name.as_str()), ("role", cron.role.name())]
+/// A cron's labels in the cron metrics: its name and role, or its role alone (`[metrics]
+/// per_cron = false`).
+pub(super) fn metric_labels(cron: &CronJob, per_cron: bool) -> Vec<(&'static str, &str)> {
+    let role = ("role", cron.role.name());
+    if per_cron {
+        vec![("cron", cron.name.as_str()), role]
+    } else {
+        vec![role]
+    }
 }
 
 /// One cron's Prometheus handles, looked up once per tenure: a tick then records without
@@ -1014,21 +1049,18 @@ impl CronMetrics {
         TickState::Abandoned,
     ];
 
-    fn new(cron: &CronJob, leadership: &Leadership) -> CronMetrics {
+    /// Through the tenure's metrics: the histograms are exported while the tenure lasts (the
+    /// counters are the node's, exported from its start).
+    fn new(cron: &CronJob, leadership: &Leadership, per_cron: bool) -> CronMetrics {
         let metrics = leadership.metrics();
-        let labels = labels(cron);
+        let labels = metric_labels(cron, per_cron);
         CronMetrics {
             lag: metrics.histogram(&CRON_LAG, &labels),
             duration: metrics.histogram(&CRON_DURATION, &labels),
             runs: Self::OUTCOMES.map(|outcome| {
-                metrics.counter(
-                    &CRON_RUNS,
-                    &[
-                        ("cron", cron.name.as_str()),
-                        ("role", cron.role.name()),
-                        ("outcome", outcome.as_str()),
-                    ],
-                )
+                let mut labels = labels.clone();
+                labels.push(("outcome", outcome.as_str()));
+                metrics.counter(&CRON_RUNS, &labels)
             }),
         }
     }

@@ -11,7 +11,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, sleep};
-use tracing::{debug, error, warn};
+use tracing::{Instrument, debug, error, warn};
 
 use super::shared::{AttemptReason, Outcome};
 use super::{
@@ -137,6 +137,34 @@ pub(super) struct Origin {
     pub(super) leadership: Option<Leadership>,
     /// `[jobs] completed_retention` is not zero: completions keep the job's row.
     pub(super) keep_completed: bool,
+    /// The node's metrics, for the handlers' job clients.
+    pub(super) metrics: forge_core::Metrics,
+}
+
+/// The span an attempt runs in (so do the handler's own log lines): the job's id, kind,
+/// queue and attempt - under OpenTelemetry's names for messaging where they have one: a
+/// consumer span `process <queue>`, `messaging.message.id`, `messaging.destination.name` - and,
+/// for a role's job, the role and the tenure's epoch.
+fn attempt_span(id: i64, attempt: i32, kind: &'static str, origin: &Origin) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: "forge::job",
+        "job",
+        otel.name = %format_args!("process {}", origin.queue),
+        otel.kind = "consumer",
+        messaging.system = "forge",
+        messaging.operation.type = "process",
+        messaging.destination.name = %origin.queue,
+        messaging.message.id = id,
+        job.kind = kind,
+        job.attempt = attempt.max(1),
+        role = tracing::field::Empty,
+        epoch = tracing::field::Empty,
+    );
+    if let Some(leadership) = &origin.leadership {
+        span.record("role", tracing::field::display(leadership.role()));
+        span.record("epoch", leadership.epoch().0);
+    }
+    span
 }
 
 /// The claimed and running attempts of one worker, and the outcomes waiting to be recorded.
@@ -234,11 +262,14 @@ impl Attempts {
             cancel: cancel.clone(),
             leadership: origin.leadership.clone(),
             keep_completed: origin.keep_completed,
+            metrics: origin.metrics.clone(),
         };
         debug!(target: "forge::job", queue = %origin.queue, job = ty.kind, id, attempt, "attempt started");
+        let span = attempt_span(id, attempt, ty.kind, origin);
         let handler = (ty.handler)(ctx, args);
         let signal = cancel.clone();
-        let task = self.tasks.spawn(async move {
+        let task = self.tasks.spawn(
+            async move {
             let timed_out = async {
                 match timeout {
                     Some(limit) => {
@@ -260,7 +291,9 @@ impl Attempts {
                 result = handler => AttemptResult::Done(result),
             };
             (id, result)
-        });
+        }
+            .instrument(span),
+        );
         self.task_jobs.insert(task.id(), id);
         if let Some(at) = self.early_cancels.iter().position(|c| *c == id) {
             self.early_cancels.remove(at);

@@ -2,7 +2,8 @@
 //! default), the unfinished jobs by queue,
 //! kind and state (`forge_job_queue_depth`), the age of each queue's oldest due job
 //! (`forge_job_oldest_age_seconds`) and the dead jobs (`forge_job_dead_jobs`), reported by that
-//! leader only, so that one scrape sees the whole cluster's queues; once per
+//! leader only (registered through the tenure's metrics: they go when the tenure ends), so
+//! that one scrape sees the whole cluster's queues; once per
 //! `[metrics] rollup_interval`, the same as cluster series (`queue_depth`,
 //! `oldest_job_age_seconds`, `dead_jobs`) for the charts.
 //!
@@ -64,7 +65,7 @@ pub(crate) async fn run(leadership: Leadership, every: Duration, width: Duration
                 let bucket = Utc::now().duration_trunc(width).ok();
                 if bucket != sampled {
                     if !sample(&leadership, &look, bucket).await {
-                        return zero(&leadership, &reported);
+                        return;
                     }
                     sampled = bucket;
                 }
@@ -76,7 +77,7 @@ pub(crate) async fn run(leadership: Leadership, every: Duration, width: Duration
         }
         tokio::select! {
             _ = sleep(pause) => {}
-            _ = leadership.stopping() => return zero(&leadership, &reported),
+            _ = leadership.stopping() => return,
         }
     }
 }
@@ -144,11 +145,6 @@ fn report(leadership: &Leadership, look: &Look, before: &Look) {
         m.gauge(&JOB_DEAD_JOBS, &[("queue", queue)])
             .set(look.dead.get(queue).copied().unwrap_or(0.0));
     }
-}
-
-/// Zeroes what this leader reported, when its tenure ends.
-fn zero(leadership: &Leadership, reported: &Look) {
-    report(leadership, &Look::default(), reported);
 }
 
 /// Writes the look as this interval's samples. False when fenced.

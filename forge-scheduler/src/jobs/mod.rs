@@ -3,12 +3,14 @@
 //!
 //! * **Declare** a job type with `#[job]` (or implement [`Job`] by hand): a kind (its name), a
 //!   serde argument type, declared [`JobOptions`] and an async handler.
-//! * **Enqueue** from anywhere: [`Jobs`] (a node's client, `node.jobs()`), or the free functions
-//!   [`enqueue`], [`enqueue_job`] and [`enqueue_many`], which take any sqlx executor, so a job can
-//!   be enqueued inside the caller's own transaction and exists only if that transaction
-//!   commits. [`NewJob`] sets per-job options (run at / delay, priority, unique key, queue,
-//!   timeout, attempts). A duplicate of a unique job is reported as [`Enqueued::Duplicate`],
-//!   never inserted.
+//! * **Enqueue** from anywhere with a [`Jobs`] client: the node's (`node.jobs()`, and
+//!   [`JobContext::jobs`] / `CronContext::jobs` in handlers), or [`Jobs::new`] in a process
+//!   that is no node. [`Jobs::enqueue`], [`Jobs::enqueue_job`] and [`Jobs::enqueue_many`] each
+//!   have an `_in` variant ([`Jobs::enqueue_in`], [`Jobs::enqueue_job_in`],
+//!   [`Jobs::enqueue_many_in`]) that takes any sqlx executor, so a job can be enqueued inside
+//!   the caller's own transaction and exists only if that transaction commits. [`NewJob`] sets
+//!   per-job options (run at / delay, priority, unique key, queue, timeout, attempts). A
+//!   duplicate of a unique job is reported as [`Enqueued::Duplicate`], never inserted.
 //! * **Work**: every node works the queues of `[jobs.queues]` with their concurrency. Claiming
 //!   is `FOR UPDATE SKIP LOCKED` in batches, on each node's own pool, never through the leader;
 //!   idle workers are woken by `NOTIFY` on commit of an enqueue and drain a backlog without
@@ -541,6 +543,8 @@ pub struct JobContext {
     pub(crate) leadership: Option<Leadership>,
     /// Completing keeps the job's row as `completed` (or deletes it: `completed_retention = "0s"`).
     pub(crate) keep_completed: bool,
+    /// The node's metrics (its job client counts what it enqueues).
+    pub(crate) metrics: forge_core::Metrics,
 }
 
 impl JobContext {
@@ -582,6 +586,13 @@ impl JobContext {
     /// The node's pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The node's job client (as `node.jobs()`: it counts what it enqueues in the node's
+    /// metrics), to enqueue follow-up jobs - in the handler's own transaction with the `_in`
+    /// methods, so that they exist only if it commits.
+    pub fn jobs(&self) -> Jobs {
+        Jobs::for_node(self.pool.clone(), &self.namespace, self.metrics.clone())
     }
 
     /// Whether the attempt should stop: the job was cancelled, timed out, or the node is

@@ -244,6 +244,7 @@ impl Worker {
             pool: ctx.pool().clone(),
             leadership,
             keep_completed: shared.config.keeps_completed(),
+            metrics: ctx.metrics().node_wide(),
         };
         Worker {
             wants: Wants {

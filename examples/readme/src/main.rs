@@ -1,0 +1,158 @@
+//! Every Rust snippet of the README, compiled: each is here word for word (the test
+//! `tests/it/readme.rs` checks it, paragraph by paragraph), in the items and functions that
+//! give it what it names (a `node`, a `?` to return to). Nothing here is run: `main` says so.
+//! The OpenTelemetry snippet is `examples/otel.rs`, which runs.
+
+// The snippets' items are used by nobody, and some bind what the next line shadows. Each is
+// skipped by rustfmt: it is the README's text.
+#![allow(dead_code, unused_variables)]
+
+fn main() {
+    println!(
+        "forge-readme: the README's snippets, compiled (nothing to run here; \
+         `cargo run -p forge-readme --example otel` runs the tracing example)"
+    );
+}
+
+/// The README's first snippet, "FORGE".
+#[rustfmt::skip]
+mod quick_start {
+    use forge::{Config, CronContext, CronError, Node};
+
+    #[forge::cron("0 * * * *")]                  // standard cron: every hour, on the hour
+    async fn hourly_totals(ctx: CronContext) -> Result<(), CronError> {
+        let mut tx = ctx.fenced_transaction().await?;   // refused if this node was deposed
+        forge::sqlx::query("INSERT INTO totals (hour, amount) SELECT $1, sum(amount) FROM orders")
+            .bind(ctx.scheduled_at())
+            .execute(&mut *tx)
+            .await?;
+        ctx.complete(&mut tx).await?;           // the tick is done in the same commit: exactly once
+        tx.commit().await?;
+        Ok(())
+    }
+
+    #[tokio::main]
+    async fn main() -> forge::Result<()> {
+        let node = Node::builder(Config::from_env()?).start().await?;  // DATABASE_URL is enough
+        node.run_until_signal().await           // SIGTERM / ctrl-c: finish, hand over, exit
+    }
+}
+
+/// "Using FORGE".
+#[rustfmt::skip]
+fn configuration() -> forge::Result<()> {
+    let config = forge::Config::from_env()?;          // DATABASE_URL, FORGE_NODE_ID, ... only
+    let config = forge::Config::load("forge.toml")?;  // or a file, with the same overrides
+    Ok(())
+}
+
+/// "Leader roles and leader-only tasks".
+#[rustfmt::skip]
+async fn leader_tasks() -> forge::Result<()> {
+    use forge::{Config, Node, Role};
+
+    let node = Node::builder(Config::load("forge.toml")?)
+        .leader_task(Role::new("billing")?, "invoices", |leadership| async move {
+            // Runs when this node wins the role; dropped the moment it loses it.
+            while !leadership.is_draining() {
+                let Ok(mut tx) = leadership.fenced_transaction().await else { return };  // deposed
+                let issued = forge::sqlx::query("UPDATE invoices SET issued_at = now() WHERE issued_at IS NULL")
+                    .execute(&mut *tx)
+                    .await;
+                if issued.is_err() || tx.commit().await.is_err() { return }
+                tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+            }
+        })
+        .start()
+        .await?;
+    node.shutdown().await;
+    Ok(())
+}
+
+/// "Routes that run on the leader only".
+#[rustfmt::skip]
+mod leader_routes {
+    use forge::admin::axum::{Router, routing::post};
+    use forge::admin::{Leader, LeaderOnly};
+
+    async fn webhook(Leader(leadership): Leader) -> String {
+        format!("handled by the scheduler's leader, epoch {}", leadership.epoch())
+    }
+
+    fn router(node: &forge::Node) -> Router {
+        let app: Router = Router::new()
+            .route("/webhook", post(webhook))
+            .layer(LeaderOnly::new(node.clone(), forge::Role::SCHEDULER));
+        app
+    }
+}
+
+/// "Crons".
+#[rustfmt::skip]
+#[forge::cron("*/5 * * * *", tz = "Europe/Berlin", catch_up = "all", overlap = "skip", timeout = "2m")]
+async fn rollup(ctx: forge::CronContext) -> Result<(), forge::CronError> {
+    let mut tx = ctx.fenced_transaction().await?;
+    forge::sqlx::query("INSERT INTO rollups (at) VALUES ($1)")
+        .bind(ctx.scheduled_at())
+        .execute(&mut *tx)
+        .await?;
+    ctx.complete(&mut tx).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// "Jobs": the job type and a cron that enqueues it.
+#[rustfmt::skip]
+mod jobs {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Welcome { user_id: i64 }
+
+    #[forge::job(queue = "mailers", max_attempts = 5, backoff = "exponential", backoff_base = "2s", timeout = "30s")]
+    async fn send_welcome(ctx: forge::JobContext, args: Welcome) -> Result<(), forge::JobError> {
+        // Any error retries with backoff; JobError::discard("...") dead-letters at once.
+        let mut tx = ctx.pool().begin().await?;
+        forge::sqlx::query("INSERT INTO outbox (job_id, user_id) VALUES ($1, $2)")
+            .bind(ctx.id())
+            .bind(args.user_id)
+            .execute(&mut *tx)
+            .await?;
+        ctx.complete(&mut tx).await?;    // the outbox row and the job's completion: one commit
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn enqueue(node: &forge::Node) -> forge::Result<()> {
+        // Through the node's client, or inside your own transaction (the job exists only if it commits).
+        node.jobs().enqueue(send_welcome, Welcome { user_id: 7 }).await?;
+
+        let mut tx = node.pool().begin().await?;
+        forge::sqlx::query("INSERT INTO users ...").execute(&mut *tx).await?;
+        node.jobs().enqueue_job_in(&mut *tx, forge::jobs::NewJob::new(send_welcome, Welcome { user_id: 8 })
+            .delay(std::time::Duration::from_secs(60))
+            .unique_key("welcome:8")).await?;              // a duplicate is reported, not inserted
+        tx.commit().await?;
+        Ok(())
+    }
+
+    #[forge::cron("0 3 * * *")]
+    async fn nightly_welcomes(ctx: forge::CronContext) -> Result<(), forge::CronError> {
+        let mut tx = ctx.fenced_transaction().await?;
+        for user_id in [7, 8] {
+            ctx.jobs().enqueue_in(&mut *tx, send_welcome, Welcome { user_id }).await?;
+        }
+        ctx.complete(&mut tx).await?;   // the jobs and the tick's outcome: one commit
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// "Your tables, your migrations": `migrations/` next to this crate's Cargo.toml.
+#[rustfmt::skip]
+async fn migrations() -> forge::Result<()> {
+    let node = forge::Node::builder(forge::Config::from_env()?)
+        .migrations(forge::migrate!("migrations"))   // ./migrations/0001_orders.sql, ...
+        .start()
+        .await?;
+    node.shutdown().await;
+    Ok(())
+}

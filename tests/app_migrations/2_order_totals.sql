@@ -1,0 +1,1 @@
+CREATE TABLE order_totals (at timestamptz PRIMARY KEY, total numeric NOT NULL);
