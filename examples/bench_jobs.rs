@@ -12,6 +12,7 @@
 //! cargo run --release --example bench_jobs -- --quick --only latency --backlog 1000000 --history 10000000
 //! cargo run --release --example bench_jobs -- --only throughput --setup-sql 'DROP INDEX forge.jobs_finished'
 //! cargo run --release --example bench_jobs -- --only throughput --peers   # graphile_worker side by side
+//! cargo run --release --example bench_jobs -- --quick --only limit --both-modes [--batch 128]
 //! ```
 //!
 //! Side by side with the peer: `--peers` builds `benches/peers` and runs graphile_worker at its
@@ -32,7 +33,21 @@
 //!
 //! With `completed_retention = "0s"` completed jobs leave no row to time the drain by; it is then
 //! timed by the nodes' own notes (first no-op started to last one ended, printed by each node
-//! at exit). `--only limit` drives the statement both ways: completed jobs kept, and deleted.
+//! at exit). `--both-modes` runs the throughput and limit rounds both ways, interleaved:
+//! completed jobs kept (the default) and deleted (`completed_retention = "0s"`).
+//!
+//! The limit (`--only limit`): the least SQL any durable queue needs on this server, so that
+//! "percent of the limit" means the limit of any design, not of FORGE's. One table with its
+//! primary key and one partial index of the jobs not claimed yet; one insert per job (1,000 per
+//! statement, as `enqueue_many`), then round trips as FORGE's workers make them, on 1 and on 2
+//! connections: each claims the next `--batch` jobs (default 128, `FOR UPDATE SKIP LOCKED`) and
+//! records the previous batch's completions in the same statement (kept: an update of a column
+//! no index names; or deleted), committed with `synchronous_commit = on`. Beside it, FORGE's own
+//! `forge.jobs_step` driven the same way with nothing around it. Each line says what a job cost
+//! the database: row writes per table (`pg_stat_user_tables`), WAL bytes, records and full-page
+//! images (`pg_stat_wal`, the server's WAL position) and PostgreSQL's CPU (its processes'
+//! `/proc` times, when the server runs on this machine); the throughput rounds print the same
+//! for the drain, the enqueue and the node processes.
 //!
 //! By default it starts its own throwaway PostgreSQL (forge-testkit: fsync on, full_page_writes
 //! on, synchronous_commit on, data in /dev/shm when it has room) and logs statements only during
@@ -58,6 +73,24 @@ use tokio::process::Command;
 use tokio::time::{Instant, sleep, sleep_until};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// `--help`: the usage lines of this file's header.
+const HELP: &str = "bench_jobs: FORGE's job queue benchmark (see examples/bench_jobs.rs for what each part measures)
+
+  --quick                 1 round of each part, 20 s idle window (default: 3 rounds, 60 s)
+  --only PART             throughput, latency, idle or limit
+  --nodes N               throughput with N nodes only (default: 1 and 2)
+  --jobs N                jobs drained per throughput round (default 20000)
+  --backlog N             N available jobs in another queue, in every measurement's database
+  --history N             N completed jobs (finished an hour ago), the same
+  --both-modes            throughput and limit rounds with completed jobs kept and deleted
+                          (completed_retention = \"0s\"), interleaved (default: kept only)
+  --batch N               jobs per round trip of the limit's loops (default 128)
+  --extra-config TOML     appended to every node's forge.toml
+  --setup-sql SQL         run in every measurement's database before the nodes start
+  --peers                 graphile_worker at its best tuning, one round before each of FORGE's
+  --database-url URL      an existing server instead of a throwaway one
+  --pg-log FILE           its log (the idle part needs it with --database-url)";
 
 /// A job that does nothing but note when it ran, for the node's `FORGE-BENCH DRAIN` line.
 #[allow(non_camel_case_types)]
@@ -109,6 +142,10 @@ async fn main() -> ExitCode {
     if args.get(1).map(String::as_str) == Some(NODE_FLAG) {
         return node(args.get(2).cloned().unwrap_or_default()).await;
     }
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{HELP}");
+        return ExitCode::SUCCESS;
+    }
     let value = |flag: &str| {
         args.iter()
             .position(|a| a == flag)
@@ -124,6 +161,12 @@ async fn main() -> ExitCode {
         history: value("--history").and_then(|n| n.parse().ok()).unwrap_or(0),
         extra_config: value("--extra-config").unwrap_or_default(),
         setup_sql: value("--setup-sql"),
+        modes: if args.iter().any(|a| a == "--both-modes") {
+            vec![Mode::Kept, Mode::Deleted]
+        } else {
+            vec![Mode::Kept]
+        },
+        batch: value("--batch").and_then(|n| n.parse().ok()).unwrap_or(128),
         ..Options::defaults(args.iter().any(|a| a == "--quick"))
     };
     let options = if args.iter().any(|a| a == "--peers") {
@@ -248,6 +291,31 @@ pub(crate) async fn node(config: String) -> ExitCode {
     }
 }
 
+/// What a completion does with the job's row: keeps it (`completed_retention` at its default,
+/// a day) or deletes it (`completed_retention = "0s"`, as graphile_worker does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Mode {
+    Kept,
+    Deleted,
+}
+
+impl Mode {
+    /// The nodes' forge.toml lines for this mode.
+    fn config(self) -> &'static str {
+        match self {
+            Mode::Kept => "",
+            Mode::Deleted => "[jobs]\ncompleted_retention = \"0s\"\n",
+        }
+    }
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Mode::Kept => "completed kept",
+            Mode::Deleted => "completed deleted",
+        }
+    }
+}
+
 pub(crate) struct Options {
     quick: bool,
     only: Option<String>,
@@ -262,6 +330,11 @@ pub(crate) struct Options {
     extra_config: String,
     /// SQL run in every measurement's database after its schema and seed rows (`--setup-sql`).
     setup_sql: Option<String>,
+    /// How completed jobs are kept in the throughput and limit rounds: kept (the default), and
+    /// also deleted with `--both-modes` (`completed_retention = "0s"`), rounds interleaved.
+    pub(crate) modes: Vec<Mode>,
+    /// Jobs per round trip of the limit's loops (`--batch`, default 128).
+    batch: i32,
     database_url: Option<String>,
     pg_log: Option<PathBuf>,
     /// The built `benches/peers` binary: graphile_worker at its best tuning runs one round
@@ -281,6 +354,8 @@ impl Options {
             history: 0,
             extra_config: String::new(),
             setup_sql: None,
+            modes: vec![Mode::Kept],
+            batch: 128,
             database_url: None,
             pg_log: None,
             peer: None,
@@ -290,8 +365,10 @@ impl Options {
 
 /// The figures a caller judges against targets (`bench_scale`).
 pub(crate) struct Figures {
-    /// Median drain rate (first claim to last completion, jobs/s) by number of nodes.
-    pub(crate) throughput: BTreeMap<usize, f64>,
+    /// Median drain rate (first claim to last completion, jobs/s) by mode and number of nodes.
+    pub(crate) throughput: BTreeMap<(Mode, usize), f64>,
+    /// The limit (`minimal_limit`), median jobs/s by mode: the better of 1 and 2 connections.
+    pub(crate) limit: BTreeMap<Mode, f64>,
     /// Pickup latency p50 and p99, milliseconds (enqueue call to handler start).
     pub(crate) latency_ms: Option<(f64, f64)>,
     /// graphile_worker's median drain rate at its best tuning, measured between FORGE's
@@ -311,8 +388,9 @@ struct Bench {
 }
 
 impl Bench {
-    /// A fresh database with FORGE's schema, and a forge.toml for it (defaults otherwise).
-    async fn database(&self) -> Result<(TestDatabase, PgPool, PathBuf), BoxError> {
+    /// A fresh database with FORGE's schema, and a forge.toml for it (defaults otherwise, plus
+    /// `--extra-config` and `mode`'s settings).
+    async fn database(&self, mode: Mode) -> Result<(TestDatabase, PgPool, PathBuf), BoxError> {
         let db = self.server.create_database().await?;
         let pool = db.pool().await?;
         let mut config = forge::Config::default();
@@ -335,9 +413,10 @@ impl Bench {
         std::fs::write(
             &path,
             format!(
-                "[database]\nurl = \"{}\"\n{}\n",
+                "[database]\nurl = \"{}\"\n{}\n{}",
                 db.url(),
-                self.extra_config
+                self.extra_config,
+                mode.config()
             ),
         )?;
         Ok((db, pool, path))
@@ -452,13 +531,183 @@ struct Drain {
     drain_per_s: f64,
     wall_per_s: f64,
     per_node: BTreeMap<String, i64>,
+    /// What the enqueue and the drain cost the database, per job.
+    cost: Cost,
+}
+
+/// A reading of what the database has done so far: PostgreSQL's CPU (every process of the
+/// server, from `/proc`, when it runs on this machine), the WAL position and records
+/// (`pg_current_wal_insert_lsn()`, `pg_stat_wal`: the whole server), and the row writes of the
+/// job tables (`pg_stat_user_tables` of the measurement's database).
+struct Meter {
+    server_cpu: Option<f64>,
+    wal_lsn: i64,
+    wal_records: i64,
+    wal_fpi: i64,
+    /// (table, [inserted, updated, of which HOT, deleted]).
+    rows: BTreeMap<String, [i64; 4]>,
+}
+
+impl Meter {
+    /// PostgreSQL's CPU so far (every live process of the server), without waiting: read it
+    /// before the sessions of a measurement end (an ended process takes its time with it).
+    async fn server_cpu(pool: &PgPool) -> Result<Option<f64>, BoxError> {
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(pool)
+            .await?;
+        Ok(forge_testkit::stats::parent_pid(pid as u32)
+            .and_then(forge_testkit::stats::tree_cpu_seconds))
+    }
+
+    async fn read(pool: &PgPool) -> Result<Meter, BoxError> {
+        // Backends publish their row and WAL counts when idle, at most once a second: wait
+        // for the ones of the statements just run.
+        sleep(Duration::from_millis(1200)).await;
+        let (pid, lsn, records, fpi): (i32, i64, i64, i64) = sqlx::query_as(
+            "SELECT pg_backend_pid(), (pg_current_wal_insert_lsn() - '0/0')::bigint,
+                    wal_records, wal_fpi
+               FROM pg_stat_wal",
+        )
+        .fetch_one(pool)
+        .await?;
+        let server_cpu = forge_testkit::stats::parent_pid(pid as u32)
+            .and_then(forge_testkit::stats::tree_cpu_seconds);
+        let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+            "SELECT schemaname || '.' || relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del
+               FROM pg_stat_user_tables
+              WHERE (schemaname = 'forge' AND relname LIKE 'jobs%') OR schemaname = 'minimal'",
+        )
+        .fetch_all(pool)
+        .await?;
+        Ok(Meter {
+            server_cpu,
+            wal_lsn: lsn,
+            wal_records: records,
+            wal_fpi: fpi,
+            rows: rows
+                .into_iter()
+                .map(|(t, i, u, h, d)| (t, [i, u, h, d]))
+                .collect(),
+        })
+    }
+
+    /// What happened since `before`, per job of `jobs`.
+    fn since(&self, before: &Meter, jobs: usize) -> Cost {
+        let n = jobs.max(1) as f64;
+        Cost {
+            server_cpu_us: self
+                .server_cpu
+                .zip(before.server_cpu)
+                .map(|(a, b)| (a - b) * 1e6 / n),
+            wal_bytes: (self.wal_lsn - before.wal_lsn) as f64 / n,
+            wal_records: (self.wal_records - before.wal_records) as f64 / n,
+            wal_fpi: (self.wal_fpi - before.wal_fpi) as f64 / n,
+            rows: self
+                .rows
+                .iter()
+                .map(|(t, now)| {
+                    let was = before.rows.get(t).copied().unwrap_or_default();
+                    let per = |i: usize| (now[i] - was[i]) as f64 / n;
+                    (t.clone(), [per(0), per(1), per(2), per(3)])
+                })
+                .filter(|(_, r)| r.iter().any(|v| *v > 0.0))
+                .collect(),
+            ..Cost::default()
+        }
+    }
+}
+
+/// PostgreSQL's CPU per job between `before` and a reading `now` taken while the measurement's
+/// sessions still lived, in microseconds.
+fn cpu_per_job(now: Option<f64>, before: &Meter, jobs: usize) -> Option<f64> {
+    now.zip(before.server_cpu)
+        .map(|(a, b)| (a - b) * 1e6 / jobs.max(1) as f64)
+}
+
+/// Waits for the loops of a limit measurement and reads what they cost: PostgreSQL's CPU while
+/// their sessions (`loopers`) live, the rest once they have ended. Returns the seconds since
+/// `began` and the cost per job since `m0`.
+async fn loops_done(
+    loops: Vec<tokio::task::JoinHandle<Result<(), BoxError>>>,
+    began: Instant,
+    pool: &PgPool,
+    loopers: PgPool,
+    m0: &Meter,
+    total: usize,
+) -> Result<(f64, Cost), BoxError> {
+    for l in loops {
+        l.await??;
+    }
+    let wall = began.elapsed().as_secs_f64();
+    let cpu = Meter::server_cpu(pool).await?;
+    loopers.close().await;
+    let mut cost = Meter::read(pool).await?.since(m0, total);
+    cost.server_cpu_us = cpu_per_job(cpu, m0, total);
+    Ok((wall, cost))
+}
+
+/// What a measurement cost the database, per job (see [`Meter`]): the drain's (or the loop's)
+/// CPU and WAL, the enqueue's, and the rows written from enqueue to completion.
+#[derive(Default)]
+struct Cost {
+    server_cpu_us: Option<f64>,
+    nodes_cpu_us: Option<f64>,
+    enqueue_cpu_us: Option<f64>,
+    enqueue_wal_bytes: f64,
+    wal_bytes: f64,
+    wal_records: f64,
+    wal_fpi: f64,
+    rows: BTreeMap<String, [f64; 4]>,
+}
+
+impl std::fmt::Display for Cost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(cpu) = self.server_cpu_us {
+            write!(f, "PostgreSQL CPU {cpu:.1} us, ")?;
+        }
+        if let Some(cpu) = self.nodes_cpu_us {
+            write!(f, "nodes' CPU {cpu:.1} us, ")?;
+        }
+        write!(
+            f,
+            "WAL {:.0} bytes in {:.2} records ({:.3} full pages)",
+            self.wal_bytes, self.wal_records, self.wal_fpi
+        )?;
+        if self.enqueue_wal_bytes > 0.0 {
+            write!(f, "; enqueue: WAL {:.0} bytes", self.enqueue_wal_bytes)?;
+            if let Some(cpu) = self.enqueue_cpu_us {
+                write!(f, ", PostgreSQL CPU {cpu:.1} us")?;
+            }
+        }
+        for (table, [ins, upd, hot, del]) in &self.rows {
+            write!(
+                f,
+                "; {table}: {ins:.2} inserted, {upd:.2} updated ({hot:.2} HOT), {del:.2} deleted"
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// Inserts `total` no-op jobs (bulk, 1,000 per statement), then starts `nodes` node processes
 /// and waits until every job is completed.
-async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, BoxError> {
-    let (_db, pool, config) = bench.database().await?;
-    let jobs = Jobs::new(pool.clone(), &forge::LockNamespace::default());
+async fn drain(
+    bench: &mut Bench,
+    nodes: usize,
+    total: usize,
+    mode: Mode,
+) -> Result<Drain, BoxError> {
+    let (db, pool, config) = bench.database(mode).await?;
+    // The enqueue on connections of its own, closed after it: a session's row and WAL counts
+    // reach the statistics for sure when it ends (see Meter).
+    let writers = db.pool().await?;
+    let jobs = Jobs::new(writers.clone(), &forge::LockNamespace::default());
+    // The measured jobs are the ones after the seeded rows: the checks below read them by id,
+    // not by a scan of the history.
+    let before: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM forge.jobs")
+        .fetch_one(&pool)
+        .await?;
+    let m0 = Meter::read(&pool).await?;
     let started = Instant::now();
     for chunk in 0..total.div_ceil(1000) {
         let n = 1000.min(total - chunk * 1000);
@@ -466,6 +715,9 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
             .await?;
     }
     let enqueue_per_s = total as f64 / started.elapsed().as_secs_f64();
+    let enqueue_cpu = Meter::server_cpu(&pool).await?;
+    writers.close().await;
+    let m1 = Meter::read(&pool).await?;
     // Let autovacuum/analyze notice the new rows as it would in steady state.
     sqlx::query("ANALYZE forge.jobs").execute(&pool).await?;
 
@@ -481,6 +733,17 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
     for process in &mut processes {
         Bench::ready(process).await?;
     }
+    let node_cpu = |processes: &[NodeProcess]| -> Option<f64> {
+        processes
+            .iter()
+            .map(|p| forge_testkit::stats::cpu_seconds(p.pid()))
+            .sum()
+    };
+    let metering = Instant::now();
+    let m2 = Meter::read(&pool).await?;
+    // (Not part of the nodes' start: the wall-clock figure leaves it out.)
+    let metering = metering.elapsed();
+    let nodes_before = node_cpu(&processes);
     workload.resume_queue("default", "bench").await?;
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
@@ -495,10 +758,12 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
         .await?;
         if !busy {
             // Completed: a `completed` row, or no row when completed jobs are deleted.
-            let unfinished = count(
-                &pool,
-                "SELECT count(*) FROM forge.jobs WHERE queue = 'default' AND state <> 'completed'",
+            let unfinished: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM forge.jobs
+                  WHERE id > $1 AND queue = 'default' AND state <> 'completed'",
             )
+            .bind(before)
+            .fetch_one(&pool)
             .await?;
             if unfinished == 0 {
                 break;
@@ -509,20 +774,36 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
         }
         sleep(Duration::from_millis(20)).await;
     }
-    let wall = spawned.elapsed().as_secs_f64();
+    let wall = (spawned.elapsed() - metering).as_secs_f64();
+    let m3 = Meter::read(&pool).await?;
+    let nodes_after = node_cpu(&processes);
     let span: Option<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM max(finished_at) - min(attempted_at))::float8 FROM forge.jobs
-          WHERE queue = 'default'",
+          WHERE id > $1 AND queue = 'default'",
     )
+    .bind(before)
     .fetch_one(&pool)
     .await?;
     let mut per_node: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT node_id, count(*) FROM forge.jobs WHERE queue = 'default'
+        "SELECT node_id, count(*) FROM forge.jobs WHERE id > $1 AND queue = 'default'
           GROUP BY node_id ORDER BY node_id",
     )
+    .bind(before)
     .fetch_all(&pool)
     .await?;
     Bench::stop(processes.iter_mut().collect()).await?;
+    // The nodes' row and WAL record counts reach the statistics when their sessions end (the
+    // WAL bytes and the CPU are the drain's, read before the nodes stop).
+    let m4 = Meter::read(&pool).await?;
+    let mut cost = m3.since(&m2, total);
+    let whole = m4.since(&m2, total);
+    (cost.wal_records, cost.wal_fpi) = (whole.wal_records, whole.wal_fpi);
+    cost.rows = m4.since(&m0, total).rows;
+    cost.enqueue_cpu_us = cpu_per_job(enqueue_cpu, &m0, total);
+    cost.enqueue_wal_bytes = m1.since(&m0, total).wal_bytes;
+    cost.nodes_cpu_us = nodes_after
+        .zip(nodes_before)
+        .map(|(a, b)| (a - b) * 1e6 / total as f64);
     // No rows: completed jobs were deleted. Time the drain by the nodes' own notes instead,
     // from the first no-op's start to the last one's end (each a round trip inside the
     // database-clock span: about a millisecond shorter).
@@ -561,34 +842,41 @@ async fn drain(bench: &mut Bench, nodes: usize, total: usize) -> Result<Drain, B
         drain_per_s: total as f64 / span,
         wall_per_s: total as f64 / wall,
         per_node: per_node.into_iter().collect(),
+        cost,
     })
 }
 
-/// The physical limit: `forge.jobs_step`, the statement FORGE's workers send, driven in a loop
+/// FORGE's SQL alone: `forge.jobs_step`, the statement FORGE's workers send, driven in a loop
 /// with nothing around it (no node, no handlers, no notifications) on `connections`
 /// connections, each recording the previous batch as completed (kept as `completed` rows, or
-/// deleted: `keep`) while claiming the next `batch`. Returns jobs/s from the first claim to
+/// deleted: `mode`) while claiming the next `batch`. Returns jobs/s from the first claim to
 /// the last completion (database clock; by the wall clock around the loops when completed
 /// jobs leave no row).
-async fn limit(
+async fn forge_alone(
     bench: &mut Bench,
     connections: usize,
     batch: i32,
     total: usize,
-    keep: bool,
-) -> Result<f64, BoxError> {
-    let (_db, pool, _config) = bench.database().await?;
-    let jobs = Jobs::new(pool.clone(), &forge::LockNamespace::default());
+    mode: Mode,
+) -> Result<(f64, Cost), BoxError> {
+    let keep = mode == Mode::Kept;
+    let (db, pool, _config) = bench.database(mode).await?;
+    // The enqueue and the loops on connections of their own, each closed after it (see Meter).
+    let writers = db.pool().await?;
+    let jobs = Jobs::new(writers.clone(), &forge::LockNamespace::default());
     for chunk in 0..total.div_ceil(1000) {
         let n = 1000.min(total - chunk * 1000);
         jobs.enqueue_many((0..n).map(|_| NewJob::new(noop, ())))
             .await?;
     }
+    writers.close().await;
     sqlx::query("ANALYZE forge.jobs").execute(&pool).await?;
+    let m0 = Meter::read(&pool).await?;
+    let loopers = db.pool().await?;
     let began = Instant::now();
     let mut loops = Vec::new();
     for c in 0..connections {
-        let pool = pool.clone();
+        let pool = loopers.clone();
         loops.push(tokio::spawn(async move {
             let mut conn = pool.acquire().await?;
             let node = format!("limit{c}");
@@ -620,10 +908,7 @@ async fn limit(
             }
         }));
     }
-    for l in loops {
-        l.await??;
-    }
-    let wall = began.elapsed().as_secs_f64();
+    let (wall, cost) = loops_done(loops, began, &pool, loopers, &m0, total).await?;
     let unfinished = count(
         &pool,
         "SELECT count(*) FROM forge.jobs WHERE queue = 'default' AND state <> 'completed'",
@@ -633,7 +918,7 @@ async fn limit(
         return Err(format!("limit: {unfinished} of {total} jobs not completed").into());
     }
     if !keep {
-        return Ok(total as f64 / wall);
+        return Ok((total as f64 / wall, cost));
     }
     let span: f64 = sqlx::query_scalar(
         "SELECT extract(epoch FROM max(finished_at) - min(attempted_at))::float8 FROM forge.jobs
@@ -641,12 +926,123 @@ async fn limit(
     )
     .fetch_one(&pool)
     .await?;
-    Ok(total as f64 / span)
+    Ok((total as f64 / span, cost))
+}
+
+/// The limit of any design (issue 26): the least SQL a durable queue needs on this server, on
+/// `connections` connections. One table with its primary key and one partial index, of the
+/// jobs not claimed yet; one insert per job (1,000 per statement, as FORGE's `enqueue_many`),
+/// then round trips as FORGE's workers make them: each claims the next `batch` (`FOR UPDATE
+/// SKIP LOCKED`, one update: a new row version and its primary-key entry) and records the
+/// previous batch's completions in the same statement and transaction (a HOT update of a
+/// column no index names, kept; or a delete), committed with `synchronous_commit = on`. The
+/// table has fillfactor 50, so that a completion finds room on its row's page (a HOT update).
+/// Nothing else: no rescue of a claim whose worker died (no index of running jobs), no unique
+/// keys, no figures, no notifications, no fencing. Returns jobs/s from the first round trip to
+/// the last.
+async fn minimal_limit(
+    bench: &mut Bench,
+    connections: usize,
+    batch: i32,
+    total: usize,
+    mode: Mode,
+) -> Result<(f64, f64, Cost), BoxError> {
+    let (db, pool, _config) = bench.database(mode).await?;
+    sqlx::raw_sql(
+        "CREATE SCHEMA minimal;
+         CREATE TABLE minimal.jobs (
+             id          bigserial   PRIMARY KEY,
+             queue       text        NOT NULL,
+             priority    smallint    NOT NULL DEFAULT 0,
+             run_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+             args        jsonb       NOT NULL,
+             claimed_by  text,
+             attempt     integer     NOT NULL DEFAULT 0,
+             finished_at timestamptz
+         ) WITH (fillfactor = 50);
+         CREATE INDEX minimal_claim ON minimal.jobs (queue, priority, run_at, id)
+             WHERE claimed_by IS NULL;",
+    )
+    .execute(&pool)
+    .await?;
+    // The inserts and the loops on connections of their own, each closed after it (see Meter).
+    let writers = db.pool().await?;
+    let started = Instant::now();
+    for chunk in 0..total.div_ceil(1000) {
+        let n = 1000.min(total - chunk * 1000) as i64;
+        sqlx::query(
+            "INSERT INTO minimal.jobs (queue, args) SELECT 'default', 'null' FROM generate_series(1, $1)",
+        )
+        .bind(n)
+        .execute(&writers)
+        .await?;
+    }
+    let insert_per_s = total as f64 / started.elapsed().as_secs_f64();
+    writers.close().await;
+    sqlx::query("ANALYZE minimal.jobs").execute(&pool).await?;
+    let m0 = Meter::read(&pool).await?;
+    let complete = match mode {
+        Mode::Kept => {
+            "UPDATE minimal.jobs SET finished_at = clock_timestamp()
+              WHERE id = ANY ($1) AND claimed_by = $2 AND finished_at IS NULL"
+        }
+        Mode::Deleted => "DELETE FROM minimal.jobs WHERE id = ANY ($1) AND claimed_by = $2",
+    };
+    let step = format!(
+        "WITH done AS ({complete}),
+              claimed AS (
+                  UPDATE minimal.jobs j SET claimed_by = $2, attempt = j.attempt + 1
+                   WHERE j.id = ANY (ARRAY(
+                         SELECT c.id FROM minimal.jobs c
+                          WHERE c.queue = 'default' AND c.claimed_by IS NULL
+                          ORDER BY c.priority, c.run_at, c.id
+                          LIMIT $3 FOR UPDATE SKIP LOCKED))
+                  RETURNING j.id)
+         SELECT id FROM claimed"
+    );
+    let loopers = db.pool().await?;
+    let began = Instant::now();
+    let mut loops = Vec::new();
+    for c in 0..connections {
+        let pool = loopers.clone();
+        let step = step.clone();
+        loops.push(tokio::spawn(async move {
+            let mut conn = pool.acquire().await?;
+            sqlx::query("SET synchronous_commit = on")
+                .execute(&mut *conn)
+                .await?;
+            let node = format!("limit{c}");
+            let mut ids: Vec<i64> = Vec::new();
+            loop {
+                // The previous batch's completions, and the next claim: one round trip.
+                ids = sqlx::query_scalar(sqlx::AssertSqlSafe(step.as_str()))
+                    .bind(&ids)
+                    .bind(&node)
+                    .bind(batch)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                if ids.is_empty() {
+                    return Ok::<(), BoxError>(());
+                }
+            }
+        }));
+    }
+    let (wall, cost) = loops_done(loops, began, &pool, loopers, &m0, total).await?;
+    let unfinished: i64 = sqlx::query_scalar(match mode {
+        Mode::Kept => "SELECT count(*) FROM minimal.jobs WHERE finished_at IS NULL",
+        Mode::Deleted => "SELECT count(*) FROM minimal.jobs",
+    })
+    .fetch_one(&pool)
+    .await?;
+    if unfinished != 0 {
+        return Err(format!("minimal limit: {unfinished} of {total} jobs not completed").into());
+    }
+    Ok((total as f64 / wall, insert_per_s, cost))
 }
 
 /// One `ping` every 10 ms through one connection; the node prints each pickup latency.
 async fn latency(bench: &mut Bench, n: usize) -> Result<(Vec<f64>, Vec<f64>), BoxError> {
-    let (db, pool, config) = bench.database().await?;
+    let (db, pool, config) = bench.database(Mode::Kept).await?;
     let mut node = bench.spawn(&config)?;
     Bench::ready(&mut node).await?;
     let client = PgPoolOptions::new()
@@ -696,7 +1092,7 @@ async fn idle(
     nodes: usize,
     window: Duration,
 ) -> Result<BTreeMap<String, (usize, usize)>, BoxError> {
-    let (_db, pool, config) = bench.database().await?;
+    let (_db, pool, config) = bench.database(Mode::Kept).await?;
     sqlx::query("ALTER SYSTEM SET log_statement = 'all'")
         .execute(&pool)
         .await?;
@@ -821,6 +1217,7 @@ pub(crate) async fn bench(options: Options) -> Result<Figures, BoxError> {
 
     let mut figures = Figures {
         throughput: BTreeMap::new(),
+        limit: BTreeMap::new(),
         latency_ms: None,
         peer: None,
     };
@@ -830,10 +1227,13 @@ pub(crate) async fn bench(options: Options) -> Result<Figures, BoxError> {
         .into_iter()
         .filter(|n| part("throughput") && only_nodes.is_none_or(|only| only == *n))
         .collect();
-    // Rounds interleaved (peer, 1 node, 2 nodes, then again), so that a slow minute of a shared
-    // machine falls on all of them rather than on one.
+    let limits = part("limit");
+    let batch = options.batch;
+    // Rounds interleaved (peer, FORGE's drains by mode and nodes, the limits), so that a slow
+    // minute of a shared machine falls on all of them rather than on one.
     let mut peer = options.peer.clone().filter(|_| !node_counts.is_empty());
-    let mut rates: BTreeMap<usize, [Vec<f64>; 3]> = BTreeMap::new();
+    let mut rates: BTreeMap<(Mode, usize), [Vec<f64>; 3]> = BTreeMap::new();
+    let mut limit_rates: BTreeMap<(Mode, usize), [Vec<f64>; 3]> = BTreeMap::new();
     let mut peer_rates = Vec::new();
     for round in 1..=rounds {
         if let Some(binary) = &peer {
@@ -850,23 +1250,56 @@ pub(crate) async fn bench(options: Options) -> Result<Figures, BoxError> {
                 }
             }
         }
-        for &nodes in &node_counts {
-            let d = drain(&mut bench, nodes, total).await?;
-            println!(
-                "  throughput, {nodes} node(s), round {round}: {:>8.0} jobs/s (first claim -> last completion), {:>8.0} jobs/s (process start -> all completed); per node {:?}",
-                d.drain_per_s, d.wall_per_s, d.per_node
-            );
-            let [drains, walls, enqueues] = rates.entry(nodes).or_default();
-            drains.push(d.drain_per_s);
-            walls.push(d.wall_per_s);
-            enqueues.push(d.enqueue_per_s);
+        for &mode in &options.modes {
+            for &nodes in &node_counts {
+                let d = drain(&mut bench, nodes, total, mode).await?;
+                println!(
+                    "  throughput, {}, {nodes} node(s), round {round}: {:>8.0} jobs/s (first claim -> last completion), {:>8.0} jobs/s (process start -> all completed); per node {:?}\n    per job: {}",
+                    mode.label(),
+                    d.drain_per_s,
+                    d.wall_per_s,
+                    d.per_node,
+                    d.cost
+                );
+                let [drains, walls, enqueues] = rates.entry((mode, nodes)).or_default();
+                drains.push(d.drain_per_s);
+                walls.push(d.wall_per_s);
+                enqueues.push(d.enqueue_per_s);
+            }
+        }
+        if limits {
+            for &mode in &options.modes {
+                for connections in [1, 2] {
+                    let (minimal, inserts, minimal_cost) =
+                        minimal_limit(&mut bench, connections, batch, total, mode).await?;
+                    let (alone, alone_cost) =
+                        forge_alone(&mut bench, connections, batch, total, mode).await?;
+                    println!(
+                        "  limit, {}, {connections} connection(s), round {round}: minimal queue {minimal:>8.0} jobs/s (its inserts {inserts:.0} jobs/s), forge.jobs_step alone {alone:>8.0} jobs/s\n    per job, minimal queue: {minimal_cost}\n    per job, forge.jobs_step alone: {alone_cost}",
+                        mode.label()
+                    );
+                    let [m, a, i] = limit_rates.entry((mode, connections)).or_default();
+                    m.push(minimal);
+                    a.push(alone);
+                    i.push(inserts);
+                }
+            }
         }
     }
-    for (nodes, [drains, walls, enqueues]) in rates {
-        let drain = median(drains);
-        figures.throughput.insert(nodes, drain);
+    let runs = |rates: &[f64]| {
+        rates
+            .iter()
+            .map(|r| format!("{r:.0}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    for ((mode, nodes), [drains, walls, enqueues]) in rates {
+        let drain = median(drains.clone());
+        figures.throughput.insert((mode, nodes), drain);
         println!(
-            "THROUGHPUT {nodes} node(s): median {drain:.0} jobs/s (claim->completion), {:.0} jobs/s incl. process start; {total} no-op jobs inserted first, concurrency 16 per node",
+            "THROUGHPUT {nodes} node(s), {}: median {drain:.0} jobs/s (claim->completion; rounds {}), {:.0} jobs/s incl. process start; {total} no-op jobs inserted first, concurrency 16 per node",
+            mode.label(),
+            runs(&drains),
             median(walls)
         );
         println!(
@@ -874,43 +1307,44 @@ pub(crate) async fn bench(options: Options) -> Result<Figures, BoxError> {
             median(enqueues)
         );
     }
+    for ((mode, connections), [minimal, alone, inserts]) in &limit_rates {
+        let m = median(minimal.clone());
+        let best = figures.limit.entry(*mode).or_insert(m);
+        *best = best.max(m);
+        println!(
+            "LIMIT, {}, {connections} connection(s), batches of {batch}: minimal queue median {m:.0} jobs/s (rounds {}; its inserts {:.0} jobs/s), forge.jobs_step alone median {:.0} jobs/s (rounds {}); {total} no-op jobs inserted first",
+            mode.label(),
+            runs(minimal),
+            median(inserts.clone()),
+            median(alone.clone()),
+            runs(alone)
+        );
+    }
     if !peer_rates.is_empty() {
-        let best = median(peer_rates);
+        let best = median(peer_rates.clone());
         figures.peer = Some(best);
         println!(
-            "PEER {PEER_LABEL}: median {best:.0} jobs/s (20,000 no-op jobs, concurrency 16; same server, rounds interleaved with FORGE's)"
+            "PEER {PEER_LABEL}: median {best:.0} jobs/s (rounds {}; 20,000 no-op jobs, concurrency 16; same server, rounds interleaved with FORGE's)",
+            runs(&peer_rates)
         );
-        for (nodes, rate) in &figures.throughput {
+        for ((mode, nodes), rate) in &figures.throughput {
             println!(
-                "  FORGE {nodes} node(s) / {PEER_LABEL}: {:.2}x",
+                "  FORGE {nodes} node(s), {} / {PEER_LABEL}: {:.2}x",
+                mode.label(),
                 rate / best
             );
         }
     }
-    if !node_counts.is_empty() {
-        println!();
-    }
-
-    if part("limit") {
-        for (keep, completed) in [(true, "kept"), (false, "deleted")] {
-            for connections in [1, 2] {
-                for batch in [16, 64, 128] {
-                    let mut rates = Vec::new();
-                    for _ in 0..rounds {
-                        rates.push(limit(&mut bench, connections, batch, total, keep).await?);
-                    }
-                    println!(
-                        "PHYSICAL LIMIT, completed jobs {completed}, {connections} connection(s), batches of {batch}: median {:.0} jobs/s (runs: {}); forge.jobs_step alone, {total} no-op jobs inserted first",
-                        median(rates.clone()),
-                        rates
-                            .iter()
-                            .map(|r| format!("{r:.0}"))
-                            .collect::<Vec<_>>()
-                            .join(" / ")
-                    );
-                }
-            }
+    for ((mode, nodes), rate) in &figures.throughput {
+        if let Some(limit) = figures.limit.get(mode) {
+            println!(
+                "  FORGE {nodes} node(s), {}: {:.0} % of the limit ({limit:.0} jobs/s)",
+                mode.label(),
+                100.0 * rate / limit
+            );
         }
+    }
+    if !node_counts.is_empty() || limits {
         println!();
     }
 

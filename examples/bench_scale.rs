@@ -380,31 +380,49 @@ async fn job_queue(quick: bool, peers: bool) -> Result<(), BoxError> {
     };
     let mut options = jobs::Options::defaults(quick);
     options.peer = peer;
+    options.modes = vec![jobs::Mode::Kept, jobs::Mode::Deleted];
     let figures = jobs::bench(options).await?;
     println!("\nJob queue targets:");
-    if let (Some(one), Some(two)) = (figures.throughput.get(&1), figures.throughput.get(&2)) {
+    for (mode, factor) in [(jobs::Mode::Kept, 1.5), (jobs::Mode::Deleted, 2.0)] {
+        let (Some(one), Some(two)) = (
+            figures.throughput.get(&(mode, 1)),
+            figures.throughput.get(&(mode, 2)),
+        ) else {
+            continue;
+        };
         println!(
-            "  2 nodes at least as fast as 1: {two:.0} against {one:.0} jobs/s   {}",
+            "  {}: 2 nodes at least as fast as 1: {two:.0} against {one:.0} jobs/s   {}",
+            mode.label(),
             verdict(two >= one)
         );
         match figures.peer {
             Some(best) => println!(
-                "  1.5x {}: 1 node {:.2}x, 2 nodes {:.2}x ({best:.0} jobs/s; medians of interleaved rounds on one server)   {}",
+                "  {}: {factor}x {}: 1 node {:.2}x, 2 nodes {:.2}x ({best:.0} jobs/s; medians of interleaved rounds on one server)   {}",
+                mode.label(),
                 jobs::PEER_LABEL,
                 one / best,
                 two / best,
-                verdict(one.min(*two) >= 1.5 * best)
+                verdict(one.min(*two) >= factor * best)
             ),
             None => println!(
-                "  1.5x {}: not measured (without --no-peers this runs benches/peers between the rounds)",
+                "  {}: {factor}x {}: not measured (without --no-peers this runs benches/peers between the rounds)",
+                mode.label(),
                 jobs::PEER_LABEL
             ),
+        }
+        if let Some(limit) = figures.limit.get(&mode) {
+            println!(
+                "  {}: percent of the limit (the minimal queue's {limit:.0} jobs/s): 1 node {:.0} %, 2 nodes {:.0} %",
+                mode.label(),
+                100.0 * one / limit,
+                100.0 * two / limit
+            );
         }
     }
     if let Some((p50, p99)) = figures.latency_ms {
         println!(
-            "  pickup latency p50 {p50:.2} ms (<= 1.5), p99 {p99:.2} ms (<= 4)   {}",
-            verdict(p50 <= 1.5 && p99 <= 4.0)
+            "  pickup latency p50 {p50:.2} ms (<= 1.0), p99 {p99:.2} ms (<= 3)   {}",
+            verdict(p50 <= 1.0 && p99 <= 3.0)
         );
     }
     println!();

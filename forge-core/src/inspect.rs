@@ -871,7 +871,7 @@ impl Cluster {
     /// The cluster series named (all when empty) since `since`, oldest first: `jobs_completed`,
     /// `jobs_failed`, `jobs_retried`, `jobs_dead`, `jobs_cancelled`, `job_attempts` and
     /// `job_duration_seconds_sum` by queue; `cron_runs`, `cron_failures`,
-    /// `cron_lag_seconds_sum` and `cron_duration_seconds_sum` by cron; `queue_depth`,
+    /// `cron_lag_seconds_sum` and `cron_duration_seconds_sum` by role; `queue_depth`,
     /// `oldest_job_age_seconds` and `dead_jobs` by queue (sampled); and `rollups`, 1 at each
     /// interval whose counters have been rolled up. A counted series has no point for a
     /// rolled-up interval in which it did not move: read a missing point as 0 at the intervals

@@ -214,12 +214,12 @@ impl Drop for Shared {
 
 /// Counters a node publishes to the cluster: cumulative since the node started, sent with
 /// heartbeats (`forge.nodes.tally`), turned into per-minute cluster series (`forge.stats`) by
-/// the `metrics_aggregator` leader. Keys are a series and a label (a queue, a cron).
+/// the `metrics_aggregator` leader. Keys are a series and a label (a queue, a role): labels
+/// are few whatever the workload (the scheduler counts cron runs by role, not by cron).
 ///
 /// A heartbeat sends only the counters that changed since the previous one (merged into the
 /// stored object; the values are cumulative, so a resend is harmless), and all of them after a
-/// heartbeat that may not have landed: with 10,000 crons the whole object is 30,000 keys, which
-/// every 5 s cost the database a megabyte of JSON to parse and store.
+/// heartbeat that may not have landed.
 #[derive(Clone, Default)]
 pub struct Tally(Arc<Mutex<TallyCounters>>);
 

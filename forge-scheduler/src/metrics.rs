@@ -135,13 +135,13 @@ forge_core::sql_enum! {
         JobAttempts = "job_attempts",
         /// The attempts' durations summed, in seconds, by queue.
         JobDurationSum = "job_duration_seconds_sum",
-        /// Cron runs, by cron.
+        /// Cron runs, by role (per cron: Prometheus).
         CronRuns = "cron_runs",
-        /// Cron runs that failed, timed out or were abandoned, by cron.
+        /// Cron runs that failed, timed out or were abandoned, by role (per cron: Prometheus).
         CronFailures = "cron_failures",
-        /// The runs' lags summed, in seconds, by cron.
+        /// The runs' lags summed, in seconds, by role (per cron: Prometheus).
         CronLagSum = "cron_lag_seconds_sum",
-        /// The runs' durations summed, in seconds, by cron.
+        /// The runs' durations summed, in seconds, by role (per cron: Prometheus).
         CronDurationSum = "cron_duration_seconds_sum",
         /// Unfinished jobs, by queue (sampled).
         QueueDepth = "queue_depth",

@@ -37,3 +37,56 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
+
+/// CPU time (user + system) a process has used, in seconds, from `/proc/<pid>/stat` (Linux).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, fields) = parse_stat(&stat)?;
+    Some(ticks(&fields, 11)? + ticks(&fields, 12)?)
+}
+
+/// CPU time (user + system) used by a process and its live children, in seconds (Linux): for
+/// a PostgreSQL server, its postmaster's pid gives every backend and auxiliary process. A child
+/// that ended between two readings takes its time with it (its parent's counters of waited-for
+/// children are not added), so compare readings taken while the same processes live.
+pub fn tree_cpu_seconds(parent: u32) -> Option<f64> {
+    let mut total = cpu_seconds(parent)?;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if let Some((ppid, fields)) = parse_stat(&stat)
+            && ppid == parent
+        {
+            total += ticks(&fields, 11).unwrap_or(0.0) + ticks(&fields, 12).unwrap_or(0.0);
+        }
+    }
+    Some(total)
+}
+
+/// The parent pid and the fields after the command name of a `/proc/<pid>/stat` line (the
+/// name is in parentheses and may hold spaces).
+fn parse_stat(stat: &str) -> Option<(u32, Vec<&str>)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some((fields.get(1)?.parse().ok()?, fields))
+}
+
+/// Field `at` (0-based after the command name: 11 = utime, 12 = stime) in seconds.
+fn ticks(fields: &[&str], at: usize) -> Option<f64> {
+    Some(fields.get(at)?.parse::<f64>().ok()? / crate::sys::clock_ticks_per_second())
+}
+
+/// The parent of a process, from `/proc/<pid>/stat` (Linux): for a PostgreSQL backend's pid
+/// (`pg_backend_pid()`), the postmaster.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(parse_stat(&stat)?.0)
+}

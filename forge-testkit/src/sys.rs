@@ -1,7 +1,7 @@
-//! The only unsafe code of the crate: three libc calls that std does not offer.
+//! The only unsafe code of the crate: four libc calls that std does not offer.
 //!
-//! Justification for `allow(unsafe_code)`: `geteuid(2)` and `kill(2)` are plain
-//! system calls without pointer arguments; they cannot violate memory safety
+//! Justification for `allow(unsafe_code)`: `geteuid(2)`, `kill(2)` and `sysconf(3)` are plain
+//! calls without pointer arguments; they cannot violate memory safety
 //! and are `unsafe` only because every FFI call is. `statvfs(3)` gets a valid
 //! C string and a pointer to a properly sized, writable struct, which it
 //! initialises when it succeeds.
@@ -12,6 +12,13 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
+
+/// Clock ticks per second, the unit of CPU times in `/proc/<pid>/stat` (100 if unknown).
+pub(crate) fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf takes an integer name, returns an integer and touches no memory.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 { hz as f64 } else { 100.0 }
+}
 
 /// Whether this process runs with effective uid 0 (root).
 pub(crate) fn is_root() -> bool {

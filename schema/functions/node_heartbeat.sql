@@ -2,9 +2,9 @@
 -- the row is not this incarnation's any more or the node was marked down (the node then
 -- rejoins: its running jobs were rescued).
 --
--- Only the counters that changed are sent: with many crons a node's tally has tens of
--- thousands of keys (four series per cron), a megabyte of JSON to parse and store every few
--- seconds if sent whole. p_all = false merges the changed counters into the stored object
+-- Only the counters that changed are sent: a node's tally has a few keys per queue and per
+-- role (cron series are counted by role; by cron, 10,000 crons made 40,000 keys, a megabyte
+-- of JSON to parse and store every few seconds if sent whole). p_all = false merges the changed counters into the stored object
 -- (values are cumulative, so a counter sent twice is harmless); true replaces it (the node's
 -- first heartbeat after one that may not have landed).
 --

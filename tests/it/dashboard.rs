@@ -1234,7 +1234,8 @@ async fn crons_from_the_page(browser: &Browser, base: &str, pool: &PgPool) {
         .await;
 }
 
-/// The Charts page draws the aggregator's points: the cron's runs per second and the jobs
+/// The Charts page draws the aggregator's points: the cron's runs per second (counted by role:
+/// the line of `every_second`'s role, `scheduler`) and the jobs
 /// completed on `work` (three: the retried job and the two of the bulk retry; the figures
 /// table may count fewer, never more, while the aggregator can lose a heartbeat's increments:
 /// see the series test in `admin`).
@@ -1263,7 +1264,7 @@ async fn charts_with_points(browser: &Browser, base: &str) {
         )
         .await;
     // Each chart has a line named after its label, drawn through its points.
-    for (chart, line, points) in [("runs", "every_second", 2), ("done", "work", 1)] {
+    for (chart, line, points) in [("runs", "scheduler", 2), ("done", "work", 1)] {
         let legend = drawn[chart]["legend"].as_array();
         assert!(
             legend.is_some_and(|l| l.iter().any(|name| name == line))

@@ -612,6 +612,67 @@ async fn rollups_come_from_whichever_node_leads_the_metrics_aggregator() {
     b.shutdown().await;
 }
 
+/// The cluster series count cron runs by role, not by cron: a node's tally (what each heartbeat
+/// merges into `forge.nodes`) has the same keys for two crons as for one, and 10,000 crons cost
+/// the database a constant per heartbeat. Prometheus keeps the per-cron figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_series_count_cron_runs_by_role_whatever_the_number_of_crons() {
+    let (db, pool) = setup().await;
+    let cron = |name: &'static str| {
+        CronJob::new(
+            name,
+            Schedule::parse("* * * * * *").unwrap(),
+            |_: CronContext| async move { Ok::<_, forge::CronError>(()) },
+        )
+    };
+    let mut config = config(db.url(), "a");
+    config.node.roles = vec!["scheduler".into()];
+    let node = Node::builder(config)
+        .auto_register(false)
+        .cron(cron("first_of_two"))
+        .cron(cron("second_of_two"))
+        .start()
+        .await
+        .unwrap();
+    // Both crons ran at least twice, and a heartbeat carried the counts.
+    let tally = wait_until(
+        "a tally with both crons' runs",
+        SOON,
+        Duration::from_millis(50),
+        || async {
+            let tally: serde_json::Value =
+                sqlx::query_scalar("SELECT tally FROM forge.nodes WHERE node_id = 'a'")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            let runs = tally
+                .get("cron_runs|scheduler")
+                .and_then(|v| v.as_f64())
+                .unwrap_or(0.0);
+            (runs >= 4.0).then_some(tally)
+        },
+    )
+    .await
+    .unwrap();
+    let keys: Vec<&str> = tally
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .filter(|k| k.starts_with("cron_"))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "cron_duration_seconds_sum|scheduler",
+            "cron_lag_seconds_sum|scheduler",
+            "cron_runs|scheduler"
+        ],
+        "{tally}"
+    );
+    node.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_cron_is_skipped_by_whichever_node_leads_until_resumed() {
     let (db, pool) = setup().await;
