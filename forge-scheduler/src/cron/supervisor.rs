@@ -915,7 +915,7 @@ async fn run_handler(
     ctx: CronContext,
     cancel: &CancellationToken,
 ) -> (TickState, Option<String>) {
-    let work = AssertUnwindSafe((cron.handler)(ctx)).catch_unwind();
+    let work = AssertUnwindSafe(cron.handler.call(ctx)).catch_unwind();
     let result = match cron.timeout {
         Some(limit) => tokio::time::timeout(limit, work).await.ok(),
         None => Some(work.await),
