@@ -66,6 +66,8 @@
 pub mod alerts;
 mod config;
 pub mod migrate;
+#[cfg(test)]
+mod module_graph;
 mod node;
 
 pub use config::Config;
@@ -73,8 +75,8 @@ pub use node::{Node, NodeBuilder};
 
 pub use forge_core::{
     Assembly, Component, Epoch, Error, FenceToken, LeaderInfo, Leadership, ListenerEvent, LockKey,
-    LockNamespace, Metrics, NodeContext, NodeId, Result, Role, RoleState, not_postgres, redact_url,
-    shutdown_signal,
+    LockNamespace, LockSlotError, Metrics, NameError, NodeContext, NodeId, Result, Role, RoleState,
+    not_postgres, redact_url, shutdown_signal,
 };
 pub use forge_macros::{cron, job, migrate};
 pub use forge_scheduler::cron::{CronContext, CronError};

@@ -13,6 +13,7 @@
 //! state. Any error on that session ends the tenure at once (tasks cancelled first) and the
 //! session is closed, which releases the lock.
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -189,16 +190,12 @@ impl RoleMetrics {
         self.tenure.set(0.0);
     }
 
-    fn lost(&self, reason: &'static str) {
-        debug_assert!(
-            defs::LOSS_REASONS.contains(&reason),
-            "add the loss reason {reason:?} to metrics::defs::LOSS_REASONS (exported at 0 from the start)"
-        );
+    fn lost(&self, reason: LossReason) {
         self.not_leading();
         self.metrics
             .counter(
                 &defs::LOSSES,
-                &[("role", self.role.name()), ("reason", reason)],
+                &[("role", self.role.name()), ("reason", reason.as_str())],
             )
             .increment(1);
     }
@@ -242,7 +239,55 @@ enum Hold {
     /// keep campaigning.
     Move(PlacementMove),
     /// Lost, for this reason.
-    Lost(&'static str),
+    Lost(LossReason),
+}
+
+/// Why a tenure ended: the `reason` label of `forge_leader_losses_total` (every one exported
+/// at 0 from the start), the reason of the `leader_lost` event and of the log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LossReason {
+    /// Its local deadline passed before a renewal landed.
+    Deadline,
+    /// A renewal found the lease no longer its own, or a newer epoch was announced.
+    Deposed,
+    /// A renewal failed (the lock session's error).
+    RenewalFailed,
+    /// Handed over: the node shuts down.
+    Shutdown,
+    /// Handed over: an operator asked a step-down.
+    StepDown,
+    /// Handed over: placement moved the role to another node.
+    Rebalance,
+}
+
+impl LossReason {
+    /// Every reason, as exported at 0.
+    pub(crate) const ALL: [LossReason; 6] = [
+        LossReason::Deadline,
+        LossReason::Deposed,
+        LossReason::RenewalFailed,
+        LossReason::Shutdown,
+        LossReason::StepDown,
+        LossReason::Rebalance,
+    ];
+
+    /// The reason as metrics, events and logs name it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            LossReason::Deadline => "deadline",
+            LossReason::Deposed => "deposed",
+            LossReason::RenewalFailed => "renewal_failed",
+            LossReason::Shutdown => "shutdown",
+            LossReason::StepDown => "step_down",
+            LossReason::Rebalance => "rebalance",
+        }
+    }
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// One row of `forge.campaign(...)`.
@@ -706,7 +751,7 @@ impl Campaign {
                 leadership.tenure().lost.cancel();
                 self.handle.set_current(None);
                 metrics.lost(reason);
-                warn!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = epoch.0, reason, "lost leadership");
+                warn!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = epoch.0, reason = reason.as_str(), "lost leadership");
                 self.set_state(RoleState::Connecting {
                     last_error: Some(format!("lost leadership of epoch {epoch}: {reason}")),
                 });
@@ -714,7 +759,7 @@ impl Campaign {
                 self.record_loss(epoch, leadership.tenure_id(), reason);
                 // Closing the session releases the lock if this node still holds it.
                 match take_session(&session).await {
-                    Some(conn) if reason != "deadline" => close(conn).await,
+                    Some(conn) if reason != LossReason::Deadline => close(conn).await,
                     _ => {}
                 }
                 SessionEnd::Broken
@@ -727,7 +772,7 @@ impl Campaign {
     /// Records `leader_lost` in the events history, in the background and best effort (the
     /// database may be what took the leadership away; the successor's `leader_elected` with
     /// `failover` tells the same story from the other side).
-    fn record_loss(&self, epoch: Epoch, tenure: i64, reason: &'static str) {
+    fn record_loss(&self, epoch: Epoch, tenure: i64, reason: LossReason) {
         let pool = self.pool.clone();
         let (namespace, role, node) = (
             self.namespace.clone(),
@@ -743,7 +788,7 @@ impl Campaign {
                     .bind(&node)
                     .bind(epoch)
                     .bind(tenure)
-                    .bind(reason)
+                    .bind(reason.as_str())
                     .execute(&pool),
             )
             .await;
@@ -837,11 +882,11 @@ impl Campaign {
             let deadline = leadership.tenure().deadline();
             tokio::select! {
                 biased;
-                _ = sleep_until(deadline) => return Hold::Lost("deadline"),
+                _ = sleep_until(deadline) => return Hold::Lost(LossReason::Deadline),
                 _ = self.shutdown.cancelled() => return Hold::Shutdown,
                 event = self.events.recv() => match self.hear(event) {
                     Heard::Notice(notice) if notice.epoch > leadership.epoch().0 => {
-                        return Hold::Lost("deposed");
+                        return Hold::Lost(LossReason::Deposed);
                     }
                     Heard::Notice(notice)
                         if notice.event == STEP_DOWN && notice.epoch == leadership.epoch().0 =>
@@ -882,7 +927,7 @@ impl Campaign {
         &self,
         session: &SharedSession,
         leadership: &Leadership,
-    ) -> std::result::Result<Instant, &'static str> {
+    ) -> std::result::Result<Instant, LossReason> {
         let deadline = leadership.tenure().deadline();
         let renewal = async {
             let mut conn = session.lock().await;
@@ -903,13 +948,13 @@ impl Campaign {
                     .extend_to(send + self.election.lease_duration - self.election.safety_margin());
                 Ok(send)
             }
-            Ok(Ok((false, _))) => Err("deposed"),
+            Ok(Ok((false, _))) => Err(LossReason::Deposed),
             Ok(Err(err)) => {
                 warn!(target: "forge::leader", role = %self.role(), node = %self.node_id,
                       epoch = leadership.epoch().0, error = %err, "lease renewal failed");
-                Err("renewal_failed")
+                Err(LossReason::RenewalFailed)
             }
-            Err(_) => Err("deadline"),
+            Err(_) => Err(LossReason::Deadline),
         }
     }
 
@@ -987,9 +1032,9 @@ impl Campaign {
         asked: Option<Option<PlacementMove>>,
     ) -> SessionEnd {
         let (reason, to) = match asked {
-            None => ("shutdown", None),
-            Some(None) => ("step_down", None),
-            Some(Some(to)) => ("rebalance", Some(to)),
+            None => (LossReason::Shutdown, None),
+            Some(None) => (LossReason::StepDown, None),
+            Some(Some(to)) => (LossReason::Rebalance, Some(to)),
         };
         let started = Instant::now();
         let epoch = leadership.epoch();
@@ -1091,4 +1136,30 @@ async fn take_session(session: &SharedSession) -> Option<PgConnection> {
 /// Closes a connection politely, but never waits long for a dead peer.
 async fn close(conn: PgConnection) {
     let _ = timeout(Duration::from_secs(1), conn.close()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LossReason;
+
+    /// The reasons are metric labels, event fields and log values: their strings are a contract.
+    #[test]
+    fn loss_reasons_keep_their_strings() {
+        let names: Vec<&str> = LossReason::ALL
+            .iter()
+            .map(|reason| reason.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "deadline",
+                "deposed",
+                "renewal_failed",
+                "shutdown",
+                "step_down",
+                "rebalance"
+            ]
+        );
+        assert_eq!(LossReason::StepDown.to_string(), "step_down");
+    }
 }
