@@ -261,19 +261,22 @@ impl CronJob {
         }
     }
 
-    /// The role whose leader runs the cron.
+    /// The role whose leader runs the cron (`#[cron(role = "...")]`); default
+    /// [`Role::SCHEDULER`].
     pub fn role(mut self, role: Role) -> Self {
         self.role = role;
         self
     }
 
-    /// The catch-up policy.
+    /// What to do with the ticks missed while the role had no leader (`#[cron(catch_up =
+    /// "...")]`); default [`CatchUp::Latest`].
     pub fn catch_up(mut self, catch_up: CatchUp) -> Self {
         self.catch_up = catch_up;
         self
     }
 
-    /// How far back [`CatchUp::All`] and [`CatchUp::Latest`] look (default 24 h).
+    /// How far back [`CatchUp::All`] and [`CatchUp::Latest`] look (`#[cron(catch_up_window =
+    /// "1h")]`); default 24 h.
     pub fn catch_up_window(mut self, window: Duration) -> Self {
         self.catch_up_window = window;
         self
@@ -294,13 +297,15 @@ impl CronJob {
         })
     }
 
-    /// The policy for runs cut short by a leader's death.
+    /// What the next leader does with a run cut short by its leader's death (`#[cron(interrupted
+    /// = "...")]`); default [`Interrupted::Rerun`].
     pub fn interrupted(mut self, interrupted: Interrupted) -> Self {
         self.interrupted = interrupted;
         self
     }
 
-    /// Cancels a run that takes longer (recorded as `timed_out`).
+    /// Cancels a run that takes longer, recorded as `timed_out` (`#[cron(timeout = "30s")]`);
+    /// default none.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
