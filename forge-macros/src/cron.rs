@@ -55,6 +55,11 @@ const ATTR: Attr = Attr {
             kind: Kind::Duration,
             example: "\"30s\"",
         },
+        Spec {
+            name: "description",
+            kind: Kind::Str,
+            example: "\"compacts the event log\"",
+        },
     ],
     aliases: &[
         ("timezone", "tz"),
@@ -268,4 +273,26 @@ fn parse_args(input: ParseStream<'_>, errors: &mut Errors) -> (Option<LitStr>, O
     };
     let options = options::parse(input, &ATTR, errors);
     (expression, options)
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    /// An option is its `CronJob` builder call: `description` as written.
+    #[test]
+    fn description_is_its_builder_call() {
+        let expansion = super::expand(
+            quote!("0 * * * *", description = "compacts the event log"),
+            quote!(
+                async fn compact() {}
+            ),
+        )
+        .unwrap()
+        .to_string();
+        assert!(
+            expansion.contains(". description (\"compacts the event log\")"),
+            "{expansion}"
+        );
+    }
 }

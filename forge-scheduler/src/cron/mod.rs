@@ -229,6 +229,7 @@ pub struct CronJob {
     pub(crate) overlap: Option<Overlap>,
     pub(crate) interrupted: Interrupted,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) description: Option<String>,
     pub(crate) handler: Handler,
 }
 
@@ -257,6 +258,7 @@ impl CronJob {
             overlap: None,
             interrupted: Interrupted::Rerun,
             timeout: None,
+            description: None,
             handler,
         }
     }
@@ -311,6 +313,20 @@ impl CronJob {
         self
     }
 
+    /// What the cron is for, in words, for people reading its definition
+    /// (`#[cron(description = "...")]`); default none. FORGE keeps it with the definition
+    /// ([`CronJob::description_text`]) and does not interpret it; two definitions of one name that
+    /// differ in it are two different crons.
+    pub fn description(mut self, description: impl Into<String>) -> Self {
+        self.description = Some(description.into());
+        self
+    }
+
+    /// The cron's description, if it has one (see [`CronJob::description`]).
+    pub fn description_text(&self) -> Option<&str> {
+        self.description.as_deref()
+    }
+
     /// The cron's name (its key in the ledger).
     pub fn name(&self) -> &str {
         &self.name
@@ -351,6 +367,7 @@ impl fmt::Debug for CronJob {
             overlap: _,
             interrupted,
             timeout,
+            description,
             handler: _,
         } = self;
         f.debug_struct("CronJob")
@@ -361,6 +378,7 @@ impl fmt::Debug for CronJob {
             .field("overlap", &self.overlap_policy())
             .field("interrupted", interrupted)
             .field("timeout", timeout)
+            .field("description", description)
             .finish()
     }
 }
@@ -486,5 +504,21 @@ impl fmt::Debug for CronContext {
             .field("attempt", &self.attempt)
             .field("epoch", &self.leadership.epoch())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_description_is_kept_and_part_of_the_definition() {
+        let schedule = Schedule::parse("0 * * * *").unwrap();
+        let plain = CronJob::new("compact", schedule.clone(), |_| async {});
+        assert_eq!(plain.description_text(), None);
+        let described = plain.clone().description("compacts the event log");
+        assert_eq!(described.description_text(), Some("compacts the event log"));
+        assert!(!described.same_definition(&plain));
+        assert!(described.same_definition(&described.clone()));
     }
 }
