@@ -30,6 +30,7 @@
 //! short pause (the lease was being renewed), not taken as the end of the tenure. A tick the
 //! database says is not due yet (this node's clock runs ahead) is claimed when it is.
 
+use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -596,12 +597,18 @@ impl Runs {
                     debug!(target: "forge::cron", cron = %self.cron.name, %tick, epoch = %self.leadership.epoch(),
                            "the gate refused a claimed tick while this node still leads; checking again");
                 }
-                Ok(Err(err)) => {
-                    warn!(target: "forge::cron", cron = %self.cron.name, %tick, error = %err, "cannot pass a claimed tick's gate yet; retrying");
-                }
-                Err(_) => {
-                    warn!(target: "forge::cron", cron = %self.cron.name, %tick, "a claimed tick's gate got no answer in time; retrying");
-                }
+                Ok(Err(err)) => retrying(
+                    &self.cron,
+                    tick,
+                    Some(&err),
+                    "cannot pass a claimed tick's gate yet",
+                ),
+                Err(_) => retrying(
+                    &self.cron,
+                    tick,
+                    None,
+                    "a claimed tick's gate got no answer in time",
+                ),
             }
             if !self.leadership.is_valid() || !self.pause(pause).await {
                 return false;
@@ -703,12 +710,8 @@ impl Runs {
                     debug!(target: "forge::cron", cron = %self.cron.name, %tick, epoch = %self.leadership.epoch(),
                            "the fence refused a claim while this node still leads; checking again");
                 }
-                Ok(Err(err)) => {
-                    warn!(target: "forge::cron", cron = %self.cron.name, %tick, error = %err, "cannot claim a tick yet; retrying");
-                }
-                Err(_) => {
-                    warn!(target: "forge::cron", cron = %self.cron.name, %tick, "a claim got no answer in time; retrying");
-                }
+                Ok(Err(err)) => retrying(&self.cron, tick, Some(&err), "cannot claim a tick yet"),
+                Err(_) => retrying(&self.cron, tick, None, "a claim got no answer in time"),
             }
             retried = true;
             if !self.pause(pause).await {
@@ -785,14 +788,18 @@ async fn recover(
                 .await
             {
                 Ok(Ok(taken)) => break taken,
-                Ok(Err(err)) => {
-                    warn!(target: "forge::cron", cron = %cron.name, %tick, error = %err,
-                          "cannot take over an interrupted tick yet; retrying");
-                }
-                Err(_) => {
-                    warn!(target: "forge::cron", cron = %cron.name, %tick,
-                          "taking over an interrupted tick got no answer in time; retrying");
-                }
+                Ok(Err(err)) => retrying(
+                    &cron,
+                    tick,
+                    Some(&err),
+                    "cannot take over an interrupted tick yet",
+                ),
+                Err(_) => retrying(
+                    &cron,
+                    tick,
+                    None,
+                    "taking over an interrupted tick got no answer in time",
+                ),
             }
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
@@ -940,6 +947,17 @@ async fn run_handler(
     }
 }
 
+/// Logs a statement about `cron`'s `tick` that failed (with its `error`) or got no answer in
+/// time (`None`), before it is retried: "`what`; retrying".
+fn retrying(cron: &CronJob, tick: DateTime<Utc>, error: Option<&dyn fmt::Display>, what: &str) {
+    match error {
+        Some(err) => {
+            warn!(target: "forge::cron", cron = %cron.name, %tick, error = %err, "{what}; retrying")
+        }
+        None => warn!(target: "forge::cron", cron = %cron.name, %tick, "{what}; retrying"),
+    }
+}
+
 /// Records a run's outcome, retrying until it lands or this leadership ends (a succeeded tick
 /// whose outcome is lost would be rerun by the next leader).
 async fn record(
@@ -977,12 +995,13 @@ async fn record(
                       "another leadership took the tick over; this run's outcome is not recorded");
                 return;
             }
-            Ok(Err(err)) => {
-                warn!(target: "forge::cron", cron = %cron.name, %tick, error = %err, "cannot record a run's outcome yet; retrying");
-            }
-            Err(_) => {
-                warn!(target: "forge::cron", cron = %cron.name, %tick, "recording a run's outcome got no answer in time; retrying");
-            }
+            Ok(Err(err)) => retrying(cron, tick, Some(&err), "cannot record a run's outcome yet"),
+            Err(_) => retrying(
+                cron,
+                tick,
+                None,
+                "recording a run's outcome got no answer in time",
+            ),
         }
         if !leadership.is_valid() {
             warn!(target: "forge::cron", cron = %cron.name, %tick,
