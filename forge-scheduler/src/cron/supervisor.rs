@@ -853,60 +853,51 @@ async fn run_tick(
         role = %cron.role,
         epoch = leadership.epoch().0,
     );
-    run_tick_in_span(cron, metrics, leadership, finisher, tick, attempt)
-        .instrument(span)
-        .await
-}
-
-async fn run_tick_in_span(
-    cron: CronJob,
-    metrics: Arc<CronMetrics>,
-    leadership: Leadership,
-    finisher: Finisher,
-    tick: DateTime<Utc>,
-    attempt: u32,
-) {
-    // Never start a handler past the local deadline: the lease may be gone already.
-    if !leadership.is_valid() {
-        debug!(target: "forge::cron", cron = %cron.name, %tick, "not starting: this leadership is past its deadline");
-        return;
-    }
-    let fired_at = Utc::now();
-    let lag = (fired_at - tick).to_std().unwrap_or_default();
-    metrics.lag.record(lag.as_secs_f64());
-    let cancel = CancellationToken::new();
-    let ctx = CronContext {
-        name: cron.name.as_str().into(),
-        scheduled_at: tick,
-        fired_at,
-        attempt,
-        leadership: leadership.clone(),
-        cancel: cancel.clone(),
-    };
-    debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, lag_ms = lag.as_millis() as u64, "run");
-    let started = tokio::time::Instant::now();
-    let (state, error) = run_handler(&cron, ctx, &cancel).await;
-    let took = started.elapsed().as_secs_f64();
-    metrics.duration.record(took);
-    metrics.runs(state).increment(1);
-    let tally = leadership.metrics().tally();
-    tally.add(Series::CronRuns.as_str(), &cron.name, 1.0);
-    if state != TickState::Succeeded {
-        tally.add(Series::CronFailures.as_str(), &cron.name, 1.0);
-    }
-    tally.add(Series::CronLagSum.as_str(), &cron.name, lag.as_secs_f64());
-    tally.add(Series::CronDurationSum.as_str(), &cron.name, took);
-    match &error {
-        Some(error) => {
-            warn!(target: "forge::cron", cron = %cron.name, %tick, attempt, outcome = %state, %error, "run did not succeed")
+    async move {
+        // Never start a handler past the local deadline: the lease may be gone already.
+        if !leadership.is_valid() {
+            debug!(target: "forge::cron", cron = %cron.name, %tick, "not starting: this leadership is past its deadline");
+            return;
         }
-        None => debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, "run succeeded"),
+        let fired_at = Utc::now();
+        let lag = (fired_at - tick).to_std().unwrap_or_default();
+        metrics.lag.record(lag.as_secs_f64());
+        let cancel = CancellationToken::new();
+        let ctx = CronContext {
+            name: cron.name.as_str().into(),
+            scheduled_at: tick,
+            fired_at,
+            attempt,
+            leadership: leadership.clone(),
+            cancel: cancel.clone(),
+        };
+        debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, lag_ms = lag.as_millis() as u64, "run");
+        let started = tokio::time::Instant::now();
+        let (state, error) = run_handler(&cron, ctx, &cancel).await;
+        let took = started.elapsed().as_secs_f64();
+        metrics.duration.record(took);
+        metrics.runs(state).increment(1);
+        let tally = leadership.metrics().tally();
+        tally.add(Series::CronRuns.as_str(), &cron.name, 1.0);
+        if state != TickState::Succeeded {
+            tally.add(Series::CronFailures.as_str(), &cron.name, 1.0);
+        }
+        tally.add(Series::CronLagSum.as_str(), &cron.name, lag.as_secs_f64());
+        tally.add(Series::CronDurationSum.as_str(), &cron.name, took);
+        match &error {
+            Some(error) => {
+                warn!(target: "forge::cron", cron = %cron.name, %tick, attempt, outcome = %state, %error, "run did not succeed")
+            }
+            None => debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, "run succeeded"),
+        }
+        let ran = Ran {
+            started: fired_at,
+            took_ms: took * 1000.0,
+        };
+        record(&cron, &leadership, &finisher, tick, state, error, ran).await;
     }
-    let ran = Ran {
-        started: fired_at,
-        took_ms: took * 1000.0,
-    };
-    record(&cron, &leadership, &finisher, tick, state, error, ran).await;
+    .instrument(span)
+    .await
 }
 
 /// When a run's handler started and how long it ran, recorded with its outcome.
