@@ -65,7 +65,8 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use forge::jobs::{Job, JobContext, JobError, Jobs, NewJob};
+use forge::jobs::{Job, Jobs, NewJob};
+use forge::{JobContext, JobError};
 use forge_testkit::{NodeProcess, PgOptions, PgServer, TestDatabase};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;

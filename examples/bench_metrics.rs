@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
-use forge::cron::CronJob;
+use forge::crons::CronJob;
 use forge::{Config, CronContext, CronError, Node, Role, RoleState, Schedule};
 use forge_testkit::PgServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

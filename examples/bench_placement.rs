@@ -23,7 +23,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forge::cron::{CatchUp, CronJob};
+use forge::crons::{CatchUp, CronJob};
 use forge::{Config, CronContext, CronError, Node, Schedule};
 use forge_testkit::{PgOptions, PgServer};
 use sqlx::PgPool;

@@ -51,7 +51,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::Utc;
-use forge::cron::CronJob;
+use forge::crons::CronJob;
 use forge::{Config, CronContext, CronError, Node, Schedule};
 use forge_testkit::stats::{percentile, summary};
 use forge_testkit::{NodeProcess, PgOptions, PgServer};

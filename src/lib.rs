@@ -59,13 +59,15 @@
 //! success; so do a job's effects written in a transaction that calls
 //! [`JobContext::complete`] (for a job that completes: a dead or cancelled job commits none).
 //! Everything else a handler does is at least once: a run cut short by its node's death runs
-//! again. See [`cron`](mod@cron) and [`jobs`]
+//! again. See [`crons`] and [`jobs`]
 //! for the details, the README for configuration (`forge.toml`) and operations (metrics,
 //! alerts), and ARCHITECTURE.md for how the election, membership and fencing work.
 
 pub mod alerts;
 mod config;
 pub mod migrate;
+#[cfg(test)]
+mod module_graph;
 mod node;
 
 pub use config::Config;
@@ -73,8 +75,8 @@ pub use node::{Node, NodeBuilder};
 
 pub use forge_core::{
     Assembly, Component, Epoch, Error, FenceToken, LeaderInfo, Leadership, ListenerEvent, LockKey,
-    LockNamespace, Metrics, NodeContext, NodeId, Result, Role, RoleState, not_postgres, redact_url,
-    shutdown_signal,
+    LockNamespace, LockSlotError, Metrics, NameError, NodeContext, NodeId, Result, Role, RoleState,
+    not_postgres, redact_url, shutdown_signal,
 };
 pub use forge_macros::{cron, job, migrate};
 pub use forge_scheduler::cron::{CronContext, CronError};
@@ -96,43 +98,57 @@ pub mod config_sections {
     pub use forge_scheduler::{CronConfig, JobsConfig};
 }
 
-/// Crons: definitions, policies, the handler context, the tick ledger's states.
-pub mod cron {
+/// Crons: definitions ([`CronJob`](crons::CronJob), which `#[forge::cron]` builds), policies,
+/// the tick ledger's states. The handler's context and error are [`CronContext`] and
+/// [`CronError`]; a schedule is a [`Schedule`]. (The attribute is [`forge::cron`](macro@cron);
+/// this module is `crons`, as the jobs' is [`jobs`] beside [`forge::job`](macro@job).)
+pub mod crons {
     pub use forge_scheduler::cron::{
-        CatchUp, Cron, CronContext, CronError, CronJob, Crons, Interrupted, IntoCronResult,
-        Overlap, TickState,
+        CatchUp, Cron, CronJob, Crons, Interrupted, IntoCronResult, Overlap, TickState,
     };
-    pub use forge_scheduler::{Schedule, ScheduleError};
 }
 
-/// Durable jobs: declaring, enqueueing, running, inspecting.
+/// Durable jobs: declaring, enqueueing, running, inspecting. The handler's context and error
+/// are [`JobContext`] and [`JobError`].
+///
+/// The application's client is [`Jobs`](jobs::Jobs) (`node.jobs()`): it enqueues, reads a job
+/// ([`Jobs::get`](jobs::Jobs::get)) and cancels one ([`Jobs::cancel`](jobs::Jobs::cancel),
+/// the application's own decision: not in the audit trail). An operator's actions - retry,
+/// cancel, delete, one by one or by filter, refused by what the job's state allows and
+/// recorded with who asked - are [`Workload`](inspect::Workload)'s, as the admin API and the
+/// CLI use them; its [`Workload::job`](inspect::Workload::job) reads a job as `Jobs::get` does.
 pub mod jobs {
-    pub use forge_scheduler::jobs::*;
+    pub use forge_scheduler::jobs::{
+        AttemptError, Backoff, CancelOutcome, CancelReason, Enqueued, FailAction, IntoJobResult,
+        Job, JobAction, JobActions, JobId, JobInfo, JobOptions, JobQueue, JobState, Jobs, NewJob,
+    };
 }
 
 /// The admin HTTP API (axum): cluster status, leaders, history, nodes, events, crons, jobs,
 /// queues, step-down, with bearer-token access and an audit trail. A node serves it itself on
-/// `[admin] listen` (`FORGE_ADMIN_LISTEN`); or mount it in your own axum application:
+/// `[admin] listen` (`FORGE_ADMIN_LISTEN`); or mount a node's in your own axum application
+/// with [`Node::admin_router`]:
 ///
 /// ```no_run
 /// # async fn demo(node: forge::Node) -> std::io::Result<()> {
 /// use std::net::SocketAddr;
 /// use forge::admin::axum;
 ///
-/// let app = axum::Router::new().merge(forge::admin::router_for(&node));
+/// let app = axum::Router::new().merge(node.admin_router());
 /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
 /// axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
 /// # }
 /// ```
 ///
-/// The endpoints and the access rules are in the README ("Admin API") and in [`router`](admin::router).
+/// A process that is no node builds an [`AdminState`](admin::AdminState) from its own read
+/// models and gets the same API from [`router`](admin::router), or serves it with
+/// [`serve`](admin::serve). The endpoints and the access rules are in the README ("Admin API")
+/// and in [`router`](admin::router).
 pub mod admin {
-    pub use forge_admin::*;
-
-    /// The admin API of `node` as an axum router (the same as [`Node::admin_router`](crate::Node::admin_router)).
-    pub fn router_for(node: &crate::Node) -> axum::Router {
-        node.admin_router()
-    }
+    pub use forge_admin::{
+        AdminState, ApiError, ApiResult, LEADER_HEADER, LEADER_URL_HEADER, Leader, LeaderOnly,
+        LeaderOnlyService, LeaderSource, LocalNode, axum, bind, router, serve,
+    };
 
     impl LeaderSource for crate::Node {
         fn leadership(&self, role: &crate::Role) -> Option<crate::Leadership> {
@@ -151,11 +167,16 @@ pub mod admin {
 
 /// Read models of the whole cluster, for dashboards, admin tools and your own code: who is in
 /// the cluster and who leads what ([`Cluster`](inspect::Cluster)), and what crons and jobs are
-/// doing ([`Workload`](inspect::Workload)). Every query reads PostgreSQL, so any process with
-/// a pool answers for the whole cluster.
+/// doing ([`Workload`](inspect::Workload)), with the operators' writes (each recorded in the
+/// events history). Every query reads PostgreSQL, so any process with a pool answers for the
+/// whole cluster.
 pub mod inspect {
-    pub use forge_core::inspect::*;
-    pub use forge_scheduler::inspect::*;
+    pub use forge_core::inspect::{
+        Change, Cluster, ClusterStatus, EventFilter, EventKind, EventView, GapFrom, LeaderView,
+        LeadershipState, NodeCounts, NodeState, NodeView, Page, PageRequest, RoleStatus,
+        SeriesPoint, StepDown, TenureEnd, TenureView,
+    };
+    pub use forge_scheduler::inspect::{CronView, JobFilter, QueueView, TickView, Workload};
 }
 
 #[doc(hidden)]
@@ -164,7 +185,11 @@ pub use forge_core::sql::check_values as sql_check_values;
 #[doc(hidden)]
 pub mod __private {
     pub use forge_core::{Error, Result};
-    pub use forge_scheduler::__private::*;
+    pub use forge_scheduler::__private::{
+        Backoff, CatchUp, Cron, CronContext, CronJob, CronRegistration, Interrupted,
+        IntoCronResult, IntoJobResult, Job, JobContext, JobError, JobOptions, JobRegistration,
+        JobRegistry, Overlap, Role, Schedule, inventory, register_jobs, registered_crons,
+    };
 
     use sqlx::SqlSafeStr as _;
     use sqlx::migrate::{Migration, MigrationType, Migrator};

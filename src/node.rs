@@ -322,18 +322,13 @@ impl Node {
         self.admin.as_ref().map(|admin| admin.url.as_str())
     }
 
-    /// The admin API's state for this node: its read models, `[admin]` access rules, its
-    /// configuration (redacted) and its roles. See [`Node::admin_router`].
-    pub fn admin_state(&self) -> forge_admin::AdminState {
-        self.admin_state_at(self.admin_url())
-    }
-
     /// The admin API as an axum router, to mount in your own application:
-    /// `app.merge(node.admin_router())`. Serve the application with
+    /// `app.merge(node.admin_router())`: this node's read models, `[admin]` access rules, its
+    /// configuration (redacted) and its roles. Serve the application with
     /// `into_make_service_with_connect_info::<SocketAddr>()` so that the audit trail names each
-    /// client's address.
+    /// client's address. (A process that is no node: [`forge::admin::router`](crate::admin::router).)
     pub fn admin_router(&self) -> forge_admin::axum::Router {
-        forge_admin::router(self.admin_state())
+        forge_admin::router(self.admin_state_at(self.admin_url()))
     }
 
     fn admin_state_at(&self, url: Option<&str>) -> forge_admin::AdminState {

@@ -9,7 +9,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use forge::jobs::{Backoff, Job, JobContext, JobError, JobOptions};
+use forge::jobs::{Backoff, Job, JobOptions};
+use forge::{JobContext, JobError};
 
 /// The table the jobs record their attempts in.
 pub(crate) const RUNS_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS job_runs (

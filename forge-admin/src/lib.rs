@@ -9,7 +9,7 @@
 //!
 //! A node serves it itself when `[admin] listen` (or `FORGE_ADMIN_LISTEN`) is set, and records
 //! the URL in membership (`GET /api/cluster/nodes` shows every node's `admin_url`). Or mount
-//! [`router`] in your own axum application (`forge::admin::router_for(&node)` with the
+//! [`router`] in your own axum application (`node.admin_router()` with the
 //! `forge` facade).
 //!
 //! ## Endpoints

@@ -5,8 +5,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, post};
 use axum::{Extension, Json};
-use forge_core::inspect::Change;
-use forge_scheduler::inspect::JobFilter;
+use forge_core::inspect::{Change, Page};
+use forge_scheduler::inspect::{CronView, JobFilter, TickView};
 use forge_scheduler::jobs::{JobAction, JobId, JobState};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -35,16 +35,25 @@ fn unknown_cron(name: &str) -> ApiError {
     ))
 }
 
+/// A cron and a page of its ticks, read together.
+async fn cron_and_ticks(
+    state: &AdminState,
+    name: &str,
+    query: TicksQuery,
+) -> ApiResult<(Option<CronView>, Page<TickView>)> {
+    let page = page(query.limit, query.before)?;
+    let workload = &state.workload;
+    state
+        .read(async { tokio::try_join!(workload.cron(name), workload.ticks(name, page)) })
+        .await
+}
+
 pub(crate) async fn cron(
     State(state): State<AdminState>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<TicksQuery>,
 ) -> ApiResult<Json<Value>> {
-    let page = page(query.limit, query.before)?;
-    let workload = &state.workload;
-    let (cron, ticks) = state
-        .read(async { tokio::try_join!(workload.cron(&name), workload.ticks(&name, page)) })
-        .await?;
+    let (cron, ticks) = cron_and_ticks(&state, &name, query).await?;
     let cron = cron.ok_or_else(|| unknown_cron(&name))?;
     Ok(Json(json!({ "cron": cron, "ticks": ticks })))
 }
@@ -54,11 +63,7 @@ pub(crate) async fn ticks(
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<TicksQuery>,
 ) -> ApiResult<Json<Value>> {
-    let page = page(query.limit, query.before)?;
-    let workload = &state.workload;
-    let (cron, ticks) = state
-        .read(async { tokio::try_join!(workload.cron(&name), workload.ticks(&name, page)) })
-        .await?;
+    let (cron, ticks) = cron_and_ticks(&state, &name, query).await?;
     if cron.is_none() && ticks.items.is_empty() {
         return Err(unknown_cron(&name));
     }

@@ -5,7 +5,9 @@
 
 use std::path::PathBuf;
 
-use crate::role::{Epoch, NodeId, Role};
+use forge_rules::NameError;
+
+use crate::role::{Epoch, LockSlotError, NodeId, Role};
 
 /// `Result` with [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -223,6 +225,30 @@ impl Error {
             }
         } else {
             Error::Database(err)
+        }
+    }
+}
+
+/// A name that breaks its rule (a role's, from [`Role::new`]): the caller's input is wrong.
+/// The message names the name already.
+impl From<NameError> for Error {
+    fn from(err: NameError) -> Error {
+        Error::InvalidInput {
+            message: err.to_string(),
+        }
+    }
+}
+
+impl From<LockSlotError> for Error {
+    fn from(err: LockSlotError) -> Error {
+        match err {
+            LockSlotError::Name(err) => Error::from(err),
+            LockSlotError::Reserved { .. } => Error::Config {
+                path: None,
+                line: None,
+                key: "role".into(),
+                message: err.to_string(),
+            },
         }
     }
 }

@@ -592,7 +592,9 @@ pub async fn fetch_view<T>(
 }
 
 /// Records an operator's write in the events history (kind `admin_action`), on `executor`: a
-/// transaction makes the record part of the write.
+/// transaction makes the record part of the write. For the read models' own writes (the
+/// scheduler's); everyone else uses [`Cluster::audit`].
+#[doc(hidden)]
 pub async fn audit<'e, E>(
     executor: E,
     namespace: &LockNamespace,

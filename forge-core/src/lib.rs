@@ -46,10 +46,11 @@ pub use db::not_postgres;
 pub use election::{LeaderInfo, RoleState};
 pub use error::{Error, Result, redact_url};
 pub use fence::FenceToken;
+pub use forge_rules::NameError;
 pub use leadership::{LeaderSession, Leadership};
 pub use membership::{ListenerEvent, NODES_CHANNEL, Standing};
 pub use metrics::{Metrics, Tally};
-pub use role::{Epoch, LockKey, LockNamespace, NodeId, Role};
+pub use role::{Epoch, LockKey, LockNamespace, LockSlotError, NodeId, Role};
 pub use runtime::{Assembly, Component, NodeContext, Runtime, shutdown_signal};
 pub use schema::{
     FUNCTIONS_TABLE, FunctionSource, FunctionState, FunctionStatus, MIGRATIONS_TABLE,

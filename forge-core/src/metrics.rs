@@ -141,16 +141,6 @@ pub mod defs {
         "Always 1; its labels are the FORGE version this node runs and the git commit it was built from (unknown outside a git checkout)",
     );
 
-    /// Why a leadership ends: the `reason` label of [`LOSSES`].
-    pub const LOSS_REASONS: &[&str] = &[
-        "deadline",
-        "deposed",
-        "renewal_failed",
-        "shutdown",
-        "step_down",
-        "rebalance",
-    ];
-
     /// Every metric of the core.
     pub const ALL: &[&MetricDef] = &[
         &BUILD_INFO,

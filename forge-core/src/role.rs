@@ -7,8 +7,24 @@ use std::sync::Arc;
 
 use forge_rules::{Name, NameError, check_name};
 
-use crate::error::{Error, Result};
 use crate::sql::sql_text_type;
+
+/// Why [`Role::with_lock_slot`] refused a role.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockSlotError {
+    /// The name breaks the rule of role names (see [`Role::new`]).
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// The slot is one of the built-in roles' (below `0x0100`), or the role is a built-in one.
+    #[error(
+        "role `{role}`: lock slots below 0x0100 are reserved for built-in roles, and built-in roles keep their slot"
+    )]
+    Reserved {
+        /// The role's name.
+        role: String,
+    },
+}
 
 /// A leader role: a kind of cluster-wide work that exactly one node performs at a time.
 ///
@@ -56,11 +72,11 @@ impl Role {
     /// A role by name: a built-in one (`scheduler`, `metrics_aggregator`, `log_compactor`) or a
     /// user-defined one. Names are 1-48 characters of lowercase ASCII letters, digits and `_`,
     /// starting with a letter, so that they are safe as metric labels and in `application_name`.
-    pub fn new(name: &str) -> Result<Role> {
-        // The name is in the message already: callers show it as it is.
-        check_name(Name::Role, name).map_err(|err| Error::InvalidInput {
-            message: err.to_string(),
-        })?;
+    ///
+    /// The error names the role (callers show it as it is); `?` makes it a `forge::Error`
+    /// (`InvalidInput`).
+    pub fn new(name: &str) -> Result<Role, NameError> {
+        check_name(Name::Role, name)?;
         Ok(Role::BUILTIN
             .into_iter()
             .find(|role| role.name() == name)
@@ -72,16 +88,13 @@ impl Role {
 
     /// A user-defined role with an explicit 16-bit key slot (`0x0100..=0xFFFF`), for when two
     /// role names happen to derive the same key.
-    pub fn with_lock_slot(name: &str, slot: u16) -> Result<Role> {
+    /// `?` makes its error a `forge::Error` (`InvalidInput` for the name, `Config` of the key
+    /// `role` for the slot).
+    pub fn with_lock_slot(name: &str, slot: u16) -> Result<Role, LockSlotError> {
         let mut role = Role::new(name)?;
         if role.is_builtin() || slot < 0x0100 {
-            return Err(Error::Config {
-                path: None,
-                line: None,
-                key: "role".into(),
-                message: format!(
-                    "role `{name}`: lock slots below 0x0100 are reserved for built-in roles, and built-in roles keep their slot"
-                ),
+            return Err(LockSlotError::Reserved {
+                role: name.to_owned(),
             });
         }
         role.slot = Some(slot);

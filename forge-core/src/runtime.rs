@@ -25,7 +25,7 @@ use crate::config::CoreConfig;
 use crate::db;
 use crate::duties::{self, Pruner};
 use crate::election::{
-    Campaign, LeaderTask, PlacementMove, RoleHandle, RoleState, lock_application_name,
+    Campaign, LeaderTask, LossReason, PlacementMove, RoleHandle, RoleState, lock_application_name,
 };
 use crate::error::{Error, Result};
 use crate::leadership::Leadership;
@@ -426,8 +426,11 @@ impl Assembly {
             ] {
                 metrics.export_zero(def, &labels);
             }
-            for reason in defs::LOSS_REASONS {
-                metrics.export_zero(&defs::LOSSES, &[("role", role.name()), ("reason", reason)]);
+            for reason in LossReason::ALL {
+                metrics.export_zero(
+                    &defs::LOSSES,
+                    &[("role", role.name()), ("reason", reason.as_str())],
+                );
             }
             let session = crate::metrics::lock_session(role);
             metrics.export_zero(&defs::RECONNECTS, &[("session", &session)]);

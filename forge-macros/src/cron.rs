@@ -1,7 +1,5 @@
 //! `#[cron("expression", options...)]`.
 
-use std::time::Duration;
-
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
@@ -12,7 +10,7 @@ use syn::{Ident, LitStr, ReturnType, Token};
 use crate::handler::{HandlerFn, check_context_type};
 use forge_rules::Name;
 
-use crate::options::{self, Attr, Errors, Kind, Options, Spec};
+use crate::options::{self, Attr, Errors, Kind, Options, Spec, Value};
 
 const ATTR: Attr = Attr {
     name: "cron",
@@ -34,7 +32,7 @@ const ATTR: Attr = Attr {
         },
         Spec {
             name: "catch_up",
-            kind: Kind::Str,
+            kind: Kind::Choice(&[("skip", ""), ("latest", "the default"), ("all", "")]),
             example: "\"all\"",
         },
         Spec {
@@ -44,18 +42,23 @@ const ATTR: Attr = Attr {
         },
         Spec {
             name: "overlap",
-            kind: Kind::Str,
+            kind: Kind::Choice(&[("skip", "the default"), ("wait", ""), ("allow", "")]),
             example: "\"wait\"",
         },
         Spec {
             name: "interrupted",
-            kind: Kind::Str,
+            kind: Kind::Choice(&[("rerun", "the default"), ("abandon", "")]),
             example: "\"abandon\"",
         },
         Spec {
             name: "timeout",
             kind: Kind::Duration,
             example: "\"30s\"",
+        },
+        Spec {
+            name: "description",
+            kind: Kind::Str,
+            example: "\"compacts the event log\"",
         },
     ],
     aliases: &[
@@ -79,12 +82,8 @@ struct Definition {
     name: String,
     expression: String,
     tz: Option<String>,
-    role: Option<String>,
-    catch_up: Option<String>,
-    catch_up_window: Option<Duration>,
-    overlap: Option<String>,
-    interrupted: Option<String>,
-    timeout: Option<Duration>,
+    /// The builder calls of the other options (see [`builder_call`]).
+    calls: Vec<TokenStream>,
 }
 
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
@@ -127,20 +126,12 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
         name,
         expression,
         tz,
-        role,
-        catch_up,
-        catch_up_window,
-        overlap,
-        interrupted,
-        timeout,
+        calls,
     } = definition;
-    let tz = options::option_tokens(tz);
-    let role = options::option_tokens(role);
-    let catch_up = options::option_tokens(catch_up);
-    let catch_up_window = options::option_tokens(catch_up_window.map(options::duration_tokens));
-    let overlap = options::option_tokens(overlap);
-    let interrupted = options::option_tokens(interrupted);
-    let timeout = options::option_tokens(timeout.map(options::duration_tokens));
+    let schedule = match tz {
+        Some(tz) => quote!(::forge::__private::Schedule::parse_in(#expression, #tz)?),
+        None => quote!(::forge::__private::Schedule::parse(#expression)?),
+    };
 
     // Spans: a context of the wrong type is reported at the user's parameter type, a return
     // type that is not `()` or `Result<(), E: Into<CronError>>` at the user's return type.
@@ -172,19 +163,15 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
         #(#cfgs)*
         impl ::forge::__private::Cron for #ident {
             fn cron_job(&self) -> ::forge::__private::Result<::forge::__private::CronJob> {
-                ::forge::__private::CronJob::__from_macro(
-                    #name,
-                    #expression,
-                    #tz,
-                    #role,
-                    #catch_up,
-                    #catch_up_window,
-                    #overlap,
-                    #interrupted,
-                    #timeout,
-                    |#ctx: ::forge::__private::CronContext| async move {
-                        #into_result(#call)
-                    },
+                ::core::result::Result::Ok(
+                    ::forge::__private::CronJob::new(
+                        #name,
+                        #schedule,
+                        |#ctx: ::forge::__private::CronContext| async move {
+                            #into_result(#call)
+                        },
+                    )
+                    #(#calls)*
                 )
             }
         }
@@ -233,44 +220,30 @@ fn parse_definition(args: TokenStream, ident: &Ident, errors: &mut Errors) -> Op
             errors,
         ),
     };
-    let role = options
-        .str("role")
-        .and_then(|lit| options::check_name(Name::Role, lit, None, errors));
-    let catch_up = options.str("catch_up").and_then(|lit| {
-        options::one_of(
-            "catch_up",
-            lit,
-            &[("skip", ""), ("latest", "the default"), ("all", "")],
-            errors,
-        )
-    });
-    let overlap = options.str("overlap").and_then(|lit| {
-        options::one_of(
-            "overlap",
-            lit,
-            &[("skip", "the default"), ("wait", ""), ("allow", "")],
-            errors,
-        )
-    });
-    let interrupted = options.str("interrupted").and_then(|lit| {
-        options::one_of(
-            "interrupted",
-            lit,
-            &[("rerun", "the default"), ("abandon", "")],
-            errors,
-        )
-    });
+    let calls = options
+        .iter(&ATTR)
+        .filter_map(|(spec, value)| builder_call(spec, value, errors))
+        .collect();
     Some(Definition {
         name,
         expression: expression?,
         tz,
-        role,
-        catch_up,
-        catch_up_window: options.duration("catch_up_window"),
-        overlap,
-        interrupted,
-        timeout: options.duration("timeout"),
+        calls,
     })
+}
+
+/// The `CronJob` builder call of an option (see [`options::builder_call`]), a role as a
+/// `Role`. `None` for the options the definition takes apart (`name`, `tz`), and for an invalid
+/// value (reported in `errors`).
+fn builder_call(spec: &Spec, value: &Value, errors: &mut Errors) -> Option<TokenStream> {
+    match (spec.name, value) {
+        ("name" | "tz", _) => None,
+        ("role", Value::Str(lit)) => {
+            options::check_name(Name::Role, lit, None, errors)?;
+            Some(quote!(.role(::forge::__private::Role::new(#lit)?)))
+        }
+        _ => options::builder_call(spec, value, errors),
+    }
 }
 
 /// `"expression", key = literal, ...`
@@ -300,4 +273,26 @@ fn parse_args(input: ParseStream<'_>, errors: &mut Errors) -> (Option<LitStr>, O
     };
     let options = options::parse(input, &ATTR, errors);
     (expression, options)
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    /// An option is its `CronJob` builder call: `description` as written.
+    #[test]
+    fn description_is_its_builder_call() {
+        let expansion = super::expand(
+            quote!("0 * * * *", description = "compacts the event log"),
+            quote!(
+                async fn compact() {}
+            ),
+        )
+        .unwrap()
+        .to_string();
+        assert!(
+            expansion.contains(". description (\"compacts the event log\")"),
+            "{expansion}"
+        );
+    }
 }

@@ -12,7 +12,7 @@ use syn::{Ident, ReturnType, Type};
 use crate::handler::{HandlerFn, check_args_type, check_context_type};
 use forge_rules::Name;
 
-use crate::options::{self, Attr, Errors, Kind, Options, Spec};
+use crate::options::{self, Attr, Errors, Kind, Options, Spec, Value};
 
 const ATTR: Attr = Attr {
     name: "job",
@@ -94,13 +94,8 @@ enum Backoff {
 /// Everything the attribute said, validated.
 struct Definition {
     kind: String,
-    queue: Option<String>,
-    role: Option<String>,
-    max_attempts: Option<u32>,
-    backoff: Option<Backoff>,
-    timeout: Option<Duration>,
-    priority: Option<i16>,
-    unique: Option<bool>,
+    /// The `JobOptions` builder calls of the options (see [`builder_call`]).
+    calls: Vec<TokenStream>,
 }
 
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
@@ -124,8 +119,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
     if !errors.is_empty() {
         return Ok(stub(&handler, &args_item, errors));
     }
-    let kind = definition.kind.clone();
-    let options = options_tokens(definition);
+    let Definition { kind, calls } = definition;
     let (ctx, call, into_result) = call_tokens(&handler, ctx_param);
     let item = handler.item("job");
     let ident = handler.ident();
@@ -139,7 +133,8 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
             const KIND: &'static str = #kind;
 
             fn options(&self) -> ::forge::__private::JobOptions {
-                #options
+                ::forge::__private::JobOptions::new()
+                #(#calls)*
             }
 
             fn run(
@@ -227,43 +222,14 @@ fn stub(handler: &HandlerFn, args_item: &TokenStream, errors: Errors) -> TokenSt
     }
 }
 
-/// `JobOptions::new()` with the declared options.
-fn options_tokens(definition: Definition) -> TokenStream {
-    let Definition {
-        kind: _,
-        queue,
-        role,
-        max_attempts,
-        backoff,
-        timeout,
-        priority,
-        unique,
-    } = definition;
-    let mut options = quote!(::forge::__private::JobOptions::new());
-    if let Some(queue) = queue {
-        options.extend(quote!(.queue(#queue)));
+/// The `JobOptions` builder call of an option (see [`options::builder_call`]). `None` for the
+/// kind (`name`), and for the three options of the backoff, which make one call (see
+/// [`backoff`]).
+fn builder_call(spec: &Spec, value: &Value, errors: &mut Errors) -> Option<TokenStream> {
+    match spec.name {
+        "name" | "backoff" | "backoff_base" | "backoff_max" => None,
+        _ => options::builder_call(spec, value, errors),
     }
-    if let Some(role) = role {
-        options.extend(quote!(.role(#role)));
-    }
-    if let Some(max_attempts) = max_attempts {
-        options.extend(quote!(.max_attempts(#max_attempts)));
-    }
-    if let Some(backoff) = backoff {
-        let backoff = backoff_tokens(backoff);
-        options.extend(quote!(.backoff(#backoff)));
-    }
-    if let Some(timeout) = timeout {
-        let timeout = options::duration_tokens(timeout);
-        options.extend(quote!(.timeout(#timeout)));
-    }
-    if let Some(priority) = priority {
-        options.extend(quote!(.priority(#priority)));
-    }
-    if let Some(unique) = unique {
-        options.extend(quote!(.unique(#unique)));
-    }
-    options
 }
 
 fn backoff_tokens(backoff: Backoff) -> TokenStream {
@@ -339,52 +305,48 @@ fn parse_definition(args: TokenStream, ident: &Ident, errors: &mut Errors) -> De
             .unwrap_or_else(|| lit.value()),
         None => options::name_from_ident(Name::JobKind, ident, "#[job(name = \"...\")]", errors),
     };
-    let queue = options
-        .str("queue")
-        .and_then(|lit| options::check_name(Name::Queue, lit, Some("mailers"), errors));
-    let role = options
-        .str("role")
-        .and_then(|lit| options::check_name(Name::Role, lit, None, errors));
-    let max_attempts = options.int("max_attempts").and_then(|(value, expr)| {
+    // Checked here, passed as written by `builder_call`.
+    if let Some(lit) = options.str("queue") {
+        options::check_name(Name::Queue, lit, Some("mailers"), errors);
+    }
+    if let Some(lit) = options.str("role") {
+        options::check_name(Name::Role, lit, None, errors);
+    }
+    if let Some((value, expr)) = options.int("max_attempts") {
         match u32::try_from(value) {
             Ok(0) => errors.spanned(
                 expr,
                 "`max_attempts` must be at least 1: it counts the first attempt too",
             ),
-            Ok(attempts) => return Some(attempts),
+            Ok(_) => {}
             Err(_) => errors.spanned(
                 expr,
                 format!("`max_attempts` must be from 1 to {}", u32::MAX),
             ),
         }
-        None
-    });
-    let priority = options.int("priority").and_then(|(value, expr)| {
-        i16::try_from(value)
-            .map_err(|_| {
-                errors.spanned(
-                    expr,
-                    format!(
-                        "`priority` must fit in an i16, from {} to {} (lower runs first; the \
-                         default is 0)",
-                        i16::MIN,
-                        i16::MAX
-                    ),
-                );
-            })
-            .ok()
-    });
-    let backoff = backoff(&options, errors);
-    Definition {
-        kind,
-        queue,
-        role,
-        max_attempts,
-        backoff,
-        timeout: options.duration("timeout"),
-        priority,
-        unique: options.bool("unique"),
     }
+    if let Some((value, expr)) = options.int("priority")
+        && i16::try_from(value).is_err()
+    {
+        errors.spanned(
+            expr,
+            format!(
+                "`priority` must fit in an i16, from {} to {} (lower runs first; the \
+                 default is 0)",
+                i16::MIN,
+                i16::MAX
+            ),
+        );
+    }
+    let mut calls: Vec<TokenStream> = options
+        .iter(&ATTR)
+        .filter_map(|(spec, value)| builder_call(spec, value, errors))
+        .collect();
+    if let Some(backoff) = backoff(&options, errors) {
+        let backoff = backoff_tokens(backoff);
+        calls.push(quote!(.backoff(#backoff)));
+    }
+    Definition { kind, calls }
 }
 
 /// `backoff`, `backoff_base` and `backoff_max` together.

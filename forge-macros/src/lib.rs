@@ -12,7 +12,7 @@
 //!
 //! becomes a unit struct `compact` (same name and visibility, the fn's doc comments) with the
 //! body as an associated fn, `compact::run(ctx).await`, plus an implementation of the trait the
-//! node registers (`forge::cron::Cron`, `forge::jobs::Job`). Everything in the attribute is checked at
+//! node registers (`forge::crons::Cron`, `forge::jobs::Job`). Everything in the attribute is checked at
 //! compile time, with the same parsers the runtime uses: a mistake is a compile error on the
 //! offending literal that says what is valid.
 //!
@@ -44,19 +44,12 @@
 //! The function takes either nothing or one `forge::CronContext`, and returns `()` or
 //! `Result<(), E>` where `E: Into<forge::CronError>` (any `std::error::Error` is, so `?` works).
 //!
-//! | option            | value                                                              | default            |
-//! |-------------------|--------------------------------------------------------------------|--------------------|
-//! | `name`            | the cron's key in the tick ledger: 1-64 ASCII letters, digits, `_`, `-`, `.` and `:`, starting with a letter; unique in the cluster | the fn's name |
-//! | `role`            | the role whose leader runs it: 1-48 lowercase letters, digits and `_`, starting with a letter | `"scheduler"` |
-//! | `tz`              | the IANA time zone the expression is read in, such as `"Europe/Berlin"` | `"UTC"`     |
-//! | `catch_up`        | ticks missed while the role had no leader: `"skip"` none (a tick up to `[cron] misfire_threshold` late still runs), `"latest"` the most recent one once, `"all"` every one, oldest first | `"latest"` |
-//! | `catch_up_window` | how far back `"latest"` and `"all"` look, a duration such as `"1h"` | `"24h"`           |
-//! | `overlap`         | a tick due while the previous run still goes: `"skip"` it, `"wait"` for the previous run, or `"allow"` both at once | `"skip"`; `"wait"` under `catch_up = "all"` |
-//! | `interrupted`     | a run cut short by its leader's death: `"rerun"` it on the next leader (`CronContext::attempt` > 1, at most 3 attempts), or `"abandon"` it | `"rerun"` |
-//! | `timeout`         | cancels a run that takes longer, a duration such as `"30s"`        | none               |
-//!
-//! Durations are written as in `forge.toml`: a number with a unit, such as `"5s"`, `"250ms"`,
-//! `"1m 30s"` or `"2h"`.
+//! Each option is the builder method of the same name of `forge::crons::CronJob`, whose
+//! documentation says its values and default (a word of a choice, such as `catch_up = "all"`,
+//! is the variant of the enum named after the option, `CatchUp::All`); the README's table of
+//! cron options lists them all. The attribute checks each value at compile time with the
+//! runtime's own parsers; durations are written as in `forge.toml`, a number with a unit such
+//! as `"5s"`, `"1m 30s"` or `"2h"`.
 //!
 //! # `#[job]`
 //!
@@ -127,7 +120,7 @@ use proc_macro::TokenStream;
 /// `async fn(ctx: forge::CronContext)` (the context is optional) returning `()` or
 /// `Result<(), E: Into<forge::CronError>>`.
 ///
-/// The fn becomes a unit struct of the same name that implements `forge::cron::Cron`, with the body
+/// The fn becomes a unit struct of the same name that implements `forge::crons::Cron`, with the body
 /// callable as `name::run(ctx)`. The expression and every option are checked at compile time
 /// with the runtime's own parsers.
 ///

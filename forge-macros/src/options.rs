@@ -46,6 +46,9 @@ impl Errors {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Str,
+    /// A string, one of these words: `(word, note)`, the note shown in parentheses in the
+    /// message for any other word.
+    Choice(&'static [(&'static str, &'static str)]),
     /// A duration string (forge-rules), more than zero.
     Duration,
     Int,
@@ -55,7 +58,7 @@ pub(crate) enum Kind {
 impl Kind {
     fn describe(self) -> &'static str {
         match self {
-            Kind::Str => "a string",
+            Kind::Str | Kind::Choice(_) => "a string",
             Kind::Duration => "a duration string with a unit",
             Kind::Int => "an integer",
             Kind::Bool => "`true` or `false`",
@@ -107,6 +110,18 @@ pub(crate) struct Options {
 }
 
 impl Options {
+    /// The options as written, in order: their specs (in `attr`, which parsed them) and
+    /// values.
+    pub(crate) fn iter<'a>(
+        &'a self,
+        attr: &'a Attr,
+    ) -> impl Iterator<Item = (&'a Spec, &'a Value)> + 'a {
+        self.entries.iter().filter_map(move |(name, _, value)| {
+            let spec = attr.specs.iter().find(|spec| spec.name == *name)?;
+            Some((spec, value))
+        })
+    }
+
     fn value(&self, name: &str) -> Option<&Value> {
         self.entries
             .iter()
@@ -139,13 +154,6 @@ impl Options {
     pub(crate) fn int(&self, name: &str) -> Option<(i128, &Expr)> {
         match self.value(name) {
             Some(Value::Int(value, expr)) => Some((*value, expr)),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn bool(&self, name: &str) -> Option<bool> {
-        match self.value(name) {
-            Some(Value::Bool(value)) => Some(*value),
             _ => None,
         }
     }
@@ -249,12 +257,14 @@ fn unknown(attr: &Attr, key: &Ident, written: &str) -> syn::Error {
     let hint = alias
         .or_else(close)
         .map_or_else(String::new, |name| format!(" (did you mean `{name}`?)"));
+    // Without the list of options (the "did you mean" hint is the help): tests snapshot this
+    // message, and a new option must not change it. The list is the attribute's
+    // documentation and the README's table.
     syn::Error::new(
         key.span(),
         format!(
-            "unknown option `{written}`{hint}; #[{}] takes {}",
-            attr.name,
-            attr.option_list()
+            "unknown option `{written}`{hint}; the options of #[{}] are listed in its documentation",
+            attr.name
         ),
     )
 }
@@ -300,7 +310,7 @@ fn literal(expr: &Expr, spec: &Spec) -> syn::Result<Value> {
         }
     };
     let value = match (spec.kind, lit, negative) {
-        (Kind::Str, Lit::Str(lit), false) => Value::Str(lit.clone()),
+        (Kind::Str | Kind::Choice(_), Lit::Str(lit), false) => Value::Str(lit.clone()),
         (Kind::Duration, Lit::Str(lit), false) => Value::Duration(duration(spec.name, lit)?),
         (Kind::Int, Lit::Int(lit), _) => {
             let value: i128 = lit.base10_parse()?;
@@ -414,12 +424,48 @@ pub(crate) fn name_from_ident(
     name
 }
 
-/// `Some(value)` / `None` as tokens, for the generated code.
-pub(crate) fn option_tokens<T: ToTokens>(value: Option<T>) -> TokenStream {
-    match value {
-        Some(value) => quote!(::core::option::Option::Some(#value)),
-        None => quote!(::core::option::Option::None),
-    }
+/// The call of the builder method named after the option, taking its value: a string as
+/// written, a duration as a `Duration`, an integer or a bool as written, a word of a choice as
+/// the variant of the enum named after the option (`catch_up = "all"` is
+/// `.catch_up(::forge::__private::CatchUp::All)`). So a new option of the table is its
+/// builder method, with nothing to write here. `None` for an invalid word (reported in
+/// `errors`).
+pub(crate) fn builder_call(spec: &Spec, value: &Value, errors: &mut Errors) -> Option<TokenStream> {
+    let method = Ident::new(spec.name, Span::call_site());
+    let argument = match (spec.kind, value) {
+        (Kind::Choice(words), Value::Str(lit)) => {
+            let word = one_of(spec.name, lit, words, errors)?;
+            let ty = Ident::new(&camel_case(spec.name), Span::call_site());
+            let variant = Ident::new(&camel_case(&word), Span::call_site());
+            quote!(::forge::__private::#ty::#variant)
+        }
+        (_, Value::Str(lit)) => quote!(#lit),
+        (_, Value::Duration(duration)) => duration_tokens(*duration),
+        (_, Value::Int(value, _)) => {
+            // Unsuffixed: the builder's parameter type decides (the value was checked).
+            let magnitude = proc_macro2::Literal::u128_unsuffixed(value.unsigned_abs());
+            if *value < 0 {
+                quote!(-#magnitude)
+            } else {
+                quote!(#magnitude)
+            }
+        }
+        (_, Value::Bool(value)) => quote!(#value),
+    };
+    Some(quote!(.#method(#argument)))
+}
+
+/// `catch_up` -> `CatchUp`.
+fn camel_case(snake: &str) -> String {
+    snake
+        .split('_')
+        .map(|part| {
+            let mut chars = part.chars();
+            chars.next().map_or_else(String::new, |first| {
+                first.to_ascii_uppercase().to_string() + chars.as_str()
+            })
+        })
+        .collect()
 }
 
 /// A `Duration` as a const expression.

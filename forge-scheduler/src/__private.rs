@@ -1,8 +1,10 @@
 //! What `#[cron]` and `#[job]` expand to refers to these, through `::forge::__private`. Not
 //! a public API: it changes whenever the macros change.
 
-pub use crate::cron::{Cron, CronContext, CronJob, IntoCronResult};
+pub use crate::cron::{CatchUp, Cron, CronContext, CronJob, Interrupted, IntoCronResult, Overlap};
 pub use crate::jobs::{Backoff, IntoJobResult, Job, JobContext, JobError, JobOptions, JobRegistry};
+pub use forge_core::Role;
+pub use forge_cron::Schedule;
 pub use inventory;
 
 /// A cron declared with `#[cron]`, collected at link time for automatic registration.

@@ -33,7 +33,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use forge::cron::{CatchUp, CronJob};
+use forge::crons::{CatchUp, CronJob};
 use forge::{Config, CronContext, CronError, Leadership, Node, Schedule};
 
 /// The table the probe writes to.

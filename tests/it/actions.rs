@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forge::cron::CronJob;
+use forge::crons::CronJob;
 use forge::inspect::Workload;
 use forge::inspect::{Change, EventFilter, EventKind, JobFilter, PageRequest, StepDown};
 use forge::jobs::{JobState, NewJob};

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use forge::cron::{CatchUp, CronJob};
+use forge::crons::{CatchUp, CronJob};
 use forge::inspect::{Cluster, Workload};
 use forge::jobs::{JobState, NewJob};
 use forge::{Config, CronContext, LockNamespace, Node, Role, Schedule};
@@ -1344,7 +1344,7 @@ async fn a_node_serves_the_api_on_admin_listen_records_its_url_and_stops_it_on_s
         addr: listener.local_addr().unwrap(),
         token: None,
     };
-    let app = forge::admin::axum::Router::new().merge(forge::admin::router_for(&quiet));
+    let app = forge::admin::axum::Router::new().merge(quiet.admin_router());
     let server = tokio::spawn(async move {
         forge::admin::axum::serve(
             listener,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forge::cron::{CatchUp, CronJob, Interrupted};
+use forge::crons::{CatchUp, CronJob, Interrupted};
 use forge::{CronContext, CronError, Node, Role, Schedule};
 use forge_testkit::{Filter, PgProxy, PgServer, wait_until};
 use sqlx::PgPool;

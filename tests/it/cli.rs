@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use forge::cron::CronJob;
+use forge::crons::CronJob;
 use forge::jobs::NewJob;
 use forge::{Config, CronContext, LockNamespace, Node, Role, RoleState, Schedule};
 use forge_testkit::{NodeProcess, PgServer, TestDatabase, TxPooler, wait_for, wait_until};

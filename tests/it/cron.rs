@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use forge::cron::{CatchUp, CronJob, Interrupted, Overlap};
+use forge::crons::{CatchUp, CronJob, Interrupted, Overlap};
 use forge::{CronContext, CronError, Node, Role, RoleState, Schedule};
 use forge_testkit::{TestDatabase, wait_until};
 use sqlx::PgPool;

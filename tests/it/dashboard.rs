@@ -23,7 +23,7 @@ use fantoccini::actions::{InputSource, KeyAction, KeyActions};
 use fantoccini::key::Key;
 use fantoccini::wd::WebDriverCompatibleCommand;
 use fantoccini::{Client, ClientBuilder, Locator};
-use forge::cron::CronJob;
+use forge::crons::CronJob;
 use forge::inspect::{Cluster, Workload};
 use forge::jobs::{JobState, NewJob};
 use forge::{Config, CronContext, LockNamespace, Schedule};

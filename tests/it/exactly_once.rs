@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Timelike, Utc};
-use forge::cron::{CatchUp, CronJob, Overlap};
+use forge::crons::{CatchUp, CronJob, Overlap};
 use forge::{CronContext, CronError, Node, Role, Schedule};
 use forge_testkit::{PgProxy, PgServer, TestDatabase, wait_until};
 use sqlx::PgPool;

@@ -11,12 +11,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
-use forge::cron::CronJob;
+use forge::crons::CronJob;
 use forge::jobs::{
-    Backoff, CancelOutcome, Enqueued, Job, JobContext, JobError, JobId, JobInfo, JobOptions,
-    JobState, NewJob,
+    Backoff, CancelOutcome, Enqueued, Job, JobId, JobInfo, JobOptions, JobState, NewJob,
 };
-use forge::{Config, CronContext, Node, Role, RoleState, Schedule};
+use forge::{Config, CronContext, JobContext, JobError, Node, Role, RoleState, Schedule};
 use forge_testkit::{TestDatabase, wait_until};
 use sqlx::PgPool;
 

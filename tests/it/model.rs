@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use forge::cron::{CatchUp, CronJob, TickState};
+use forge::crons::{CatchUp, CronJob, TickState};
 use forge::inspect::{EventFilter, EventKind, JobFilter, NodeState, PageRequest, TenureEnd};
 use forge::jobs::{JobState, NewJob};
 use forge::{Config, CronContext, FenceToken, LockNamespace, Node, Role, Schedule};

@@ -1,6 +1,6 @@
 //! What operators see: the Prometheus endpoint and the leadership history.
 
-use forge::cron::CronJob;
+use forge::crons::CronJob;
 use forge::{CronContext, Node, Role, Schedule};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

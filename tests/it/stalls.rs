@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forge::cron::{CatchUp, CronJob};
-use forge::jobs::{Job, JobContext, JobError, JobId, JobOptions, JobState};
-use forge::{CronContext, Node, Role, RoleState, Schedule};
+use forge::crons::{CatchUp, CronJob};
+use forge::jobs::{Job, JobId, JobOptions, JobState};
+use forge::{CronContext, JobContext, JobError, Node, Role, RoleState, Schedule};
 use forge_testkit::{Filter, PgProxy, PgServer, wait_until};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::time::Instant;

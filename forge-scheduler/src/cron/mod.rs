@@ -54,7 +54,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forge_core::{Epoch, Error, Leadership, NodeId, Result, Role};
+use forge_core::{Epoch, Leadership, NodeId, Result, Role};
 use forge_cron::Schedule;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
@@ -120,41 +120,11 @@ pub enum Interrupted {
 }
 
 impl CatchUp {
-    fn parse(text: &str) -> Option<CatchUp> {
-        match text {
-            "skip" => Some(CatchUp::Skip),
-            "latest" => Some(CatchUp::Latest),
-            "all" => Some(CatchUp::All),
-            _ => None,
-        }
-    }
-
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             CatchUp::Skip => "skip",
             CatchUp::Latest => "latest",
             CatchUp::All => "all",
-        }
-    }
-}
-
-impl Overlap {
-    fn parse(text: &str) -> Option<Overlap> {
-        match text {
-            "skip" => Some(Overlap::Skip),
-            "wait" => Some(Overlap::Wait),
-            "allow" => Some(Overlap::Allow),
-            _ => None,
-        }
-    }
-}
-
-impl Interrupted {
-    fn parse(text: &str) -> Option<Interrupted> {
-        match text {
-            "rerun" => Some(Interrupted::Rerun),
-            "abandon" => Some(Interrupted::Abandon),
-            _ => None,
         }
     }
 }
@@ -211,15 +181,33 @@ impl<E: Into<CronError>> IntoCronResult for Result<(), E> {
     }
 }
 
-type Handler = Arc<
-    dyn Fn(CronContext) -> Pin<Box<dyn Future<Output = Result<(), CronError>> + Send>>
-        + Send
-        + Sync,
->;
+/// A cron's handler. Two definitions with the same options are the same cron whatever their
+/// handlers (the node compares definitions to refuse two different crons of one name).
+#[derive(Clone)]
+pub(crate) struct Handler(Arc<HandlerFn>);
+
+type HandlerFn = dyn Fn(CronContext) -> Pin<Box<dyn Future<Output = Result<(), CronError>> + Send>>
+    + Send
+    + Sync;
+
+impl Handler {
+    pub(crate) fn call(&self, ctx: CronContext) -> impl Future<Output = Result<(), CronError>> {
+        (self.0)(ctx)
+    }
+}
+
+impl PartialEq for Handler {
+    fn eq(&self, _: &Handler) -> bool {
+        true
+    }
+}
 
 /// A cron: a name, a [`Schedule`], a role, policies, and an async handler.
 ///
-/// `#[cron]` builds one; in code:
+/// `#[cron]` builds one: each of its options is the builder method of the same name, so
+/// `#[cron("0 * * * *", catch_up = "all", timeout = "2m")]` is
+/// `CronJob::new(name, schedule, handler).catch_up(CatchUp::All).timeout(..)` (a word of a
+/// choice is the variant of the enum named after the option). In code:
 ///
 /// ```
 /// use forge_scheduler::{CronJob, CatchUp, Schedule};
@@ -230,7 +218,7 @@ type Handler = Arc<
 /// .catch_up(CatchUp::All);
 /// assert_eq!(job.name(), "compact");
 /// ```
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 pub struct CronJob {
     pub(crate) name: String,
     pub(crate) schedule: Schedule,
@@ -241,6 +229,7 @@ pub struct CronJob {
     pub(crate) overlap: Option<Overlap>,
     pub(crate) interrupted: Interrupted,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) description: Option<String>,
     pub(crate) handler: Handler,
 }
 
@@ -256,10 +245,10 @@ impl CronJob {
         Fut: Future<Output = R> + Send + 'static,
         R: IntoCronResult,
     {
-        let handler: Handler = Arc::new(move |ctx| {
+        let handler = Handler(Arc::new(move |ctx| {
             let run = handler(ctx);
             Box::pin(async move { run.await.into_cron_result() })
-        });
+        }));
         CronJob {
             name: name.into(),
             schedule,
@@ -269,23 +258,27 @@ impl CronJob {
             overlap: None,
             interrupted: Interrupted::Rerun,
             timeout: None,
+            description: None,
             handler,
         }
     }
 
-    /// The role whose leader runs the cron.
+    /// The role whose leader runs the cron (`#[cron(role = "...")]`); default
+    /// [`Role::SCHEDULER`].
     pub fn role(mut self, role: Role) -> Self {
         self.role = role;
         self
     }
 
-    /// The catch-up policy.
+    /// What to do with the ticks missed while the role had no leader (`#[cron(catch_up =
+    /// "...")]`); default [`CatchUp::Latest`].
     pub fn catch_up(mut self, catch_up: CatchUp) -> Self {
         self.catch_up = catch_up;
         self
     }
 
-    /// How far back [`CatchUp::All`] and [`CatchUp::Latest`] look (default 24 h).
+    /// How far back [`CatchUp::All`] and [`CatchUp::Latest`] look (`#[cron(catch_up_window =
+    /// "1h")]`); default 24 h.
     pub fn catch_up_window(mut self, window: Duration) -> Self {
         self.catch_up_window = window;
         self
@@ -306,16 +299,32 @@ impl CronJob {
         })
     }
 
-    /// The policy for runs cut short by a leader's death.
+    /// What the next leader does with a run cut short by its leader's death (`#[cron(interrupted
+    /// = "...")]`); default [`Interrupted::Rerun`].
     pub fn interrupted(mut self, interrupted: Interrupted) -> Self {
         self.interrupted = interrupted;
         self
     }
 
-    /// Cancels a run that takes longer (recorded as `timed_out`).
+    /// Cancels a run that takes longer, recorded as `timed_out` (`#[cron(timeout = "30s")]`);
+    /// default none.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
+    }
+
+    /// What the cron is for, in words, for people reading its definition
+    /// (`#[cron(description = "...")]`); default none. FORGE keeps it with the definition
+    /// ([`CronJob::description_text`]) and does not interpret it; two definitions of one name that
+    /// differ in it are two different crons.
+    pub fn description(mut self, description: impl Into<String>) -> Self {
+        self.description = Some(description.into());
+        self
+    }
+
+    /// The cron's description, if it has one (see [`CronJob::description`]).
+    pub fn description_text(&self) -> Option<&str> {
+        self.description.as_deref()
     }
 
     /// The cron's name (its key in the ledger).
@@ -333,90 +342,43 @@ impl CronJob {
         &self.role
     }
 
-    /// Builds a cron from the literals of a `#[cron]` attribute, which the macro has already
-    /// validated with the same parsers.
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn __from_macro<F, Fut, R>(
-        name: &str,
-        expression: &str,
-        timezone: Option<&str>,
-        role: Option<&str>,
-        catch_up: Option<&str>,
-        catch_up_window: Option<Duration>,
-        overlap: Option<&str>,
-        interrupted: Option<&str>,
-        timeout: Option<Duration>,
-        handler: F,
-    ) -> Result<CronJob>
-    where
-        F: Fn(CronContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = R> + Send + 'static,
-        R: IntoCronResult,
-    {
-        let invalid = |message: String| Error::Registration {
-            message: format!("cron `{name}`: {message}"),
-        };
-        let schedule = match timezone {
-            Some(tz) => Schedule::parse_in(expression, tz),
-            None => Schedule::parse(expression),
-        }
-        .map_err(|err| invalid(err.to_string()))?;
-        let mut job = CronJob::new(name, schedule, handler);
-        if let Some(role) = role {
-            job.role = Role::new(role).map_err(|err| invalid(err.to_string()))?;
-        }
-        if let Some(text) = catch_up {
-            job.catch_up = CatchUp::parse(text).ok_or_else(|| {
-                invalid(format!(
-                    "catch_up {text:?}: use \"skip\", \"latest\" or \"all\""
-                ))
-            })?;
-        }
-        if let Some(window) = catch_up_window {
-            job.catch_up_window = window;
-        }
-        if let Some(text) = overlap {
-            job.overlap = Some(Overlap::parse(text).ok_or_else(|| {
-                invalid(format!(
-                    "overlap {text:?}: use \"skip\", \"wait\" or \"allow\""
-                ))
-            })?);
-        }
-        if let Some(text) = interrupted {
-            job.interrupted = Interrupted::parse(text).ok_or_else(|| {
-                invalid(format!(
-                    "interrupted {text:?}: use \"rerun\" or \"abandon\""
-                ))
-            })?;
-        }
-        job.timeout = timeout;
-        Ok(job)
-    }
-
-    /// Whether two definitions describe the same cron (same name, schedule and policies).
+    /// Whether two definitions describe the same cron (the same options, the overlap policy
+    /// as in force).
     pub(crate) fn same_definition(&self, other: &CronJob) -> bool {
-        self.name == other.name
-            && self.schedule == other.schedule
-            && self.role == other.role
-            && self.catch_up == other.catch_up
-            && self.catch_up_window == other.catch_up_window
-            && self.overlap_policy() == other.overlap_policy()
-            && self.interrupted == other.interrupted
-            && self.timeout == other.timeout
+        let in_force = |cron: &CronJob| CronJob {
+            overlap: Some(cron.overlap_policy()),
+            ..cron.clone()
+        };
+        in_force(self) == in_force(other)
     }
 }
 
+/// The options as they are in force (the schedule as written, the overlap policy as
+/// [`CronJob::overlap_policy`] says). Every field is named here, so a new option cannot be left
+/// out by mistake.
 impl fmt::Debug for CronJob {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let CronJob {
+            name,
+            schedule,
+            role,
+            catch_up,
+            catch_up_window: _,
+            overlap: _,
+            interrupted,
+            timeout,
+            description,
+            handler: _,
+        } = self;
         f.debug_struct("CronJob")
-            .field("name", &self.name)
-            .field("schedule", &self.schedule.to_string())
-            .field("role", &self.role)
-            .field("catch_up", &self.catch_up)
+            .field("name", name)
+            .field("schedule", &schedule.to_string())
+            .field("role", role)
+            .field("catch_up", catch_up)
             .field("overlap", &self.overlap_policy())
-            .field("interrupted", &self.interrupted)
-            .field("timeout", &self.timeout)
+            .field("interrupted", interrupted)
+            .field("timeout", timeout)
+            .field("description", description)
             .finish()
     }
 }
@@ -499,12 +461,13 @@ impl CronContext {
     /// runs again, whatever happens to this leader afterwards. When it does not commit,
     /// neither did the effects, and the tick is run again per [`Interrupted`].
     ///
-    /// Fails with [`Error::Fenced`] when this leadership is no longer current and with
-    /// [`Error::NotRunning`] when the tick is no longer this run's; then `tx` must not commit
-    /// (with `?`, it is rolled back when dropped). Calling it twice in one transaction is
-    /// harmless; calling it in a second transaction after the first committed fails with
-    /// [`Error::NotRunning`], so a handler that retries after an error from `COMMIT` (which
-    /// may have committed all the same) cannot commit its effects twice. A handler that
+    /// Fails with [`Error::Fenced`](forge_core::Error::Fenced) when this leadership is no longer
+    /// current and with [`Error::NotRunning`](forge_core::Error::NotRunning) when the tick is no
+    /// longer this run's; then `tx` must not commit (with `?`, it is rolled back when dropped).
+    /// Calling it twice in one transaction is harmless; calling it in a second transaction after
+    /// the first committed fails with [`Error::NotRunning`](forge_core::Error::NotRunning), so a
+    /// handler that retries after an error from `COMMIT` (which may have committed all the same)
+    /// cannot commit its effects twice. A handler that
     /// returns an error after a completed commit leaves the tick `succeeded`.
     pub async fn complete(&self, tx: &mut Transaction<'_, Postgres>) -> Result<()> {
         self.leadership.check_local()?;
@@ -541,5 +504,21 @@ impl fmt::Debug for CronContext {
             .field("attempt", &self.attempt)
             .field("epoch", &self.leadership.epoch())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_description_is_kept_and_part_of_the_definition() {
+        let schedule = Schedule::parse("0 * * * *").unwrap();
+        let plain = CronJob::new("compact", schedule.clone(), |_| async {});
+        assert_eq!(plain.description_text(), None);
+        let described = plain.clone().description("compacts the event log");
+        assert_eq!(described.description_text(), Some("compacts the event log"));
+        assert!(!described.same_definition(&plain));
+        assert!(described.same_definition(&described.clone()));
     }
 }

@@ -30,6 +30,7 @@
 //! short pause (the lease was being renewed), not taken as the end of the tenure. A tick the
 //! database says is not due yet (this node's clock runs ahead) is claimed when it is.
 
+use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -596,12 +597,18 @@ impl Runs {
                     debug!(target: "forge::cron", cron = %self.cron.name, %tick, epoch = %self.leadership.epoch(),
                            "the gate refused a claimed tick while this node still leads; checking again");
                 }
-                Ok(Err(err)) => {
-                    warn!(target: "forge::cron", cron = %self.cron.name, %tick, error = %err, "cannot pass a claimed tick's gate yet; retrying");
-                }
-                Err(_) => {
-                    warn!(target: "forge::cron", cron = %self.cron.name, %tick, "a claimed tick's gate got no answer in time; retrying");
-                }
+                Ok(Err(err)) => retrying(
+                    &self.cron,
+                    tick,
+                    Some(&err),
+                    "cannot pass a claimed tick's gate yet",
+                ),
+                Err(_) => retrying(
+                    &self.cron,
+                    tick,
+                    None,
+                    "a claimed tick's gate got no answer in time",
+                ),
             }
             if !self.leadership.is_valid() || !self.pause(pause).await {
                 return false;
@@ -703,12 +710,8 @@ impl Runs {
                     debug!(target: "forge::cron", cron = %self.cron.name, %tick, epoch = %self.leadership.epoch(),
                            "the fence refused a claim while this node still leads; checking again");
                 }
-                Ok(Err(err)) => {
-                    warn!(target: "forge::cron", cron = %self.cron.name, %tick, error = %err, "cannot claim a tick yet; retrying");
-                }
-                Err(_) => {
-                    warn!(target: "forge::cron", cron = %self.cron.name, %tick, "a claim got no answer in time; retrying");
-                }
+                Ok(Err(err)) => retrying(&self.cron, tick, Some(&err), "cannot claim a tick yet"),
+                Err(_) => retrying(&self.cron, tick, None, "a claim got no answer in time"),
             }
             retried = true;
             if !self.pause(pause).await {
@@ -785,14 +788,18 @@ async fn recover(
                 .await
             {
                 Ok(Ok(taken)) => break taken,
-                Ok(Err(err)) => {
-                    warn!(target: "forge::cron", cron = %cron.name, %tick, error = %err,
-                          "cannot take over an interrupted tick yet; retrying");
-                }
-                Err(_) => {
-                    warn!(target: "forge::cron", cron = %cron.name, %tick,
-                          "taking over an interrupted tick got no answer in time; retrying");
-                }
+                Ok(Err(err)) => retrying(
+                    &cron,
+                    tick,
+                    Some(&err),
+                    "cannot take over an interrupted tick yet",
+                ),
+                Err(_) => retrying(
+                    &cron,
+                    tick,
+                    None,
+                    "taking over an interrupted tick got no answer in time",
+                ),
             }
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
@@ -846,64 +853,55 @@ async fn run_tick(
         role = %cron.role,
         epoch = leadership.epoch().0,
     );
-    run_tick_in_span(cron, metrics, leadership, finisher, tick, attempt)
-        .instrument(span)
-        .await
-}
-
-async fn run_tick_in_span(
-    cron: CronJob,
-    metrics: Arc<CronMetrics>,
-    leadership: Leadership,
-    finisher: Finisher,
-    tick: DateTime<Utc>,
-    attempt: u32,
-) {
-    // Never start a handler past the local deadline: the lease may be gone already.
-    if !leadership.is_valid() {
-        debug!(target: "forge::cron", cron = %cron.name, %tick, "not starting: this leadership is past its deadline");
-        return;
-    }
-    let fired_at = Utc::now();
-    let lag = (fired_at - tick).to_std().unwrap_or_default();
-    metrics.lag.record(lag.as_secs_f64());
-    let cancel = CancellationToken::new();
-    let ctx = CronContext {
-        name: cron.name.as_str().into(),
-        scheduled_at: tick,
-        fired_at,
-        attempt,
-        leadership: leadership.clone(),
-        cancel: cancel.clone(),
-    };
-    debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, lag_ms = lag.as_millis() as u64, "run");
-    let started = tokio::time::Instant::now();
-    let (state, error) = run_handler(&cron, ctx, &cancel).await;
-    let took = started.elapsed().as_secs_f64();
-    metrics.duration.record(took);
-    metrics.runs(state).increment(1);
-    // The cluster series count by role, not by cron: a heartbeat then carries four counters
-    // per role whatever the number of crons (10,000 crons were 40,000 keys); Prometheus keeps
-    // the per-cron figures.
-    let tally = leadership.metrics().tally();
-    let role = cron.role.name();
-    tally.add(Series::CronRuns.as_str(), role, 1.0);
-    if state != TickState::Succeeded {
-        tally.add(Series::CronFailures.as_str(), role, 1.0);
-    }
-    tally.add(Series::CronLagSum.as_str(), role, lag.as_secs_f64());
-    tally.add(Series::CronDurationSum.as_str(), role, took);
-    match &error {
-        Some(error) => {
-            warn!(target: "forge::cron", cron = %cron.name, %tick, attempt, outcome = %state, %error, "run did not succeed")
+    async move {
+        // Never start a handler past the local deadline: the lease may be gone already.
+        if !leadership.is_valid() {
+            debug!(target: "forge::cron", cron = %cron.name, %tick, "not starting: this leadership is past its deadline");
+            return;
         }
-        None => debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, "run succeeded"),
+        let fired_at = Utc::now();
+        let lag = (fired_at - tick).to_std().unwrap_or_default();
+        metrics.lag.record(lag.as_secs_f64());
+        let cancel = CancellationToken::new();
+        let ctx = CronContext {
+            name: cron.name.as_str().into(),
+            scheduled_at: tick,
+            fired_at,
+            attempt,
+            leadership: leadership.clone(),
+            cancel: cancel.clone(),
+        };
+        debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, lag_ms = lag.as_millis() as u64, "run");
+        let started = tokio::time::Instant::now();
+        let (state, error) = run_handler(&cron, ctx, &cancel).await;
+        let took = started.elapsed().as_secs_f64();
+        metrics.duration.record(took);
+        metrics.runs(state).increment(1);
+        // The cluster series count by role, not by cron: a heartbeat then carries four
+        // counters per role whatever the number of crons (10,000 crons were 40,000 keys);
+        // Prometheus keeps the per-cron figures.
+        let tally = leadership.metrics().tally();
+        let role = cron.role.name();
+        tally.add(Series::CronRuns.as_str(), role, 1.0);
+        if state != TickState::Succeeded {
+            tally.add(Series::CronFailures.as_str(), role, 1.0);
+        }
+        tally.add(Series::CronLagSum.as_str(), role, lag.as_secs_f64());
+        tally.add(Series::CronDurationSum.as_str(), role, took);
+        match &error {
+            Some(error) => {
+                warn!(target: "forge::cron", cron = %cron.name, %tick, attempt, outcome = %state, %error, "run did not succeed")
+            }
+            None => debug!(target: "forge::cron", cron = %cron.name, %tick, attempt, "run succeeded"),
+        }
+        let ran = Ran {
+            started: fired_at,
+            took_ms: took * 1000.0,
+        };
+        record(&cron, &leadership, &finisher, tick, state, error, ran).await;
     }
-    let ran = Ran {
-        started: fired_at,
-        took_ms: took * 1000.0,
-    };
-    record(&cron, &leadership, &finisher, tick, state, error, ran).await;
+    .instrument(span)
+    .await
 }
 
 /// When a run's handler started and how long it ran, recorded with its outcome.
@@ -919,7 +917,7 @@ async fn run_handler(
     ctx: CronContext,
     cancel: &CancellationToken,
 ) -> (TickState, Option<String>) {
-    let work = AssertUnwindSafe((cron.handler)(ctx)).catch_unwind();
+    let work = AssertUnwindSafe(cron.handler.call(ctx)).catch_unwind();
     let result = match cron.timeout {
         Some(limit) => tokio::time::timeout(limit, work).await.ok(),
         None => Some(work.await),
@@ -941,6 +939,17 @@ async fn run_handler(
             TickState::Failed,
             Some(format!("panicked: {}", panic_message(&panic))),
         ),
+    }
+}
+
+/// Logs a statement about `cron`'s `tick` that failed (with its `error`) or got no answer in
+/// time (`None`), before it is retried: "`what`; retrying".
+fn retrying(cron: &CronJob, tick: DateTime<Utc>, error: Option<&dyn fmt::Display>, what: &str) {
+    match error {
+        Some(err) => {
+            warn!(target: "forge::cron", cron = %cron.name, %tick, error = %err, "{what}; retrying")
+        }
+        None => warn!(target: "forge::cron", cron = %cron.name, %tick, "{what}; retrying"),
     }
 }
 
@@ -981,12 +990,13 @@ async fn record(
                       "another leadership took the tick over; this run's outcome is not recorded");
                 return;
             }
-            Ok(Err(err)) => {
-                warn!(target: "forge::cron", cron = %cron.name, %tick, error = %err, "cannot record a run's outcome yet; retrying");
-            }
-            Err(_) => {
-                warn!(target: "forge::cron", cron = %cron.name, %tick, "recording a run's outcome got no answer in time; retrying");
-            }
+            Ok(Err(err)) => retrying(cron, tick, Some(&err), "cannot record a run's outcome yet"),
+            Err(_) => retrying(
+                cron,
+                tick,
+                None,
+                "recording a run's outcome got no answer in time",
+            ),
         }
         if !leadership.is_valid() {
             warn!(target: "forge::cron", cron = %cron.name, %tick,

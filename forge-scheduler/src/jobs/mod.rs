@@ -113,6 +113,7 @@ mod enqueue;
 mod figures;
 mod maintenance;
 mod shared;
+mod wire;
 mod worker;
 
 use std::any::TypeId;

@@ -36,15 +36,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use forge_core::{Leadership, ListenerEvent, NodeContext};
+use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row};
 use tokio::sync::broadcast;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tracing::{debug, warn};
 
 use super::attempt::{Attempts, Claimed, KindMetrics, Origin, Record, count, unusable};
-use super::shared::{CHANNEL_AVAILABLE, CHANNEL_CANCEL, Outcome, Shared, StepRow, WorkerSpec};
+use super::shared::{CHANNEL_AVAILABLE, CHANNEL_CANCEL, Outcome, Shared, WorkerSpec};
+use super::wire::{ClaimedRow, Floor, Reconciled, Step, StepAnswer};
 use super::{CancelReason, JobState, JobType};
 use crate::metrics::Series;
 
@@ -58,14 +59,6 @@ const CLAIM_AHEAD_MAX: usize = 32;
 /// (jobs that sort before its floor - a higher priority, a promoted scheduled job - wait at
 /// most this long behind a backlog).
 const FLOOR_RESCAN: Duration = Duration::from_millis(100);
-
-/// A position in the claim order: (priority, run_at, id) of the last job a worker claimed.
-#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
-struct Floor {
-    priority: i16,
-    run_at: chrono::DateTime<chrono::Utc>,
-    id: i64,
-}
 
 /// How often a worker looks for jobs while the node session (and so LISTEN) is down.
 const POLL_WHILE_DEAF: Duration = Duration::from_secs(1);
@@ -277,23 +270,41 @@ impl Worker {
         }
     }
 
-    /// How many jobs beyond free slots to hold (see "claiming ahead").
-    fn ahead(&self) -> usize {
-        match (self.pace.0.0, self.pace.1.trusted()) {
-            (Some(trip), Some(attempt)) if attempt < trip => {
-                let ahead = self.spec.concurrency as f64 * trip / attempt.max(1e-6);
-                (ahead as usize).min(CLAIM_AHEAD_MAX * self.spec.concurrency)
-            }
-            _ => 0,
-        }
-    }
-
     /// How many jobs to claim now, and how many of them can start at once.
     fn room(&self) -> (usize, usize) {
         let held = self.attempts.running() + self.attempts.claimed.len();
-        let free = self.spec.concurrency.saturating_sub(held);
-        let room = (self.spec.concurrency + self.ahead()).saturating_sub(held);
-        (room, free.min(room))
+        let ahead = claim_ahead(self.spec.concurrency, self.pace.0.0, self.pace.1.trusted());
+        room(self.spec.concurrency, held, ahead)
+    }
+
+    /// The arguments of the next round trip.
+    fn step(&self, records: &[Record], started: &[i64], limit: usize, start: usize) -> Step {
+        let (epoch, tenure) = self.tenure();
+        Step {
+            namespace: self.shared.namespace.name().to_owned(),
+            node: self.ctx.node_id().as_str().to_owned(),
+            queue: match self.spec.role {
+                Some(_) => None,
+                None => Some(self.spec.queue.clone()),
+            },
+            role: self.spec.role.as_ref().map(|r| r.name().to_owned()),
+            epoch,
+            tenure,
+            kinds: self.spec.kinds.clone(),
+            limit: limit as i32,
+            start: start as i32,
+            started: started.to_vec(),
+            ids: records.iter().map(|r| r.id).collect(),
+            attempts: records.iter().map(|r| r.attempt).collect(),
+            states: records.iter().map(|r| r.outcome).collect(),
+            delays: records.iter().map(|r| r.delay_ms).collect(),
+            errors: records.iter().map(|r| r.error.clone()).collect(),
+            default_max: self.shared.default_max_attempts(),
+            after: None,
+            keep_completed: self.origin.keep_completed,
+            // Up to three waits and two session ends fit in one round trip's bound.
+            reconcile_wait_ms: (self.shared.statement_bound / 8).as_millis().max(1) as i32,
+        }
     }
 
     /// Whether a round trip on the claim lane has something to do. (A reconciliation waits
@@ -591,7 +602,7 @@ impl Worker {
             attempts.extend(records.iter().map(|r| r.attempt));
             (ids, attempts)
         });
-        let mut step = Step::new(self, &records, &started, limit, start);
+        let mut step = self.step(&records, &started, limit, start);
         if limit > 0 && self.spec.role.is_none() {
             step.after = self
                 .floor
@@ -683,31 +694,27 @@ impl Worker {
         let mut ahead = Vec::new();
         let mut claimed = 0usize;
         let mut highest: Option<Floor> = None;
-        for row in rows {
-            if row.try_get::<bool, _>("claimed")? {
-                claimed += 1;
-                let position = Floor {
-                    priority: row.try_get("priority")?,
-                    run_at: row.try_get("run_at")?,
-                    id: row.try_get("id")?,
-                };
-                if highest.is_none_or(|h| position > h) {
-                    highest = Some(position);
+        for row in &rows {
+            match StepAnswer::decode(row)? {
+                StepAnswer::Claimed(job) => {
+                    claimed += 1;
+                    if highest.is_none_or(|h| job.position > h) {
+                        highest = Some(job.position);
+                    }
+                    // Jobs the claim marked started go first; the ones claimed ahead wait.
+                    if job.ahead {
+                        ahead.push(job);
+                    } else {
+                        self.take(job, true);
+                    }
                 }
-                // Jobs the claim marked started go first; the ones claimed ahead wait.
-                if row.try_get::<StepRow, _>("state")? == StepRow::Ahead {
-                    ahead.push(row);
-                } else {
-                    self.take(&row, true)?;
+                StepAnswer::Exception { id, recorded_as } => {
+                    exceptions.insert(id, recorded_as);
                 }
-            } else {
-                // Recorded as another state than asked, or refused (`None`).
-                let state: String = row.try_get("state")?;
-                exceptions.insert(row.try_get("id")?, JobState::parse(&state));
             }
         }
-        for row in ahead {
-            self.take(&row, false)?;
+        for job in ahead {
+            self.take(job, false);
         }
         // The cluster series, added to the tally once per round trip rather than per job.
         let mut series: BTreeMap<Series, f64> = BTreeMap::new();
@@ -746,30 +753,37 @@ impl Worker {
 
     fn reconciled(&mut self, rows: Vec<PgRow>) -> Result<(), sqlx::Error> {
         for row in rows {
-            let id: i64 = row.try_get("id")?;
-            let status: String = row.try_get("status")?;
-            if status == "cancel" {
-                self.attempts.cancel(id, CancelReason::Requested);
-            } else if status == "unsettled" {
-                debug!(target: "forge::job", queue = %self.spec.queue, id,
-                       "a job of this worker is held by another transaction; reconciling again shortly");
-                self.wants.reconcile_at = Some(Instant::now() + RECONCILE_AGAIN);
-            } else {
-                warn!(target: "forge::job", queue = %self.spec.queue, id,
-                      "the job was taken away from this node (rescued while it seemed down); stopping the attempt");
-                self.attempts.cancel(id, CancelReason::Rescued);
+            match Reconciled::decode(&row)? {
+                (id, Reconciled::Cancel) => self.attempts.cancel(id, CancelReason::Requested),
+                (id, Reconciled::Unsettled) => {
+                    debug!(target: "forge::job", queue = %self.spec.queue, id,
+                           "a job of this worker is held by another transaction; reconciling again shortly");
+                    self.wants.reconcile_at = Some(Instant::now() + RECONCILE_AGAIN);
+                }
+                (id, Reconciled::Gone) => {
+                    warn!(target: "forge::job", queue = %self.spec.queue, id,
+                          "the job was taken away from this node (rescued while it seemed down); stopping the attempt");
+                    self.attempts.cancel(id, CancelReason::Rescued);
+                }
             }
         }
         Ok(())
     }
 
-    /// Queues a claimed row to start. A row that cannot become an attempt - arguments that do
+    /// Queues a claimed job to start. A job that cannot become an attempt - arguments that do
     /// not decode (such as JSON nested deeper than the decoder accepts), a kind this node does
     /// not know - is answered with an outcome instead, so it never strands its batch.
-    fn take(&mut self, row: &PgRow, started_by_claim: bool) -> Result<(), sqlx::Error> {
-        let id: i64 = row.try_get("id")?;
-        let attempt: i32 = row.try_get("attempt")?;
-        let kind: String = row.try_get("kind")?;
+    fn take(&mut self, job: ClaimedRow, started_by_claim: bool) {
+        let ClaimedRow {
+            id,
+            attempt,
+            kind,
+            args,
+            max_attempts,
+            timeout_ms,
+            pickup_ms,
+            ..
+        } = job;
         let Some(ty) = self.shared.types.get(kind.as_str()).cloned() else {
             // Claims filter on this worker's kinds, so this cannot happen; give it back.
             warn!(target: "forge::job", queue = %self.spec.queue, job = %kind, id, "claimed a job of an unknown kind; releasing it");
@@ -777,9 +791,9 @@ impl Worker {
             self.attempts
                 .records
                 .push(unusable(id, attempt, "unknown", why, Outcome::Released));
-            return Ok(());
+            return;
         };
-        let args: serde_json::Value = match row.try_get("args") {
+        let args = match args {
             Ok(args) => args,
             Err(err) => {
                 warn!(target: "forge::job", queue = %self.spec.queue, job = ty.kind, id, error = %err,
@@ -788,207 +802,110 @@ impl Worker {
                 self.attempts
                     .records
                     .push(unusable(id, attempt, ty.kind, why, Outcome::Dead));
-                return Ok(());
+                return;
             }
         };
-        let max_attempts: Option<i32> = row.try_get("max_attempts")?;
-        let timeout_ms: Option<i64> = row.try_get("timeout_ms")?;
-        let pickup_ms: Option<f64> = row.try_get("pickup_ms")?;
         if let (Some(m), Some(ms)) = (self.metrics.get(ty.kind), pickup_ms) {
             m.pickup.record(ms.max(0.0) / 1000.0);
         }
-        let claimed = self.claimed(ty, id, attempt, args, max_attempts, timeout_ms);
+        let (max_attempts, timeout) = limits(
+            max_attempts,
+            timeout_ms,
+            &ty,
+            self.shared.config.default_max_attempts,
+        );
         self.attempts.claimed.push_back(Claimed {
-            started_by_claim,
-            ..claimed
-        });
-        Ok(())
-    }
-
-    fn claimed(
-        &self,
-        ty: JobType,
-        id: i64,
-        attempt: i32,
-        args: serde_json::Value,
-        max_attempts: Option<i32>,
-        timeout_ms: Option<i64>,
-    ) -> Claimed {
-        let max_attempts = max_attempts
-            .map(|n| n.max(1) as u32)
-            .or(ty.options.max_attempts)
-            .unwrap_or(self.shared.config.default_max_attempts)
-            .max(1);
-        let timeout = timeout_ms
-            .map(|ms| Duration::from_millis(ms.max(1) as u64))
-            .or(ty.options.timeout);
-        Claimed {
             id,
             attempt,
             ty,
             args,
             max_attempts,
             timeout,
-            started_by_claim: true,
-        }
+            started_by_claim,
+        });
     }
 }
 
-/// The arguments of one `forge.jobs_step` call (and of the reconciliation before it), owned so
-/// the round trip can run while the worker goes on.
-struct Step {
-    namespace: String,
-    node: String,
-    /// The queue, or `None` for a role worker (all queues of the role).
-    queue: Option<String>,
-    role: Option<String>,
-    epoch: Option<i64>,
-    tenure: Option<i64>,
-    kinds: Vec<&'static str>,
-    limit: i32,
-    start: i32,
-    started: Vec<i64>,
-    ids: Vec<i64>,
-    attempts: Vec<i32>,
-    states: Vec<Outcome>,
-    delays: Vec<Option<i64>>,
-    errors: Vec<Option<serde_json::Value>>,
-    default_max: i32,
-    /// Claim after this position of the claim order (priority, run_at, id), or from the head.
-    after: Option<Floor>,
-    /// Record completions as `completed` rows (or delete the jobs).
-    keep_completed: bool,
-    /// How long the reconciliation waits, each time, for a round trip of this worker still in
-    /// flight on the server before it ends that trip's session (see `forge.jobs_reconcile`).
-    reconcile_wait_ms: i32,
+/// How many jobs beyond free slots to hold (see "claiming ahead"): as many as
+/// `concurrency × round trip / attempt` when attempts are shorter than a round trip (moving
+/// averages, the attempt's once trusted), at most `CLAIM_AHEAD_MAX × concurrency`.
+fn claim_ahead(concurrency: usize, trip: Option<f64>, attempt: Option<f64>) -> usize {
+    match (trip, attempt) {
+        (Some(trip), Some(attempt)) if attempt < trip => {
+            let ahead = concurrency as f64 * trip / attempt.max(1e-6);
+            (ahead as usize).min(CLAIM_AHEAD_MAX * concurrency)
+        }
+        _ => 0,
+    }
 }
 
-impl Step {
-    fn new(
-        worker: &Worker,
-        records: &[Record],
-        started: &[i64],
-        limit: usize,
-        start: usize,
-    ) -> Step {
-        let (epoch, tenure) = worker.tenure();
-        Step {
-            namespace: worker.shared.namespace.name().to_owned(),
-            node: worker.ctx.node_id().as_str().to_owned(),
-            queue: match worker.spec.role {
-                Some(_) => None,
-                None => Some(worker.spec.queue.clone()),
-            },
-            role: worker.spec.role.as_ref().map(|r| r.name().to_owned()),
-            epoch,
-            tenure,
-            kinds: worker.spec.kinds.clone(),
-            limit: limit as i32,
-            start: start as i32,
-            started: started.to_vec(),
-            ids: records.iter().map(|r| r.id).collect(),
-            attempts: records.iter().map(|r| r.attempt).collect(),
-            states: records.iter().map(|r| r.outcome).collect(),
-            delays: records.iter().map(|r| r.delay_ms).collect(),
-            errors: records.iter().map(|r| r.error.clone()).collect(),
-            default_max: worker.shared.default_max_attempts(),
-            after: None,
-            keep_completed: worker.origin.keep_completed,
-            // Up to three waits and two session ends fit in one round trip's bound.
-            reconcile_wait_ms: (worker.shared.statement_bound / 8).as_millis().max(1) as i32,
+/// With `held` jobs running or waiting to start: how many to claim now, and how many of them
+/// can start at once.
+fn room(concurrency: usize, held: usize, ahead: usize) -> (usize, usize) {
+    let free = concurrency.saturating_sub(held);
+    let room = (concurrency + ahead).saturating_sub(held);
+    (room, free.min(room))
+}
+
+/// An attempt's limits: the job's own, else its type's, else the default (attempts at least 1,
+/// a timeout at least 1 ms).
+fn limits(
+    max_attempts: Option<i32>,
+    timeout_ms: Option<i64>,
+    ty: &JobType,
+    default_max_attempts: u32,
+) -> (u32, Option<Duration>) {
+    let max_attempts = max_attempts
+        .map(|n| n.max(1) as u32)
+        .or(ty.options.max_attempts)
+        .unwrap_or(default_max_attempts)
+        .max(1);
+    let timeout = timeout_ms
+        .map(|ms| Duration::from_millis(ms.max(1) as u64))
+        .or(ty.options.timeout);
+    (max_attempts, timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn room_counts_free_slots_and_the_jobs_claimed_ahead() {
+        // Idle, no claiming ahead: the concurrency, all startable.
+        assert_eq!(room(4, 0, 0), (4, 4));
+        // Two held: two free.
+        assert_eq!(room(4, 2, 0), (2, 2));
+        // Claiming 8 ahead: 10 to claim, 2 of them start now.
+        assert_eq!(room(4, 2, 8), (10, 2));
+        // Full, more held than the concurrency (claimed ahead): nothing startable.
+        assert_eq!(room(4, 6, 8), (6, 0));
+        assert_eq!(room(4, 20, 8), (0, 0));
+    }
+
+    #[test]
+    fn jobs_are_claimed_ahead_only_when_attempts_are_shorter_than_a_round_trip() {
+        assert_eq!(claim_ahead(4, None, Some(0.001)), 0);
+        assert_eq!(claim_ahead(4, Some(0.005), None), 0, "not trusted yet");
+        assert_eq!(claim_ahead(4, Some(0.005), Some(0.010)), 0);
+        assert_eq!(claim_ahead(4, Some(0.5), Some(0.125)), 16);
+        assert_eq!(
+            claim_ahead(4, Some(1.0), Some(0.0)),
+            CLAIM_AHEAD_MAX * 4,
+            "capped"
+        );
+    }
+
+    #[test]
+    fn an_average_is_trusted_after_enough_samples() {
+        let mut average = Average::default();
+        for _ in 1..Average::TRUSTED_AFTER {
+            average.add(1.0);
         }
-    }
-
-    /// Reconciles (if asked), then records and claims; returns the connection when it is
-    /// still good.
-    async fn run(
-        self,
-        conn: Option<PoolConnection<Postgres>>,
-        pool: &sqlx::PgPool,
-        reconcile: Option<(Vec<i64>, Vec<i32>)>,
-    ) -> (
-        Option<Vec<PgRow>>,
-        Result<Vec<PgRow>, sqlx::Error>,
-        Option<PoolConnection<Postgres>>,
-    ) {
-        let mut conn = match conn {
-            Some(conn) => conn,
-            None => match pool.acquire().await {
-                Ok(conn) => conn,
-                Err(err) => return (None, Err(err), None),
-            },
-        };
-        let reconciled = match reconcile {
-            Some(held) => match self.reconcile(&mut conn, held).await {
-                Ok(rows) => Some(rows),
-                Err(err) => {
-                    conn.close_on_drop();
-                    return (None, Err(err), None);
-                }
-            },
-            None => None,
-        };
-        let result = if self.limit == 0 && self.ids.is_empty() && self.started.is_empty() {
-            Ok(Vec::new())
-        } else {
-            self.step(&mut conn).await
-        };
-        // A connection that failed a statement may be broken: let the pool replace it.
-        let conn = if result.is_ok() {
-            Some(conn)
-        } else {
-            conn.close_on_drop();
-            None
-        };
-        (reconciled, result, conn)
-    }
-
-    async fn reconcile(
-        &self,
-        conn: &mut PoolConnection<Postgres>,
-        (known, known_attempts): (Vec<i64>, Vec<i32>),
-    ) -> Result<Vec<PgRow>, sqlx::Error> {
-        sqlx::query(
-            "SELECT id, status FROM forge.jobs_reconcile($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(&self.namespace)
-        .bind(&self.node)
-        .bind(&self.queue)
-        .bind(self.role.as_deref())
-        .bind(self.tenure)
-        .bind(&known)
-        .bind(&known_attempts)
-        .bind(self.default_max)
-        .bind(self.reconcile_wait_ms)
-        .fetch_all(&mut **conn)
-        .await
-    }
-
-    async fn step(&self, conn: &mut PoolConnection<Postgres>) -> Result<Vec<PgRow>, sqlx::Error> {
-        sqlx::query(
-            "SELECT * FROM forge.jobs_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
-        )
-        .bind(&self.namespace)
-        .bind(&self.node)
-        .bind(&self.queue)
-        .bind(self.role.as_deref())
-        .bind(self.epoch)
-        .bind(self.tenure)
-        .bind(&self.kinds)
-        .bind(self.limit)
-        .bind(self.start)
-        .bind(&self.started)
-        .bind(&self.ids)
-        .bind(&self.attempts)
-        .bind(&self.states)
-        .bind(&self.delays)
-        .bind(&self.errors)
-        .bind(self.default_max)
-        .bind(self.after.map(|f| f.priority))
-        .bind(self.after.map(|f| f.run_at))
-        .bind(self.after.map(|f| f.id))
-        .bind(self.keep_completed)
-        .fetch_all(&mut **conn)
-        .await
+        assert_eq!(average.trusted(), None);
+        average.add(1.0);
+        assert_eq!(average.trusted(), Some(1.0));
+        average.add(9.0);
+        assert_eq!(average.trusted(), Some(2.0));
     }
 }

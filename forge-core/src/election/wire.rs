@@ -1,0 +1,75 @@
+//! The campaign's wire format: the arguments of `forge.campaign` and the row it answers,
+//! decoded, and the `application_name` other nodes read.
+
+use super::*;
+
+/// One row of `forge.campaign(...)`.
+pub(super) struct CampaignRow {
+    pub(super) acquired: bool,
+    pub(super) epoch: Option<i64>,
+    pub(super) tenure: Option<i64>,
+    pub(super) leader_node: Option<String>,
+    pub(super) leader_since: Option<DateTime<Utc>>,
+    pub(super) released: Option<bool>,
+    pub(super) failover: bool,
+    pub(super) my_pid: i32,
+    pub(super) holder_pid: Option<i32>,
+    pub(super) holder_application: Option<String>,
+    pub(super) fenced_pid: Option<i32>,
+    /// Not granted, and not waiting: enough standbys wait inside the lock.
+    pub(super) reserve: bool,
+}
+
+impl CampaignRow {
+    pub(super) fn from_row(row: &PgRow) -> Result<CampaignRow, sqlx::Error> {
+        Ok(CampaignRow {
+            acquired: row.try_get("acquired")?,
+            epoch: row.try_get("epoch")?,
+            tenure: row.try_get("tenure")?,
+            leader_node: row.try_get("leader_node")?,
+            leader_since: row.try_get("leader_since")?,
+            released: row.try_get("released")?,
+            failover: row.try_get::<Option<bool>, _>("failover")?.unwrap_or(false),
+            my_pid: row.try_get("my_pid")?,
+            holder_pid: row.try_get("holder_pid")?,
+            holder_application: row.try_get("holder_application")?,
+            fenced_pid: row.try_get("fenced_pid")?,
+            reserve: row.try_get("reserve")?,
+        })
+    }
+}
+
+/// The arguments of `forge.campaign`, owned so the call can outlive a borrow of the campaign.
+pub(super) struct CallArgs {
+    pub(super) namespace: LockNamespace,
+    pub(super) role: Role,
+    pub(super) key: LockKey,
+    pub(super) node: NodeId,
+    pub(super) lease_ms: i64,
+    pub(super) standbys: i32,
+}
+
+/// Calls `forge.campaign` once.
+pub(super) async fn campaign_call(
+    conn: &mut PgConnection,
+    args: &CallArgs,
+    wait: bool,
+) -> Result<CampaignRow, sqlx::Error> {
+    let row = sqlx::query("SELECT * FROM forge.campaign($1, $2, $3, $4, $5, $6, $7)")
+        .bind(&args.namespace)
+        .bind(&args.role)
+        .bind(args.key.0)
+        .bind(&args.node)
+        .bind(args.lease_ms)
+        .bind(wait)
+        .bind(args.standbys)
+        .fetch_one(&mut *conn)
+        .await?;
+    CampaignRow::from_row(&row)
+}
+
+/// The `application_name` of a lock session; other nodes use its prefix to tell FORGE
+/// sessions from foreign holders of a key.
+pub(crate) fn lock_application_name(role: &Role, node: &NodeId) -> String {
+    format!("forge:{}:{}", role.name(), node)
+}

@@ -1,0 +1,298 @@
+//! The worker's wire format: the arguments of one `forge.jobs_step` call (and of the
+//! `forge.jobs_reconcile` before it), sent as one round trip, and the rows they answer, decoded
+//! into what the worker acts on. No worker state here: [`super::worker`] builds a [`Step`],
+//! runs it off its own task, and takes in the [`StepAnswer`]s and [`Reconciled`]s.
+
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgRow;
+use sqlx::{Postgres, Row};
+
+use super::JobState;
+use super::shared::{Outcome, StepRow};
+
+/// A position in the claim order: (priority, run_at, id) of the last job a worker claimed.
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+pub(super) struct Floor {
+    pub(super) priority: i16,
+    pub(super) run_at: chrono::DateTime<chrono::Utc>,
+    pub(super) id: i64,
+}
+
+/// The arguments of one `forge.jobs_step` call (and of the reconciliation before it), owned so
+/// the round trip can run while the worker goes on.
+pub(super) struct Step {
+    pub(super) namespace: String,
+    pub(super) node: String,
+    /// The queue, or `None` for a role worker (all queues of the role).
+    pub(super) queue: Option<String>,
+    pub(super) role: Option<String>,
+    pub(super) epoch: Option<i64>,
+    pub(super) tenure: Option<i64>,
+    pub(super) kinds: Vec<&'static str>,
+    pub(super) limit: i32,
+    pub(super) start: i32,
+    pub(super) started: Vec<i64>,
+    pub(super) ids: Vec<i64>,
+    pub(super) attempts: Vec<i32>,
+    pub(super) states: Vec<Outcome>,
+    pub(super) delays: Vec<Option<i64>>,
+    pub(super) errors: Vec<Option<serde_json::Value>>,
+    pub(super) default_max: i32,
+    /// Claim after this position of the claim order (priority, run_at, id), or from the head.
+    pub(super) after: Option<Floor>,
+    /// Record completions as `completed` rows (or delete the jobs).
+    pub(super) keep_completed: bool,
+    /// How long the reconciliation waits, each time, for a round trip of this worker still in
+    /// flight on the server before it ends that trip's session (see `forge.jobs_reconcile`).
+    pub(super) reconcile_wait_ms: i32,
+}
+
+/// The jobs a worker holds, for the reconciliation: ids and their attempts.
+pub(super) type Held = (Vec<i64>, Vec<i32>);
+
+/// What a round trip answered: the reconciliation's rows (when it reconciled), the step's rows,
+/// and the connection when it is still good.
+pub(super) type Answer = (
+    Option<Vec<PgRow>>,
+    Result<Vec<PgRow>, sqlx::Error>,
+    Option<PoolConnection<Postgres>>,
+);
+
+impl Step {
+    /// Whether the step has nothing to send (the reconciliation may still have).
+    pub(super) fn is_empty(&self) -> bool {
+        self.limit == 0 && self.ids.is_empty() && self.started.is_empty()
+    }
+
+    /// Reconciles (if asked), then records and claims; returns the connection when it is
+    /// still good.
+    pub(super) async fn run(
+        self,
+        conn: Option<PoolConnection<Postgres>>,
+        pool: &sqlx::PgPool,
+        reconcile: Option<Held>,
+    ) -> Answer {
+        let mut conn = match conn {
+            Some(conn) => conn,
+            None => match pool.acquire().await {
+                Ok(conn) => conn,
+                Err(err) => return (None, Err(err), None),
+            },
+        };
+        let reconciled = match reconcile {
+            Some(held) => match self.reconcile(&mut conn, held).await {
+                Ok(rows) => Some(rows),
+                Err(err) => {
+                    conn.close_on_drop();
+                    return (None, Err(err), None);
+                }
+            },
+            None => None,
+        };
+        let result = if self.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.step(&mut conn).await
+        };
+        // A connection that failed a statement may be broken: let the pool replace it.
+        let conn = if result.is_ok() {
+            Some(conn)
+        } else {
+            conn.close_on_drop();
+            None
+        };
+        (reconciled, result, conn)
+    }
+
+    async fn reconcile(
+        &self,
+        conn: &mut PoolConnection<Postgres>,
+        (known, known_attempts): Held,
+    ) -> Result<Vec<PgRow>, sqlx::Error> {
+        sqlx::query(
+            "SELECT id, status FROM forge.jobs_reconcile($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(&self.namespace)
+        .bind(&self.node)
+        .bind(&self.queue)
+        .bind(self.role.as_deref())
+        .bind(self.tenure)
+        .bind(&known)
+        .bind(&known_attempts)
+        .bind(self.default_max)
+        .bind(self.reconcile_wait_ms)
+        .fetch_all(&mut **conn)
+        .await
+    }
+
+    async fn step(&self, conn: &mut PoolConnection<Postgres>) -> Result<Vec<PgRow>, sqlx::Error> {
+        sqlx::query(
+            "SELECT * FROM forge.jobs_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
+        )
+        .bind(&self.namespace)
+        .bind(&self.node)
+        .bind(&self.queue)
+        .bind(self.role.as_deref())
+        .bind(self.epoch)
+        .bind(self.tenure)
+        .bind(&self.kinds)
+        .bind(self.limit)
+        .bind(self.start)
+        .bind(&self.started)
+        .bind(&self.ids)
+        .bind(&self.attempts)
+        .bind(&self.states)
+        .bind(&self.delays)
+        .bind(&self.errors)
+        .bind(self.default_max)
+        .bind(self.after.map(|f| f.priority))
+        .bind(self.after.map(|f| f.run_at))
+        .bind(self.after.map(|f| f.id))
+        .bind(self.keep_completed)
+        .fetch_all(&mut **conn)
+        .await
+    }
+}
+
+/// One row of `forge.jobs_step`'s answer.
+pub(super) enum StepAnswer {
+    /// A job it claimed.
+    Claimed(ClaimedRow),
+    /// An outcome recorded as another state than asked, or refused (`None`): outcome rows come
+    /// only for the outcomes not recorded as asked.
+    Exception {
+        id: i64,
+        recorded_as: Option<JobState>,
+    },
+}
+
+/// A claimed job, as `forge.jobs_step` answers it.
+pub(super) struct ClaimedRow {
+    /// Its position in the claim order (the worker's next floor).
+    pub(super) position: Floor,
+    /// Claimed ahead of a free slot (marked started when it starts), not started by the claim.
+    pub(super) ahead: bool,
+    pub(super) id: i64,
+    pub(super) attempt: i32,
+    pub(super) kind: String,
+    /// The arguments, or why they cannot be decoded (the job is then dead-lettered).
+    pub(super) args: Result<serde_json::Value, sqlx::Error>,
+    /// The job's own limits, when it has them (else its type's, else the queue's default).
+    pub(super) max_attempts: Option<i32>,
+    pub(super) timeout_ms: Option<i64>,
+    /// How long the job waited, from due to claimed.
+    pub(super) pickup_ms: Option<f64>,
+}
+
+impl StepAnswer {
+    pub(super) fn decode(row: &PgRow) -> Result<StepAnswer, sqlx::Error> {
+        if !row.try_get::<bool, _>("claimed")? {
+            let state: String = row.try_get("state")?;
+            return Ok(StepAnswer::Exception {
+                id: row.try_get("id")?,
+                recorded_as: JobState::parse(&state),
+            });
+        }
+        Ok(StepAnswer::Claimed(ClaimedRow {
+            position: Floor {
+                priority: row.try_get("priority")?,
+                run_at: row.try_get("run_at")?,
+                id: row.try_get("id")?,
+            },
+            ahead: row.try_get::<StepRow, _>("state")? == StepRow::Ahead,
+            id: row.try_get("id")?,
+            attempt: row.try_get("attempt")?,
+            kind: row.try_get("kind")?,
+            args: row.try_get("args"),
+            max_attempts: row.try_get("max_attempts")?,
+            timeout_ms: row.try_get("timeout_ms")?,
+            pickup_ms: row.try_get("pickup_ms")?,
+        }))
+    }
+}
+
+/// One row of `forge.jobs_reconcile`'s answer: what became of a job this worker holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Reconciled {
+    /// `cancel`: a cancel was requested.
+    Cancel,
+    /// `unsettled`: another transaction holds it; look again shortly.
+    Unsettled,
+    /// `gone` (or anything else): taken away from this node (rescued while it seemed down).
+    Gone,
+}
+
+impl Reconciled {
+    pub(super) fn from_status(status: &str) -> Reconciled {
+        match status {
+            "cancel" => Reconciled::Cancel,
+            "unsettled" => Reconciled::Unsettled,
+            _ => Reconciled::Gone,
+        }
+    }
+
+    pub(super) fn decode(row: &PgRow) -> Result<(i64, Reconciled), sqlx::Error> {
+        let id: i64 = row.try_get("id")?;
+        let status: String = row.try_get("status")?;
+        Ok((id, Reconciled::from_status(&status)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::source::function;
+
+    #[test]
+    fn every_status_of_jobs_reconcile_is_read() {
+        let sql = function("jobs_reconcile");
+        for (status, read) in [
+            ("cancel", Reconciled::Cancel),
+            ("unsettled", Reconciled::Unsettled),
+            ("gone", Reconciled::Gone),
+        ] {
+            assert!(sql.contains(&format!("'{status}'")), "{status}");
+            assert_eq!(Reconciled::from_status(status), read);
+        }
+    }
+
+    #[test]
+    fn floors_order_as_the_claim_does() {
+        let at = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let floor = |priority, seconds, id| Floor {
+            priority,
+            run_at: at + chrono::TimeDelta::seconds(seconds),
+            id,
+        };
+        assert!(floor(0, 0, 1) < floor(0, 0, 2));
+        assert!(floor(0, 5, 1) < floor(0, 6, 0));
+        assert!(floor(-1, 9, 9) < floor(0, 0, 0));
+    }
+
+    #[test]
+    fn an_empty_step_sends_nothing() {
+        let step = Step {
+            namespace: "forge".into(),
+            node: "a".into(),
+            queue: Some("default".into()),
+            role: None,
+            epoch: None,
+            tenure: None,
+            kinds: vec!["mail"],
+            limit: 0,
+            start: 0,
+            started: Vec::new(),
+            ids: Vec::new(),
+            attempts: Vec::new(),
+            states: Vec::new(),
+            delays: Vec::new(),
+            errors: Vec::new(),
+            default_max: 20,
+            after: None,
+            keep_completed: true,
+            reconcile_wait_ms: 1,
+        };
+        assert!(step.is_empty());
+        assert!(!Step { limit: 1, ..step }.is_empty());
+    }
+}
