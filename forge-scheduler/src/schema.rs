@@ -27,6 +27,7 @@ pub const SCHEMA: Schema = Schema {
         "jobs_figures",
         "jobs_maintain",
         "jobs_promote",
+        "jobs_prune",
         "jobs_reconcile",
         "jobs_rescue",
         "jobs_rescue_own",

@@ -1,15 +1,8 @@
 -- The log compactor's pruner of the cluster's history: deletes at most p_limit events older
 -- than the retention, fenced by the compactor's tenure, and returns how many it deleted.
-CREATE OR REPLACE FUNCTION forge.prune_events(
-    p_namespace text, p_role text, p_epoch bigint, p_tenure bigint,
-    p_retention_ms bigint, p_limit integer
-) RETURNS bigint
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_count bigint;
-BEGIN
-    PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
+CREATE OR REPLACE FUNCTION forge.prune_events(p_namespace text, p_role text, p_epoch bigint, p_tenure bigint, p_retention_ms bigint, p_limit integer)
+RETURNS bigint LANGUAGE sql AS $$
+    SELECT forge.fence(p_namespace, p_role, p_epoch, p_tenure);
     WITH d AS (
         DELETE FROM forge.events e
          WHERE e.id IN (SELECT x.id FROM forge.events x
@@ -17,7 +10,5 @@ BEGIN
                            AND x.at < clock_timestamp() - p_retention_ms * interval '1 millisecond'
                          ORDER BY x.id LIMIT p_limit)
         RETURNING 1
-    ) SELECT count(*) INTO v_count FROM d;
-    RETURN v_count;
-END;
+    ) SELECT count(*) FROM d;
 $$;

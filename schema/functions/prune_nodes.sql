@@ -1,15 +1,8 @@
 -- Forgets nodes that stopped or went down longer than the retention ago (and their counter
--- cursors), recording node_forgotten.
-CREATE OR REPLACE FUNCTION forge.prune_nodes(
-    p_namespace text, p_role text, p_epoch bigint, p_tenure bigint,
-    p_retention_ms bigint, p_limit integer
-) RETURNS bigint
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_count bigint;
-BEGIN
-    PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
+-- cursors), recording node_forgotten; fenced by the compactor's tenure.
+CREATE OR REPLACE FUNCTION forge.prune_nodes(p_namespace text, p_role text, p_epoch bigint, p_tenure bigint, p_retention_ms bigint, p_limit integer)
+RETURNS bigint LANGUAGE sql AS $$
+    SELECT forge.fence(p_namespace, p_role, p_epoch, p_tenure);
     WITH d AS (
         DELETE FROM forge.nodes n
          WHERE n.namespace = p_namespace
@@ -30,7 +23,5 @@ BEGIN
         DELETE FROM forge.stats_cursor sc
          WHERE sc.namespace = p_namespace AND sc.node_id IN (SELECT node_id FROM e)
     )
-    SELECT count(*) INTO v_count FROM e;
-    RETURN v_count;
-END;
+    SELECT count(*) FROM e;
 $$;

@@ -1,15 +1,8 @@
 -- The log compactor's pruner of the cluster series: deletes at most p_limit points older than
 -- the retention, fenced by the compactor's tenure, and returns how many it deleted.
-CREATE OR REPLACE FUNCTION forge.prune_stats(
-    p_namespace text, p_role text, p_epoch bigint, p_tenure bigint,
-    p_retention_ms bigint, p_limit integer
-) RETURNS bigint
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_count bigint;
-BEGIN
-    PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
+CREATE OR REPLACE FUNCTION forge.prune_stats(p_namespace text, p_role text, p_epoch bigint, p_tenure bigint, p_retention_ms bigint, p_limit integer)
+RETURNS bigint LANGUAGE sql AS $$
+    SELECT forge.fence(p_namespace, p_role, p_epoch, p_tenure);
     WITH d AS (
         DELETE FROM forge.stats s
          WHERE (s.namespace, s.series, s.label, s.at) IN (
@@ -18,7 +11,5 @@ BEGIN
                   AND x.at < clock_timestamp() - p_retention_ms * interval '1 millisecond'
                 LIMIT p_limit)
         RETURNING 1
-    ) SELECT count(*) INTO v_count FROM d;
-    RETURN v_count;
-END;
+    ) SELECT count(*) FROM d;
 $$;

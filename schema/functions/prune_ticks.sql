@@ -1,15 +1,8 @@
 -- Prunes finished ticks older than the retention, keeping the newest tick of every cron (a new
--- leader resumes after it).
-CREATE OR REPLACE FUNCTION forge.prune_ticks(
-    p_namespace text, p_role text, p_epoch bigint, p_tenure bigint,
-    p_retention_ms bigint, p_limit integer
-) RETURNS bigint
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_count bigint;
-BEGIN
-    PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
+-- leader resumes after it); fenced by the compactor's tenure.
+CREATE OR REPLACE FUNCTION forge.prune_ticks(p_namespace text, p_role text, p_epoch bigint, p_tenure bigint, p_retention_ms bigint, p_limit integer)
+RETURNS bigint LANGUAGE sql AS $$
+    SELECT forge.fence(p_namespace, p_role, p_epoch, p_tenure);
     WITH d AS (
         DELETE FROM forge.cron_ticks t
          WHERE (t.namespace, t.cron, t.scheduled_at) IN (
@@ -20,7 +13,5 @@ BEGIN
                                          WHERE m.namespace = x.namespace AND m.cron = x.cron)
                 LIMIT p_limit)
         RETURNING 1
-    ) SELECT count(*) INTO v_count FROM d;
-    RETURN v_count;
-END;
+    ) SELECT count(*) FROM d;
 $$;
