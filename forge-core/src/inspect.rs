@@ -158,6 +158,7 @@ pub struct LeaderView {
     /// Set when the leader handed the role over and nobody took it yet.
     pub released_at: Option<DateTime<Utc>>,
     /// Milliseconds of lease left (negative: expired).
+    #[serde(serialize_with = "crate::inspect::rounded::figure")]
     pub lease_remaining_ms: f64,
     /// Whether this tenure is current (`forge.tenure_current`, the rule the fence enforces:
     /// unreleased, lease unexpired, its lock session alive): the role is led by `node_id`.
@@ -227,6 +228,7 @@ pub struct TenureView {
     pub failover: bool,
     /// How long the role was without a leader before it, in milliseconds: from the instant
     /// [`TenureView::gap_from`] names to this election (`None` for a role's first tenure).
+    #[serde(serialize_with = "crate::inspect::rounded::optional")]
     pub gap_ms: Option<f64>,
     /// Where [`TenureView::gap_ms`] is measured from.
     pub gap_from: Option<GapFrom>,
@@ -328,6 +330,7 @@ pub struct NodeView {
     /// Its last heartbeat.
     pub heartbeat_at: DateTime<Utc>,
     /// Milliseconds since its last heartbeat.
+    #[serde(serialize_with = "crate::inspect::rounded::figure")]
     pub heartbeat_age_ms: f64,
     /// Whether it is live: active or drifted ([`NodeState::is_live`]).
     pub live: bool,
@@ -411,8 +414,10 @@ pub struct RoleStatus {
     /// When the current tenure began, while led.
     pub since: Option<DateTime<Utc>>,
     /// The lease left, while led, in milliseconds.
+    #[serde(serialize_with = "crate::inspect::rounded::optional")]
     pub lease_remaining_ms: Option<f64>,
     /// The lease's length (from the last renewal to its end), while led, in milliseconds.
+    #[serde(serialize_with = "crate::inspect::rounded::optional")]
     pub lease_ms: Option<f64>,
     /// Active nodes that campaign for it.
     pub candidates: usize,
@@ -1007,4 +1012,53 @@ fn tenure_from_row(row: &PgRow) -> Result<TenureView> {
         ended_at,
         end,
     })
+}
+
+/// How the read models write measured figures in JSON: rounded to three decimals (a
+/// microsecond of a millisecond figure, a millisecond of a second's), so that the API and
+/// `--json` say `10422.669`, not the `10422.669000000002` a float subtraction leaves.
+#[doc(hidden)]
+pub mod rounded {
+    use serde::Serializer;
+
+    fn round(value: f64) -> f64 {
+        (value * 1000.0).round() / 1000.0
+    }
+
+    /// `#[serde(serialize_with = "rounded::figure")]`
+    pub fn figure<S: Serializer>(value: &f64, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_f64(round(*value))
+    }
+
+    /// `#[serde(serialize_with = "rounded::optional")]`
+    pub fn optional<S: Serializer>(value: &Option<f64>, serializer: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(value) => serializer.serialize_some(&round(*value)),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[derive(serde::Serialize)]
+        struct Figures {
+            #[serde(serialize_with = "super::figure")]
+            gap_ms: f64,
+            #[serde(serialize_with = "super::optional")]
+            lag_ms: Option<f64>,
+            #[serde(serialize_with = "super::optional")]
+            none: Option<f64>,
+        }
+
+        #[test]
+        fn figures_carry_no_float_noise() {
+            let json = serde_json::to_string(&Figures {
+                gap_ms: 10422.669000000002,
+                lag_ms: Some(0.1 + 0.2),
+                none: None,
+            })
+            .unwrap();
+            assert_eq!(json, r#"{"gap_ms":10422.669,"lag_ms":0.3,"none":null}"#);
+        }
+    }
 }

@@ -72,9 +72,11 @@ pub struct TickView {
     pub error: Option<String>,
     /// How late after its instant the handler started, in milliseconds (what
     /// `forge_cron_lag_seconds` measures; `None` until it started).
+    #[serde(serialize_with = "forge_core::inspect::rounded::optional")]
     pub lag_ms: Option<f64>,
     /// How long the handler ran, in milliseconds (what `forge_cron_run_duration_seconds`
     /// measures; `None` until its outcome is recorded).
+    #[serde(serialize_with = "forge_core::inspect::rounded::optional")]
     pub duration_ms: Option<f64>,
     /// Run on an operator's request ("trigger now"), not on the schedule.
     pub manual: bool,
@@ -97,6 +99,7 @@ pub struct QueueView {
     /// Dead-lettered jobs still kept.
     pub dead: i64,
     /// How long the oldest available job has been due, in seconds (0: none).
+    #[serde(serialize_with = "forge_core::inspect::rounded::figure")]
     pub oldest_available_age_s: f64,
     /// Paused: no node claims its jobs until it is resumed.
     pub paused: bool,
