@@ -1546,67 +1546,174 @@ async fn a_deleting_step_records_mixed_outcomes_once_and_refuses_other_nodes() {
     assert_eq!(state(c).await, None);
 }
 
+/// A worker's round trip reads forge.jobs by index and by TID only, whatever the statistics
+/// say: here they say the table is empty (analyzed before 300 jobs arrived, as autovacuum
+/// leaves an idle queue), which made the planner scan the whole table for every claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_read_no_whole_table_when_the_statistics_say_it_is_empty() {
+    let (_db, pool) = setup().await;
+    sqlx::query("ANALYZE forge.jobs")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let client = forge::jobs::Jobs::new(pool.clone(), &forge::LockNamespace::default());
+    client
+        .enqueue_many((0..300).map(|i| NewJob::new(plain, Behave::tag(format!("{i}")))))
+        .await
+        .unwrap();
+    // One session throughout, so that its own counts are flushed before each reading.
+    let mut conn = pool.acquire().await.unwrap();
+    let before = seq_scans(&mut conn).await;
+    let mut reports = Vec::new();
+    for _ in 0..3 {
+        let ids: Vec<i64> = reports.iter().map(|r: &(i64, i32)| r.0).collect();
+        let attempts: Vec<i32> = reports.iter().map(|r| r.1).collect();
+        let n = ids.len();
+        let claimed: Vec<(i64, i32)> = sqlx::query_as(
+            "SELECT id, attempt FROM forge.jobs_step('forge', 'x', 'default', NULL, NULL, NULL,
+                ARRAY['plain'], 10, 10, '{}', $1, $2, $3, $4, $5, 20, NULL, NULL, NULL, true)
+              WHERE claimed",
+        )
+        .bind(&ids)
+        .bind(&attempts)
+        .bind(vec!["completed"; n])
+        .bind(vec![None::<i64>; n])
+        .bind(vec![None::<serde_json::Value>; n])
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        assert_eq!(claimed.len(), 10, "{claimed:?}");
+        reports = claimed;
+    }
+    assert_eq!(
+        seq_scans(&mut conn).await,
+        before,
+        "sequential scans of forge.jobs by round trips"
+    );
+}
+
+/// Sequential scans of forge.jobs so far, this session's own included.
+async fn seq_scans(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query_scalar(
+        "SELECT seq_scan FROM pg_stat_user_tables WHERE relid = 'forge.jobs'::regclass",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// Claims a new job as node `x`, then reports it completed while another transaction has
+/// written its row with `write` (`$1` the job's id) and not committed yet; commits that write
+/// once the report waits for it. Returns the report's rows and the job's state after it (`None`:
+/// deleted); the job is deleted afterwards.
+async fn report_racing_a_write(
+    pool: &PgPool,
+    keep: bool,
+    write: &'static str,
+) -> (Vec<StepRow>, Option<String>) {
+    let client = forge::jobs::Jobs::new(pool.clone(), &forge::LockNamespace::default());
+    let id = inserted(client.enqueue(plain, Behave::tag("r")).await.unwrap()).0;
+    let claimed = step_as(pool.clone(), "x", 1, vec![], keep).await;
+    assert_eq!(claimed.first().map(|r| r.0), Some(id), "{claimed:?}");
+
+    let mut writer = pool.begin().await.unwrap();
+    sqlx::query(write)
+        .bind(id)
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let reported = tokio::spawn(step_as(
+        pool.clone(),
+        "x",
+        0,
+        vec![(id, 1, "completed")],
+        keep,
+    ));
+    wait_until(
+        "the report to wait for the other writer's row lock",
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%jobs_step%'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    writer.commit().await.unwrap();
+    let rows = reported.await.unwrap();
+    let state: Option<String> = sqlx::query_scalar("SELECT state FROM forge.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM forge.jobs WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+    (rows, state)
+}
+
 /// A completion report that has to wait for another writer of its job's row - here a rescue
 /// that makes the job available again - checks its guard again on the version that writer
-/// committed, and is refused, in both modes. (The reports' lookups lock their rows for this;
-/// on PostgreSQL 15.18 a write by ctid alone is refused too, as its TID scan checks the newer
-/// version's TID, so this test holds the behaviour, not the mechanism.)
+/// committed, and is refused, in both modes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_that_waits_for_a_concurrent_rescue_is_refused() {
     let (_db, pool) = setup().await;
-    let client = forge::jobs::Jobs::new(pool.clone(), &forge::LockNamespace::default());
     for keep in [true, false] {
-        let id = inserted(client.enqueue(plain, Behave::tag("r")).await.unwrap()).0;
-        let claimed = step_as(pool.clone(), "x", 1, vec![], keep).await;
-        assert_eq!(claimed.first().map(|r| r.0), Some(id), "{claimed:?}");
-
-        let mut rescue = pool.begin().await.unwrap();
-        sqlx::query("UPDATE forge.jobs SET state = 'available', node_id = NULL WHERE id = $1")
-            .bind(id)
-            .execute(&mut *rescue)
-            .await
-            .unwrap();
-        let reported = tokio::spawn(step_as(
-            pool.clone(),
-            "x",
-            0,
-            vec![(id, 1, "completed")],
+        let (rows, state) = report_racing_a_write(
+            &pool,
             keep,
-        ));
-        wait_until(
-            "the report to wait for the rescue's row lock",
-            SOON,
-            Duration::from_millis(5),
-            || async {
-                let waiting: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity
-                      WHERE wait_event_type = 'Lock' AND query LIKE '%jobs_step%'",
-                )
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-                (waiting > 0).then_some(())
-            },
+            "UPDATE forge.jobs SET state = 'available', node_id = NULL WHERE id = $1",
         )
-        .await
-        .unwrap();
-        rescue.commit().await.unwrap();
+        .await;
+        let id = rows.first().map(|r| r.0).unwrap_or_default();
         assert_eq!(
-            reported.await.unwrap(),
+            rows,
             vec![(id, false, None, Some("refused".into()))],
             "keep_completed = {keep}"
         );
-        let state: String = sqlx::query_scalar("SELECT state FROM forge.jobs WHERE id = $1")
-            .bind(id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        assert_eq!(state, "available", "keep_completed = {keep}");
-        sqlx::query("DELETE FROM forge.jobs WHERE id = $1")
-            .bind(id)
-            .execute(&pool)
-            .await
-            .unwrap();
+        assert_eq!(
+            state.as_deref(),
+            Some("available"),
+            "keep_completed = {keep}"
+        );
+    }
+}
+
+/// A completion report that has to wait for a writer that leaves the job running this attempt
+/// on this node - a cancel request - is recorded all the same, in both modes. (Completions are
+/// found without a row lock and written where they were found: a row written in between is
+/// left out of that write, and found again, locked, by a second pass; without it the report
+/// was refused and the job stayed running on a node that had finished it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_that_waits_for_a_concurrent_cancel_request_is_recorded() {
+    let (_db, pool) = setup().await;
+    for keep in [true, false] {
+        let (rows, state) = report_racing_a_write(
+            &pool,
+            keep,
+            "UPDATE forge.jobs SET cancel_requested = true WHERE id = $1",
+        )
+        .await;
+        assert_eq!(rows, vec![], "recorded as asked; keep_completed = {keep}");
+        let expected = keep.then_some("completed");
+        assert_eq!(state.as_deref(), expected, "keep_completed = {keep}");
     }
 }
 
