@@ -40,10 +40,9 @@
 -- A row found and not yet written cannot change meanwhile where the lookup locks it: the
 -- claim's and the mixed outcomes' lookups do (a lookup that waits for another writer checks
 -- the guard again on the version it then locks). Completions alone, the common case, skip the
--- lock (a WAL record per job) and repeat the guard in their write instead: a row written by
--- someone else in between is then either left out of the write (PostgreSQL 15.18's TID scan
--- checks its TID list again on the newer version) or written only if the guard still holds
--- on it (sources whose TidRecheck returned true), and a second pass finds the rows left out
+-- lock (a WAL record per job) and write only the versions they found (by ctid and by their
+-- creating transaction, which every later version of the row has another of), so a row
+-- written by someone else in between is left out of the write, and a second pass finds those
 -- again, locked. Marking jobs started locks nothing; its update repeats its conditions
 -- instead, which are all it needs.
 --
@@ -90,6 +89,7 @@ DECLARE
     v_wake    text[];
     v_tids    tid[];
     v_written integer;
+    v_creators xid[];
     v_start   tid[];
     v_start_all boolean;
 BEGIN
@@ -125,28 +125,30 @@ BEGIN
     IF cardinality(p_ids) > 0 AND p_states <@ ARRAY['completed'] THEN
         -- Only completions (the common case): the guarded rows, then one update or one delete
         -- of them, in at most two passes. The first finds the rows without locking them (a row
-        -- lock is a WAL record of its own per job) and writes them under the guard again, so
-        -- a row written by someone else in between (a cancel request, the handler's own
-        -- completion, a rescue) is either left out or checked again on its newest version (a
-        -- newer version still running here is this attempt: only this lane, this very round
-        -- trip, claims its jobs on this node). Only when some row was left out does a second
-        -- pass find the rows again, locked this time, so that it cannot miss them. (The guard
-        -- is a CASE so that the planner never matches it to jobs_running: see the header.)
+        -- lock is a WAL record of its own per job) and writes only the versions it found: a
+        -- version's creating transaction (xmin) must be one that created a version found, and
+        -- every version written after the lookup has another creator. So a row written by
+        -- someone else in between (a cancel request, the handler's own completion, a rescue)
+        -- is left out, whether or not PostgreSQL's TID scan checks its TID list again on the
+        -- newer version (15.18 does; older sources returned true). Only when some row was
+        -- left out does a second pass find the rows again, locked this time, so that it cannot
+        -- miss them. (The state and node are checked again in a CASE, which the planner never
+        -- matches to jobs_running: see the header.)
         v_applied := 0;
         FOR v_pass IN 1..2 LOOP
             IF v_pass = 1 THEN
-                SELECT array_agg(x.tid) INTO v_tids
+                SELECT array_agg(x.tid), array_agg(x.creator) INTO v_tids, v_creators
                   FROM (SELECT o.id, o.attempt, 'running'::text AS running
                           FROM unnest(p_ids, p_attempts) AS o(id, attempt) OFFSET 0) o
-                 CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+                 CROSS JOIN LATERAL (SELECT j.ctid AS tid, j.xmin AS creator FROM forge.jobs j
                                       WHERE j.id = o.id AND j.attempt = o.attempt
                                         AND j.node_id = p_node AND j.state = o.running
                                       LIMIT 1) x;
             ELSE
-                SELECT array_agg(x.tid) INTO v_tids
+                SELECT array_agg(x.tid), array_agg(x.creator) INTO v_tids, v_creators
                   FROM (SELECT o.id, o.attempt, 'running'::text AS running
                           FROM unnest(p_ids, p_attempts) AS o(id, attempt) OFFSET 0) o
-                 CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+                 CROSS JOIN LATERAL (SELECT j.ctid AS tid, j.xmin AS creator FROM forge.jobs j
                                       WHERE j.id = o.id AND j.attempt = o.attempt
                                         AND j.node_id = p_node AND j.state = o.running
                                       LIMIT 1 FOR NO KEY UPDATE) x;
@@ -154,11 +156,11 @@ BEGIN
             IF p_keep_completed THEN
                 UPDATE forge.jobs j
                    SET state = 'completed', finished_at = clock_timestamp()
-                 WHERE j.ctid = ANY (v_tids)
+                 WHERE j.ctid = ANY (v_tids) AND j.xmin = ANY (v_creators)
                    AND CASE WHEN j.state = 'running' AND j.node_id = p_node THEN true END;
             ELSE
                 DELETE FROM forge.jobs j
-                 WHERE j.ctid = ANY (v_tids)
+                 WHERE j.ctid = ANY (v_tids) AND j.xmin = ANY (v_creators)
                    AND CASE WHEN j.state = 'running' AND j.node_id = p_node THEN true END;
             END IF;
             GET DIAGNOSTICS v_written = ROW_COUNT;
