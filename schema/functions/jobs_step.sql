@@ -46,6 +46,11 @@
 -- again, locked. Marking jobs started locks nothing; its update repeats its conditions
 -- instead, which are all it needs.
 --
+-- The refusal checks' EXISTS subqueries end in OFFSET 0, which keeps each a primary-key probe
+-- per reported job: without it the planner may turn one into a join or a hashed subplan that
+-- reads every row of forge.jobs, which a cached generic plan made while the table was small
+-- would go on doing as it grows (until the next ANALYZE replans it).
+--
 -- The reported rows are a subquery kept apart (OFFSET 0) that names 'running' through a column,
 -- so that the planner never matches the lookups to the partial index jobs_running (node_id
 -- WHERE state = 'running'): once ANALYZE has seen few running jobs, a generic plan would scan
@@ -116,10 +121,12 @@ BEGIN
          CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
                               WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
                                 AND j.started_at IS NULL LIMIT 1) x;
-        -- (Not locked: a version written meanwhile is checked again by these conditions.)
+        -- (Not locked: a version written meanwhile is checked again by these conditions, in
+        -- a CASE that the planner never matches to jobs_running: see the header.)
         UPDATE forge.jobs j SET started_at = clock_timestamp()
-         WHERE j.ctid = ANY (v_tids) AND j.node_id = p_node AND j.state = 'running'
-           AND j.started_at IS NULL;
+         WHERE j.ctid = ANY (v_tids)
+           AND CASE WHEN j.node_id = p_node AND j.state = 'running' AND j.started_at IS NULL
+                    THEN true END;
     END IF;
 
     IF cardinality(p_ids) > 0 AND p_states <@ ARRAY['completed'] THEN
@@ -178,8 +185,9 @@ BEGIN
               FROM unnest(p_ids, p_attempts) AS o(id, attempt)
              WHERE NOT EXISTS (SELECT 1 FROM forge.jobs j
                                 WHERE j.id = o.id AND j.state = 'completed'
-                                  AND j.attempt = o.attempt AND j.node_id = p_node)
-               AND (p_keep_completed OR EXISTS (SELECT 1 FROM forge.jobs j WHERE j.id = o.id));
+                                  AND j.attempt = o.attempt AND j.node_id = p_node OFFSET 0)
+               AND (p_keep_completed
+                    OR EXISTS (SELECT 1 FROM forge.jobs j WHERE j.id = o.id OFFSET 0));
         END IF;
     ELSIF cardinality(p_ids) > 0 THEN
         -- The reported jobs still running this attempt here (the guard), with their rows.
@@ -252,9 +260,10 @@ BEGIN
                     ELSE NOT (o.asked = 'completed' AND (EXISTS (
                              SELECT 1 FROM forge.jobs j
                               WHERE j.id = o.id AND j.state = 'completed'
-                                AND j.attempt = o.attempt AND j.node_id = p_node)
+                                AND j.attempt = o.attempt AND j.node_id = p_node OFFSET 0)
                              OR (NOT p_keep_completed
-                                 AND NOT EXISTS (SELECT 1 FROM forge.jobs j WHERE j.id = o.id))))
+                                 AND NOT EXISTS (SELECT 1 FROM forge.jobs j
+                                                  WHERE j.id = o.id OFFSET 0))))
                END;
     END IF;
 
