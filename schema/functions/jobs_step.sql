@@ -143,6 +143,8 @@ BEGIN
         -- matches to jobs_running: see the header.)
         v_applied := 0;
         FOR v_pass IN 1..2 LOOP
+            -- (Two spellings of one lookup: plpgsql cannot choose a locking clause at run time
+            -- but through EXECUTE, which would plan it at every call.)
             IF v_pass = 1 THEN
                 SELECT array_agg(x.tid), array_agg(x.creator) INTO v_tids, v_creators
                   FROM (SELECT o.id, o.attempt, 'running'::text AS running
