@@ -8,7 +8,7 @@
 #   benches/job_writes.sh URL REV [JOBS] [KEEP]
 #
 # URL: a server (superuser; a database forge_writes_<n> is created and dropped); REV: the git
-# revision whose schema/ is applied (migrations in order, then the function files); JOBS:
+# revision whose migrations/ is applied (migrations in order, then the function files); JOBS:
 # 20000; KEEP: true (completed jobs kept) or false (deleted, completed_retention = "0s").
 # The rate it prints is one psql loop's, not FORGE's: use bench_jobs for rates.
 set -euo pipefail
@@ -21,11 +21,11 @@ trap 'psql "$URL" -XAtq -c "DROP DATABASE IF EXISTS $DB" >/dev/null' EXIT
 U=$BASE/$DB
 {
   echo "CREATE SCHEMA forge;"
-  for f in $(git -C "$ROOT" ls-tree --name-only "$REV" schema/migrations/ | sort); do
+  for f in $(git -C "$ROOT" ls-tree --name-only "$REV" migrations/ | grep "\.sql$" | sort); do
     git -C "$ROOT" show "$REV:$f"; echo
   done
   echo "SET check_function_bodies = off;"
-  for f in $(git -C "$ROOT" ls-tree --name-only "$REV" schema/functions/ | sort); do
+  for f in $(git -C "$ROOT" ls-tree --name-only "$REV" migrations/functions/ | sort); do
     git -C "$ROOT" show "$REV:$f"; echo
   done
 } | psql "$U" -XAtq -v ON_ERROR_STOP=1 >/dev/null 2>&1

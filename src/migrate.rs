@@ -38,28 +38,25 @@ pub const TABLE: &str = forge_core::MIGRATIONS_TABLE;
 /// The table sqlx records the application's migrations in (`NodeBuilder::migrations`).
 pub const APP_TABLE: &str = "_sqlx_migrations";
 
-/// The parts of the schema a node applies: the core's and the scheduler's.
-const PARTS: [forge_core::Schema; 2] = [forge_core::SCHEMA, forge_scheduler::SCHEMA];
+// `MIGRATION_FILES` and `FUNCTION_FILES`: the files of `migrations/`, listed by build.rs.
+include!(concat!(env!("OUT_DIR"), "/schema.rs"));
 
-/// Every migration a node applies (the core's and the scheduler's).
+/// FORGE's whole schema, as every node applies it: the numbered migrations of `migrations/`
+/// (tables, indexes) and the function files of `migrations/functions/`, embedded when `forge`
+/// is built. The folder is the list: build.rs refuses a file that breaks its rules.
+pub const SCHEMA: forge_core::Schema = forge_core::Schema {
+    migrations: MIGRATION_FILES,
+    functions: FUNCTION_FILES,
+};
+
+/// Every migration a node applies, in version order.
 pub fn sources() -> Vec<MigrationSource> {
-    let mut sources: Vec<MigrationSource> = PARTS
-        .iter()
-        .flat_map(|part| part.migrations)
-        .copied()
-        .collect();
-    // One sequence across the crates, in version order.
-    sources.sort_by_key(|(version, _, _)| *version);
-    sources
+    SCHEMA.migrations.to_vec()
 }
 
-/// Every function file a node applies (the core's and the scheduler's).
+/// Every function file a node applies, by name.
 pub fn functions() -> Vec<FunctionSource> {
-    PARTS
-        .iter()
-        .flat_map(|part| part.functions)
-        .copied()
-        .collect()
+    SCHEMA.functions.to_vec()
 }
 
 /// FORGE's migrations as a migrator set up the way a node runs it: schema `forge` created
@@ -192,90 +189,4 @@ pub async fn apply(conn: &mut PgConnection, migrator: &Migrator) -> Result<()> {
 /// function files applied.
 pub async fn up(conn: &mut PgConnection) -> Result<Vec<&'static str>> {
     forge_core::apply_schema(conn, &sources(), &functions()).await
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
-    use std::path::Path;
-
-    /// The `.sql` files of `schema/<dir>`, by file name.
-    fn folder(dir: &str) -> BTreeMap<String, String> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("schema")
-            .join(dir);
-        std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|entry| entry.unwrap().path())
-            .map(|path| {
-                let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-                assert!(name.ends_with(".sql"), "{} is no .sql file", path.display());
-                (name, std::fs::read_to_string(&path).unwrap())
-            })
-            .collect()
-    }
-
-    /// The names of the functions `sql` creates (`CREATE [OR REPLACE] FUNCTION forge.<name>(`).
-    fn created(sql: &str) -> Vec<&str> {
-        let lower = sql.to_lowercase();
-        lower
-            .match_indices("function forge.")
-            .filter(|(at, _)| {
-                let before = lower[..*at].trim_end();
-                before.ends_with("create") || before.ends_with("create or replace")
-            })
-            .map(|(at, head)| {
-                let name = &sql[at + head.len()..];
-                &name[..name.find('(').unwrap_or(name.len())]
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_list_is_the_folder_one_migration_or_function_per_file() {
-        let mut migrations = folder("migrations");
-        let mut last = 0;
-        for (version, description, sql) in super::sources() {
-            assert!(version > last, "versions ascend without repeats: {version}");
-            last = version;
-            let file = format!("{version:04}_{description}.sql");
-            let text = migrations
-                .remove(&file)
-                .unwrap_or_else(|| panic!("migration {file} is listed but not in the folder"));
-            assert_eq!(text, sql, "{file} is listed with other SQL");
-            assert_eq!(
-                created(sql),
-                Vec::<&str>::new(),
-                "{file}: functions go in schema/functions/, one file each"
-            );
-        }
-        assert!(
-            migrations.is_empty(),
-            "listed nowhere: {:?}",
-            migrations.keys()
-        );
-
-        let mut functions = folder("functions");
-        for (name, sql) in super::functions() {
-            let file = format!("{name}.sql");
-            let text = functions
-                .remove(&file)
-                .unwrap_or_else(|| panic!("{file} is listed twice or not in the folder"));
-            assert_eq!(text, sql, "{file} is listed with other SQL");
-            assert_eq!(
-                created(sql),
-                [name],
-                "{file} defines forge.{name}, and only it"
-            );
-            assert!(
-                sql.contains(&format!("CREATE OR REPLACE FUNCTION forge.{name}(")),
-                "{file}: CREATE OR REPLACE, so that a changed file replaces the function"
-            );
-        }
-        assert!(
-            functions.is_empty(),
-            "listed nowhere: {:?}",
-            functions.keys()
-        );
-    }
 }

@@ -173,6 +173,7 @@ impl NodeBuilder {
             forge_scheduler::__private::register_jobs(&mut self.jobs)?;
         }
         let mut assembly = Assembly::new(self.config.core())?;
+        assembly.schema(crate::migrate::SCHEMA);
         let crons = Crons::new(self.crons, self.config.cron.clone())?;
         assembly.install(Box::new(crons))?;
         assembly.install(Box::new(JobQueue::new(self.jobs, self.config.jobs.clone())))?;

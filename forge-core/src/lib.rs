@@ -54,7 +54,7 @@ pub use role::{Epoch, LockKey, LockNamespace, LockSlotError, NodeId, Role};
 pub use runtime::{Assembly, Component, NodeContext, Runtime, shutdown_signal};
 pub use schema::{
     FUNCTIONS_TABLE, FunctionSource, FunctionState, FunctionStatus, MIGRATIONS_TABLE,
-    MigrationSource, SCHEMA, Schema, apply_functions, apply_schema, check_history, function_status,
+    MigrationSource, Schema, apply_functions, apply_schema, check_history, function_status,
     migrator,
 };
 

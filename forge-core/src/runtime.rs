@@ -2,9 +2,9 @@
 //! and the running [`Runtime`] (node session, campaigns, services, graceful shutdown).
 //!
 //! The `forge` facade's `Node` is the only node users see; it builds an [`Assembly`], installs
-//! the crons and jobs components (and the user's own), and starts it. This module knows
-//! nothing of crons or jobs: they arrive as leader tasks, services, LISTEN channels, metric
-//! descriptions, their part of the schema and a shutdown budget.
+//! the crons and jobs components (and the user's own), hands over FORGE's schema, and starts it.
+//! This module knows nothing of crons or jobs: they arrive as leader tasks, services, LISTEN
+//! channels, metric descriptions and a shutdown budget.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -43,8 +43,8 @@ pub trait Component: Send + 'static {
     /// A short name for logs (`crons`, `jobs`).
     fn name(&self) -> &'static str;
 
-    /// Adds the component's leader tasks, services, LISTEN channels, metric descriptions,
-    /// schema (migrations and function files) and shutdown budget to the node being assembled.
+    /// Adds the component's leader tasks, services, LISTEN channels, metric descriptions and
+    /// shutdown budget to the node being assembled.
     fn install(self: Box<Self>, node: &mut Assembly) -> Result<()>;
 }
 
@@ -95,8 +95,8 @@ impl Assembly {
                 LEADER_CHANNEL.to_owned(),
                 membership::NODES_CHANNEL.to_owned(),
             ],
-            migrations: schema::SCHEMA.migrations.to_vec(),
-            functions: schema::SCHEMA.functions.to_vec(),
+            migrations: Vec::new(),
+            functions: Vec::new(),
             metric_defs: Vec::new(),
             series: Vec::new(),
             queues: BTreeMap::new(),
@@ -191,8 +191,9 @@ impl Assembly {
         self
     }
 
-    /// The component's part of FORGE's schema: its migrations (applied with every other
-    /// crate's, in version order) and its function files (applied after them).
+    /// FORGE's schema, which the node applies (or checks, with `[database] migrate = false`) at
+    /// start: migrations in version order, then the function files. The `forge` crate hands
+    /// over the whole of it (`forge::migrate::SCHEMA`, its `migrations/` folder).
     pub fn schema(&mut self, schema: Schema) -> &mut Self {
         self.migrations.extend_from_slice(schema.migrations);
         self.functions.extend_from_slice(schema.functions);

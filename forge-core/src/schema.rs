@@ -1,9 +1,9 @@
-//! FORGE's schema: what each crate brings ([`Schema`]: its numbered migrations and its function
-//! files), and how a node applies it at start, or checks it with `[database] migrate = false`.
+//! FORGE's schema ([`Schema`]: its numbered migrations and its function files, which the `forge`
+//! crate embeds from its `migrations/` folder), and how a node applies it at start, or checks it with `[database] migrate = false`.
 //!
 //! Tables, indexes and other objects that hold data change through numbered migrations
-//! (`schema/migrations/NNNN_<what>.sql`, recorded by sqlx in [`MIGRATIONS_TABLE`]). Every SQL
-//! function is defined in exactly one file named after it (`schema/functions/<name>.sql`), with
+//! (`migrations/NNNN_<what>.sql`, recorded by sqlx in [`MIGRATIONS_TABLE`]). Every SQL
+//! function is defined in exactly one file named after it (`migrations/functions/<name>.sql`), with
 //! `CREATE OR REPLACE FUNCTION`. After the migrations, a node applies the function files whose
 //! SQL differs from what the database recorded in [`FUNCTIONS_TABLE`], all in one transaction,
 //! under an advisory lock of its own (nodes that start together apply them once), with
@@ -27,12 +27,13 @@ use crate::error::{Error, Result};
 /// schema, so they never clash with the host application's.
 pub type MigrationSource = (i64, &'static str, &'static str);
 
-/// One function file: the function's name (the file's, `schema/functions/<name>.sql`) and its
+/// One function file: the function's name (the file's, `migrations/functions/<name>.sql`) and its
 /// SQL (the comment that explains the function, then `CREATE OR REPLACE FUNCTION`).
 pub type FunctionSource = (&'static str, &'static str);
 
-/// What a crate brings to FORGE's schema: its migrations and its function files. The core's is
-/// [`SCHEMA`]; a component adds its own with [`Assembly::schema`](crate::Assembly::schema).
+/// FORGE's schema: its numbered migrations and its function files. The `forge` crate embeds its
+/// `migrations/` folder as one (`forge::migrate::SCHEMA`) and hands it to the node with
+/// [`Assembly::schema`](crate::Assembly::schema).
 #[derive(Clone, Copy, Debug)]
 pub struct Schema {
     /// Its numbered migrations (tables, indexes, ...).
@@ -40,61 +41,6 @@ pub struct Schema {
     /// Its function files.
     pub functions: &'static [FunctionSource],
 }
-
-/// The function files named, as `&[FunctionSource]`: `function_files!["audit", "fence"]` is
-/// `&[("audit", <schema/functions/audit.sql>), ...]`, for a crate's [`Schema`]. The path is
-/// relative to the invoking file, a crate's `src/schema.rs` (the workspace holds `schema/`).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! function_files {
-    [$($name:literal),* $(,)?] => {
-        &[$((
-            $name,
-            include_str!(concat!("../../schema/functions/", $name, ".sql")),
-        )),*]
-    };
-}
-
-/// The core's part of the schema: leadership, the cluster's history, membership, the cluster
-/// series (the scheduler brings its own).
-pub const SCHEMA: Schema = Schema {
-    migrations: &[
-        (
-            1,
-            "core",
-            include_str!("../../schema/migrations/0001_core.sql"),
-        ),
-        (
-            3,
-            "placement",
-            include_str!("../../schema/migrations/0003_placement.sql"),
-        ),
-    ],
-    functions: crate::function_files![
-        "audit",
-        "campaign",
-        "fence",
-        "fence_holds",
-        "fenced_sessions",
-        "leader_lost",
-        "lock_waiters",
-        "node_backends",
-        "node_heartbeat",
-        "node_join",
-        "node_leave",
-        "nodes_watch",
-        "placement_move",
-        "prune_events",
-        "prune_nodes",
-        "prune_stats",
-        "release",
-        "standbys_wanted",
-        "stats_rollup",
-        "stats_sample",
-        "step_down",
-        "tenure_current",
-    ],
-};
 
 /// The table FORGE records its own migrations in.
 pub const MIGRATIONS_TABLE: &str = "forge._sqlx_migrations";
@@ -216,7 +162,7 @@ impl FunctionState {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct FunctionStatus {
-    /// The function's name (its file is `schema/functions/<name>.sql`).
+    /// The function's name (its file is `migrations/functions/<name>.sql`).
     pub name: String,
     /// Where it stands.
     pub state: FunctionState,
@@ -361,7 +307,7 @@ pub async fn apply_functions(
             .await
             .map_err(|err| Error::Schema {
                 message: format!(
-                    "applying FORGE's function file schema/functions/{name}.sql failed: {err}"
+                    "applying FORGE's function file migrations/functions/{name}.sql failed: {err}"
                 ),
                 source: Some(err),
             })?;

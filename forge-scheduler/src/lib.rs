@@ -11,6 +11,7 @@ pub mod cron;
 pub mod inspect;
 pub mod jobs;
 mod metrics;
+#[cfg(test)]
 mod schema;
 
 #[doc(hidden)]
@@ -22,4 +23,3 @@ pub use cron::{
     TickState,
 };
 pub use forge_cron::{Schedule, ScheduleError};
-pub use schema::SCHEMA;

@@ -1,70 +1,18 @@
-//! The scheduler's part of FORGE's schema: its tables (the tick ledger, the job queue, paused
-//! queues) and the functions crons and jobs call, one file each (`schema/functions/<name>.sql`).
-//! Both components install it (a node applies it once).
+//! For the scheduler's unit tests: the SQL of FORGE's functions (the `forge` crate embeds it from
+//! the repository's `migrations/` folder, and hands it to the node), and the text literals it
+//! exchanges with Rust, so that a test can check that every value the SQL writes parses as the
+//! enum that reads it (where no `CHECK` list says what the values are).
 
-use forge_core::Schema;
-
-/// The scheduler's migrations and function files, applied by every node with the core's.
-pub const SCHEMA: Schema = Schema {
-    migrations: &[
-        (
-            2,
-            "scheduler",
-            include_str!("../../schema/migrations/0002_scheduler.sql"),
-        ),
-        (
-            4,
-            "tick_timing",
-            include_str!("../../schema/migrations/0004_tick_timing.sql"),
-        ),
-    ],
-    functions: forge_core::function_files![
-        "cron_set_paused",
-        "cron_trigger",
-        "jobs_cancel",
-        "jobs_complete",
-        "jobs_enqueue",
-        "jobs_figures",
-        "jobs_maintain",
-        "jobs_promote",
-        "jobs_prune",
-        "jobs_reconcile",
-        "jobs_rescue",
-        "jobs_rescue_own",
-        "jobs_retry_now",
-        "jobs_step",
-        "prune_dead_jobs",
-        "prune_finished_jobs",
-        "prune_ticks",
-        "queue_known",
-        "queue_set_paused",
-        "tick_claim",
-        "tick_claim_ahead_many",
-        "tick_claim_manual",
-        "tick_complete",
-        "tick_finish_many",
-        "tick_gate",
-        "tick_reclaim",
-        "tick_unclaim",
-        "tick_unclaim_unstarted",
-        "tx_mark",
-        "tx_marked",
-    ],
-};
-
-/// For tests: the SQL of the function `forge.<name>` (its file), and the text literals it
-/// exchanges with Rust, so that a test can check that every value the SQL writes parses as the
-/// enum that reads it (where no `CHECK` list says what the values are).
-#[cfg(test)]
 pub(crate) mod source {
-    /// The text of `schema/functions/<name>.sql`, one of the scheduler's function files.
+    /// The text of `migrations/functions/<name>.sql` (read from the repository's folder).
     pub(crate) fn function(name: &str) -> &'static str {
-        super::SCHEMA
-            .functions
-            .iter()
-            .find(|(file, _)| *file == name)
-            .map(|(_, sql)| *sql)
-            .unwrap_or_else(|| panic!("the scheduler has no function file {name}.sql"))
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../migrations/functions")
+            .join(format!("{name}.sql"));
+        let sql = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("no function file {}: {e}", path.display()));
+        // Tests only: a few files, read once per test.
+        Box::leak(sql.into_boxed_str())
     }
 
     /// The text literals that follow `prefix` in `sql` (`prefix` ends with the opening quote):

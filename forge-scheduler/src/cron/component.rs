@@ -81,9 +81,11 @@ impl Component for Crons {
     }
 
     fn install(self: Box<Self>, node: &mut Assembly) -> Result<()> {
-        node.schema(crate::SCHEMA)
-            .describe_metrics(CRON_METRICS)
-            .prune("cron_ticks", "prune_ticks", self.config.ledger_retention);
+        node.describe_metrics(CRON_METRICS).prune(
+            "cron_ticks",
+            "prune_ticks",
+            self.config.ledger_retention,
+        );
         if self.crons.is_empty() {
             return Ok(());
         }

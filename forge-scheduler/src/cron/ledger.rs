@@ -1,5 +1,5 @@
 //! The tick ledger (`forge.cron_ticks`): every statement the cron runtime makes, one round
-//! trip each. The SQL functions are in `schema/functions/`, one file each (`tick_claim.sql`,
+//! trip each. The SQL functions are in `migrations/functions/`, one file each (`tick_claim.sql`,
 //! `tick_gate.sql`, ...). The leader's statements run on the role's lock session
 //! ([`Leadership::session`]); the node's (the registry, the board) on the pool.
 
@@ -92,7 +92,7 @@ pub(super) struct ClaimRequest {
 /// Claims several ticks for this tenure in one transaction (one commit for all the ticks due
 /// at one instant), each as [`claim`] would but up to `ahead` before its instant by the
 /// database's clock; the claims in input order. A tick claimed ahead is started only after
-/// [`gate`] (see `schema/functions/tick_gate.sql` for why).
+/// [`gate`] (see `migrations/functions/tick_gate.sql` for why).
 pub(super) async fn claim_many(
     leadership: &Leadership,
     requests: &[ClaimRequest],

@@ -14,7 +14,7 @@
 //! the lock session, for all the ticks due together) checks that this tenure is still the
 //! current one by the database's clock at or past the instant. A tenure starting later takes
 //! back the claims of ticks whose instant is at or after its start: they were never started
-//! (`schema/functions/tick_gate.sql` has the argument). A leader that hands over before a
+//! (`migrations/functions/tick_gate.sql` has the argument). A leader that hands over before a
 //! claimed tick's instant deletes its claim.
 //!
 //! Overlap. A tick reached while the cron is behind - the following tick is already due,
@@ -564,7 +564,7 @@ impl Runs {
     /// past the instant while this tenure is still the current one. True: start the run. False:
     /// this tenure will not start it (a handover began first: the claim is deleted; or the
     /// leadership is over: the next leader takes the claim back if its tenure began before the
-    /// instant, see `schema/functions/tick_gate.sql`).
+    /// instant, see `migrations/functions/tick_gate.sql`).
     async fn start_when_due(&self, tick: DateTime<Utc>) -> bool {
         if self.claim_ahead.is_zero() {
             // Claimed at or after the instant by the database's clock: no gate needed.

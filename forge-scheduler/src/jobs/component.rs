@@ -130,8 +130,7 @@ impl Component for JobQueue {
         let width = node.config().metrics.rollup_interval;
         // The tables' upkeep runs whether or not this node has job types: any node may lead
         // the log_compactor and metrics_aggregator roles.
-        node.schema(crate::SCHEMA)
-            .describe_metrics(JOB_SERIES)
+        node.describe_metrics(JOB_SERIES)
             .describe_metrics(JOB_FIGURES)
             .prune(
                 "jobs_finished",

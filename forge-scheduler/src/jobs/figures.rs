@@ -7,7 +7,7 @@
 //! `[metrics] rollup_interval`, the same as cluster series (`queue_depth`,
 //! `oldest_job_age_seconds`, `dead_jobs`) for the charts.
 //!
-//! A look counts every unfinished job from the indexes alone (see `schema/functions/jobs_figures.sql`): about 0.2 s
+//! A look counts every unfinished job from the indexes alone (see `migrations/functions/jobs_figures.sql`): about 0.2 s
 //! of one database core per million queued jobs. So that a huge backlog cannot make the figures
 //! a load of their own, the next look waits at least [`LOOK_SHARE`] times as long as the last
 //! one took (the count alone, not waiting for a session), up to 20 intervals: past about 1.5
