@@ -299,10 +299,11 @@ pub(crate) enum MigrateCommand {
         #[arg(long, value_name = "DIR")]
         app: Option<PathBuf>,
     },
-    /// Prints FORGE's schema as one SQL script for a migration tool of your own (Flyway,
-    /// goose, sqitch, Rails, psql): applied once, in one transaction, it leaves the database as
-    /// `forge migrate up` would, bookkeeping included, so that nodes with [database] migrate =
-    /// false start on it. Needs no database.
+    /// Prints FORGE's schema as SQL for a migration tool of your own.
+    ///
+    /// One script for Flyway, goose, sqitch, Rails or psql: applied once, in one transaction,
+    /// it leaves the database as `forge migrate up` would, bookkeeping included, so that nodes
+    /// with [database] migrate = false start on it. Needs no database.
     Sql {
         /// Only the migrations after this version (the last one the SQL of the release before
         /// applied; its header names it), then every function file: the SQL of an upgrade.
