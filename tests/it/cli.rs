@@ -1,10 +1,12 @@
 //! The `forge` command as a real process (`forge-cli`, the same code as the `forge` binary)
 //! against a real cluster: every command in table and JSON form, operators' writes and their
-//! audit trail, migrations on a fresh database, `config check`, `doctor` gating on a role
-//! without a leader, a foreign holder of a lock key, a transaction pooler and pending
-//! migrations, and bad input (unknown commands, bad filters, unknown ids, broken config,
-//! unreachable database) with the documented exit codes.
+//! audit trail, migrations on a fresh database (and FORGE's SQL printed, applied with psql:
+//! the same schema), `config check`, `doctor` gating on a role without a leader, a foreign
+//! holder of a lock key, a transaction pooler and pending migrations, and bad input (unknown
+//! commands, bad filters, unknown ids, broken config, unreachable database) with the documented
+//! exit codes.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use forge::crons::CronJob;
@@ -12,7 +14,8 @@ use forge::jobs::NewJob;
 use forge::{Config, CronContext, LockNamespace, Node, Role, RoleState, Schedule};
 use forge_testkit::{NodeProcess, PgServer, TestDatabase, TxPooler, wait_for, wait_until};
 use serde_json::Value;
-use sqlx::Connection;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{Connection, SqlSafeStr};
 use tokio::process::Command;
 
 use crate::jobs::{Behave, plain};
@@ -1732,4 +1735,201 @@ async fn obvious_forms_work_and_errors_say_what_is_wrong_once() {
     assert!(!run.stderr.contains("expected to read"), "{}", run.stderr);
     assert!(!run.stderr.contains("secret"), "{}", run.stderr);
     server.abort();
+}
+
+/// Runs `program ARGS` (a PostgreSQL client) to completion, bounded; its stdout.
+async fn pg_client(program: &str, args: &[&str]) -> String {
+    let path = forge_testkit::client_program(program).unwrap();
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(&path).args(args).kill_on_drop(true).output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{program} {args:?} did not finish within 60 s"))
+    .unwrap_or_else(|err| panic!("cannot run {}: {err}", path.display()));
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Applies `sql` to `url` as the header of `forge migrate sql` says: psql, one transaction,
+/// stopping at the first error.
+async fn psql(url: &str, sql: &str) {
+    let dir = ScratchDir::new("cli-migrate-sql");
+    let file = dir.0.join("forge.sql");
+    std::fs::write(&file, sql).unwrap();
+    let file = file.to_str().unwrap();
+    let args = [
+        "-X",
+        "-q",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "--single-transaction",
+        "-f",
+        file,
+        url,
+    ];
+    pg_client("psql", &args).await;
+}
+
+/// Schema `forge` as pg_dump prints it (tables, indexes, constraints, functions, comments).
+async fn forge_schema_dump(url: &str) -> String {
+    let dump = pg_client(
+        "pg_dump",
+        &["--schema-only", "--schema=forge", "--no-owner", url],
+    )
+    .await;
+    // pg_dump 17.6, 16.10, 15.14, ... guard the dump with a random key per run.
+    dump.lines()
+        .filter(|line| !line.starts_with("\\restrict") && !line.starts_with("\\unrestrict"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The bookkeeping of FORGE's schema, but for when each row was written and how long sqlx
+/// took: (migrations: version, description, success, checksum), (function files: name,
+/// checksum, release).
+type Bookkeeping = (
+    Vec<(i64, String, bool, Vec<u8>)>,
+    Vec<(String, Vec<u8>, String)>,
+);
+
+async fn bookkeeping(url: &str) -> Bookkeeping {
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    let migrations = sqlx::query_as(
+        "SELECT version, description, success, checksum FROM forge._sqlx_migrations ORDER BY 1",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let functions = sqlx::query_as(
+        "SELECT name, checksum, forge_version FROM forge.schema_functions ORDER BY 1",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    (migrations, functions)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_sql_applied_with_psql_leaves_the_database_as_migrate_up_does() {
+    let reference = migrated_db().await;
+    let expected_schema = forge_schema_dump(reference.url()).await;
+    let expected_bookkeeping = bookkeeping(reference.url()).await;
+
+    // Printed with no database at hand, applied by another tool to an empty database.
+    let sql = forge_env(None, &[], &["migrate", "sql"]).await.ok().stdout;
+    assert!(sql.starts_with("-- FORGE "), "{sql}");
+    let db = fresh_db().await;
+    let url = db.url();
+    psql(url, &sql).await;
+    assert_eq!(
+        forge_schema_dump(url).await,
+        expected_schema,
+        "the schema differs from the one `forge migrate up` makes"
+    );
+    assert_eq!(bookkeeping(url).await, expected_bookkeeping);
+    let run = forge(url, &["migrate", "status"]).await.ok();
+    assert!(run.stdout.contains("up to date"), "{}", run.stdout);
+
+    // Nodes that do not migrate start on it, and the doctor finds nothing missing.
+    let mut config = leading_config(url, "sql-a");
+    config.database.migrate = false;
+    let node = Node::builder(config)
+        .auto_register(false)
+        .start()
+        .await
+        .expect("a node with migrate = false starts on the schema psql applied");
+    wait_leads_all(&node).await;
+    let report = forge(url, &["doctor", "--strict", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(report["ok"], true, "{report}");
+    let migrations = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "migrations")
+        .cloned()
+        .unwrap();
+    assert_eq!(migrations["status"], "ok", "{report}");
+    node.shutdown().await;
+
+    // An upgrade: a database an older release migrated - its first two migrations, its own
+    // function files (one of them, `fence`, different from this release's) - takes only what
+    // is new: `--after 2`.
+    let old = fresh_db().await;
+    let mut conn = old.connect().await.unwrap();
+    let older: Vec<Migration> = forge::migrate::sources()
+        .into_iter()
+        .filter(|(version, _, _)| *version <= 2)
+        .map(|(version, description, sql)| {
+            Migration::new(
+                version,
+                Cow::Borrowed(description),
+                MigrationType::Simple,
+                sql.into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    let mut older = Migrator::with_migrations(older);
+    older.create_schema("forge");
+    older.dangerous_set_table_name(forge::migrate::TABLE);
+    older.run_direct(None, &mut conn, false).await.unwrap();
+    let last = forge::migrate::sources().last().unwrap().0.to_string();
+    let functions_only = forge_env(None, &[], &["migrate", "sql", "--after", &last])
+        .await
+        .ok()
+        .stdout;
+    assert!(
+        !functions_only.contains("-- migrations/0"),
+        "{functions_only}"
+    );
+    psql(old.url(), &functions_only).await;
+    sqlx::raw_sql(
+        "UPDATE forge.schema_functions SET checksum = '\\x00', forge_version = '0.0.1'
+          WHERE name = 'fence'",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let when = "SELECT applied_at FROM forge.schema_functions WHERE name = 'audit'";
+    let audit_applied: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar(when).fetch_one(&mut conn).await.unwrap();
+    let run = forge(old.url(), &["migrate", "status", "--json"])
+        .await
+        .ok();
+    assert_eq!(run.json()["pending"], 2, "{}", run.stdout);
+
+    let upgrade = forge_env(None, &[], &["migrate", "sql", "--after", "2"])
+        .await
+        .ok()
+        .stdout;
+    psql(old.url(), &upgrade).await;
+    assert_eq!(forge_schema_dump(old.url()).await, expected_schema);
+    assert_eq!(bookkeeping(old.url()).await, expected_bookkeeping);
+    let unchanged: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar(when).fetch_one(&mut conn).await.unwrap();
+    assert_eq!(
+        unchanged, audit_applied,
+        "a function file recorded with the same SQL keeps its row, as `forge migrate up` does"
+    );
+    let run = forge(old.url(), &["migrate", "status"]).await.ok();
+    assert!(run.stdout.contains("up to date"), "{}", run.stdout);
+
+    // A database migrated further than this release knows: said so, exit 2.
+    let run = forge_env(None, &[], &["migrate", "sql", "--after", "9999"])
+        .await
+        .expect(2);
+    assert!(
+        run.stderr.contains("9999") && run.stderr.contains("newer FORGE"),
+        "{}",
+        run.stderr
+    );
 }
