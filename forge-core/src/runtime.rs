@@ -32,7 +32,7 @@ use crate::leadership::Leadership;
 use crate::membership::{
     self, Fault, LEADER_CHANNEL, ListenerEvent, Membership, NodeInfo, Standing,
 };
-use crate::metrics::{MetricDef, Metrics, defs};
+use crate::metrics::{AppMetrics, MetricDef, Metrics, defs};
 use crate::role::{LockKey, LockNamespace, NodeId, Role};
 use crate::schema::{self, FunctionSource, MigrationSource, Schema};
 
@@ -73,6 +73,7 @@ pub struct Assembly {
     queues: BTreeMap<String, u32>,
     pruners: Vec<Pruner>,
     app_migrator: Option<Migrator>,
+    app_metrics: Vec<AppMetrics>,
     version: String,
     admin_url: Option<String>,
 }
@@ -102,6 +103,7 @@ impl Assembly {
             queues: BTreeMap::new(),
             pruners: Vec::new(),
             app_migrator: None,
+            app_metrics: Vec::new(),
             admin_url: None,
             version: format!("forge {}", env!("CARGO_PKG_VERSION")),
         };
@@ -203,6 +205,19 @@ impl Assembly {
     /// Registers the descriptions of the component's metrics.
     pub fn describe_metrics(&mut self, defs: &[&'static MetricDef]) -> &mut Self {
         self.metric_defs.extend_from_slice(defs);
+        self
+    }
+
+    /// Adds the application's own metrics to the node's: `render` returns them in the
+    /// Prometheus text format (`metrics_exporter_prometheus::PrometheusHandle::render`, say)
+    /// and is called at each scrape of `[metrics] listen` and by [`Metrics::render`], its text
+    /// after FORGE's (and after the texts of earlier calls). A process figure (`process_*`) its
+    /// text has too is left out of FORGE's, so that each family appears once.
+    pub fn app_metrics(
+        &mut self,
+        render: impl Fn() -> String + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.app_metrics.push(Box::new(render));
         self
     }
 
@@ -329,10 +344,10 @@ impl Assembly {
         });
         let campaigned = self.campaigned_roles()?;
         self.prepare_database().await?;
-        let metrics = match self.config.metrics.listen {
-            Some(listen) => Metrics::serve(listen)?,
-            None => Metrics::new(),
-        };
+        let metrics = Metrics::with_app_metrics(std::mem::take(&mut self.app_metrics));
+        if let Some(listen) = self.config.metrics.listen {
+            metrics.serve(listen)?;
+        }
         metrics.describe(&self.metric_defs);
         self.export_at_start(&metrics, &campaigned, &pruned_tables);
         let pool = db::pool(

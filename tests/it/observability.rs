@@ -496,6 +496,13 @@ async fn build_info_and_process_metrics_are_served() {
     stream.read_to_string(&mut response).await.unwrap();
     assert!(response.starts_with("HTTP/1.1 405"), "{response}");
 
+    promtool_accepts(&text);
+    a.shutdown().await;
+}
+
+/// Checks `text` with `promtool check metrics` (the exposition format, and Prometheus' naming
+/// lint), where promtool is installed (see `tools_present`).
+fn promtool_accepts(text: &str) {
     if crate::support::tools_present(
         if std::process::Command::new("promtool")
             .arg("--version")
@@ -530,6 +537,54 @@ async fn build_info_and_process_metrics_are_served() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// One scrape for the application's metrics and FORGE's: an application that records with the
+/// `metrics` crate's macros through `metrics-exporter-prometheus` hands its handle's render to
+/// `NodeBuilder::app_metrics`, and `[metrics] listen` serves both (so does
+/// `Node::render_metrics`, for the application's own router). A process figure the
+/// application exports too (as the `metrics-process` crate does) appears once, and promtool
+/// accepts the whole text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_scrape_serves_the_applications_metrics_and_forges() {
+    let db = fresh_db().await;
+    let addr = free_port();
+    let mut config = config(db.url(), "a");
+    config.metrics.listen = Some(addr);
+    // The application's recorder (a local one: other tests of this process keep theirs).
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        metrics::describe_counter!("orders_placed_total", "Orders placed.");
+        metrics::counter!("orders_placed_total", "shop" => "eu").increment(3);
+        metrics::describe_gauge!("process_threads", "Number of OS threads in the process.");
+        metrics::gauge!("process_threads").set(42.0);
+    });
+    let a = Node::builder(config)
+        .app_metrics(move || handle.render())
+        .start()
+        .await
+        .unwrap();
+    wait_single_leader(&[&a], &Role::SCHEDULER).await;
+
+    let scraped = scrape_body(addr).await;
+    for text in [&scraped, &a.render_metrics()] {
+        for expected in [
+            "forge_leader_is_leader{role=\"scheduler\"} 1\n",
+            "# HELP orders_placed_total Orders placed.\n",
+            "orders_placed_total{shop=\"eu\"} 3\n",
+            "process_threads 42\n",
+            "\nprocess_open_fds ",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+        }
+        assert_eq!(
+            text.matches("# TYPE process_threads ").count(),
+            1,
+            "the application's process_threads, not a second family:\n{text}"
+        );
+    }
+    promtool_accepts(&scraped);
     a.shutdown().await;
 }
 

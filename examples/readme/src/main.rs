@@ -146,6 +146,28 @@ mod jobs {
     }
 }
 
+/// "Operations", "Your metrics and FORGE's in one scrape".
+#[rustfmt::skip]
+mod one_scrape {
+    use forge::admin::axum::{Router, extract::State, routing::get};
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    async fn scrape(State(node): State<forge::Node>) -> String {
+        tokio::task::spawn_blocking(move || node.render_metrics()).await.unwrap_or_default()
+    }
+
+    async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+        let prometheus = PrometheusBuilder::new().install_recorder()?;   // the `metrics` macros record here
+        let node = forge::Node::builder(forge::Config::from_env()?)
+            .app_metrics(move || prometheus.render())                      // yours after FORGE's, each scrape
+            .start()
+            .await?;
+        metrics::counter!("orders_placed_total").increment(1);
+        let app: Router = Router::new().route("/metrics", get(scrape)).with_state(node);
+        Ok(())
+    }
+}
+
 /// "Your tables, your migrations": `migrations/` next to this crate's Cargo.toml.
 #[rustfmt::skip]
 async fn migrations() -> forge::Result<()> {
