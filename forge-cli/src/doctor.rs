@@ -341,7 +341,7 @@ async fn cluster(ctx: &Ctx, report: &mut Report) -> Result<(), Fail> {
     let crons = workload.crons().await?;
 
     // Every role FORGE may use in this namespace, for the lock-key check.
-    let configured: BTreeSet<String> = ctx.config.node.roles.iter().cloned().collect();
+    let configured: BTreeSet<String> = ctx.config.node.roles.iter().flatten().cloned().collect();
     let mut known: BTreeSet<String> = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
     known.extend(configured.iter().cloned());
     known.extend(nodes.iter().flat_map(|n| n.roles.clone()));

@@ -57,6 +57,7 @@ fn forge_command(url: Option<&str>, env: &[(&str, &str)]) -> Command {
         "DATABASE_URL",
         "FORGE_NODE_ID",
         "FORGE_ROLES",
+        "FORGE_QUEUES",
         "FORGE_METRICS_LISTEN",
         "FORGE_ADMIN_LISTEN",
         "FORGE_ADMIN_TOKEN",
@@ -96,7 +97,7 @@ async fn forge(url: &str, args: &[&str]) -> Run {
 /// A config that campaigns for every built-in role (they all have work).
 fn leading_config(url: &str, node: &str) -> Config {
     let mut config = config(url, node);
-    config.node.roles = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
+    config.node.roles = Some(Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect());
     config.node.campaign_without_work = true;
     // What the CLI shows is checked against one node leading everything: placement would
     // hand roles to the second node at a moment the test does not choose.
@@ -393,7 +394,7 @@ async fn step_down_hands_the_role_over_and_is_audited() {
     let db = migrated_db().await;
     let start = |id: &'static str| {
         let mut config = config(db.url(), id);
-        config.node.roles = vec!["scheduler".into()];
+        config.node.roles = Some(vec!["scheduler".into()]);
         config.node.campaign_without_work = true;
         Node::builder(config).auto_register(false).start()
     };

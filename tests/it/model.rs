@@ -19,7 +19,7 @@ use crate::support::*;
 /// A config that campaigns for every built-in role, with quick duties.
 fn all_roles(url: &str, node: &str) -> Config {
     let mut config = job_config(url, node);
-    config.node.roles = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
+    config.node.roles = Some(Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect());
     config.node.campaign_without_work = true;
     config.cluster.compaction_interval = Duration::from_millis(500);
     config.metrics.rollup_interval = Duration::from_secs(1);
@@ -626,7 +626,7 @@ async fn the_cluster_series_count_cron_runs_by_role_whatever_the_number_of_crons
         )
     };
     let mut config = config(db.url(), "a");
-    config.node.roles = vec!["scheduler".into()];
+    config.node.roles = Some(vec!["scheduler".into()]);
     let node = Node::builder(config)
         .auto_register(false)
         .cron(cron("first_of_two"))
@@ -697,7 +697,7 @@ async fn a_paused_cron_is_skipped_by_whichever_node_leads_until_resumed() {
     };
     let node = |id: &'static str| {
         let mut config = config(db.url(), id);
-        config.node.roles = vec!["scheduler".into()];
+        config.node.roles = Some(vec!["scheduler".into()]);
         Node::builder(config)
             .auto_register(false)
             .cron(cron())
@@ -877,7 +877,7 @@ async fn three_nodes_starting_together_apply_the_applications_migrations_once() 
                 },
             );
             let mut config = config(&url, id);
-            config.node.roles = vec!["scheduler".into()];
+            config.node.roles = Some(vec!["scheduler".into()]);
             Node::builder(config)
                 .auto_register(false)
                 .migrations(migrator)
@@ -1110,7 +1110,7 @@ async fn forge_migrate_embeds_the_applications_migrations() {
     let db = fresh_db().await;
     let pool = db.pool().await.unwrap();
     let mut config = config(db.url(), "embedded");
-    config.node.roles = vec!["scheduler".into()];
+    config.node.roles = Some(vec!["scheduler".into()]);
     let node = Node::builder(config)
         .auto_register(false)
         .migrations(forge::migrate!("app_migrations"))

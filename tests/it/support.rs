@@ -73,7 +73,7 @@ pub(crate) async fn fresh_db() -> TestDatabase {
 /// An in-process node that leads `roles` with a leader task that just waits.
 pub(crate) async fn start_node(url: &str, id: &str, roles: &[Role]) -> Node {
     let mut config = config(url, id);
-    config.node.roles = roles.iter().map(|r| r.name().to_owned()).collect();
+    config.node.roles = Some(roles.iter().map(|r| r.name().to_owned()).collect());
     // Crons and jobs linked into the test binary must not join every node.
     let mut builder = Node::builder(config).auto_register(false);
     for role in roles {
