@@ -15,7 +15,7 @@ use serde_json::Value;
 use sqlx::Connection;
 use tokio::process::Command;
 
-use crate::jobs::{Behave, plain};
+use crate::jobs::{Behave, mailer, plain};
 use crate::support::*;
 
 /// What one run of the command did.
@@ -1153,6 +1153,7 @@ async fn doctor_passes_a_healthy_cluster_and_fails_on_a_leaderless_role_or_a_for
         "migrations",
         "lock keys",
         "leaders",
+        "work",
         "nodes",
         "clock",
     ] {
@@ -1256,6 +1257,99 @@ async fn doctor_passes_a_healthy_cluster_and_fails_on_a_leaderless_role_or_a_for
     node.shutdown().await;
     let run = forge(url, &["doctor"]).await.expect(1);
     assert!(run.stdout.contains("no active node"), "{}", run.stdout);
+}
+
+/// Work with nowhere to run - jobs waiting in a queue that no live node works, a role that a
+/// live node has work for and none campaigns for - makes `forge status` and `forge doctor`
+/// unhealthy, each naming the queue or the role and what to do, until a node serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_doctor_report_work_with_nowhere_to_run() {
+    let db = migrated_db().await;
+    let url = db.url();
+    let pool = db.pool().await.unwrap();
+    let billing = Role::new("billing").unwrap();
+    let invoices = |leadership: forge::Leadership| async move { leadership.stopping().await };
+    // The built-in roles and no queue, though the binary has work on billing and mailers.
+    let mut hides = leading_config(url, "hides");
+    hides.node.queues = Some(vec![]);
+    let node = Node::builder(hides)
+        .auto_register(false)
+        .job(mailer)
+        .leader_task(billing.clone(), "invoices", invoices)
+        .start()
+        .await
+        .unwrap();
+    wait_leads_all(&node).await;
+    client(&pool)
+        .enqueue(mailer, Behave::tag("waits"))
+        .await
+        .unwrap();
+
+    let run = forge(url, &["doctor"]).await.expect(1);
+    for said in [
+        "queue mailers has jobs waiting and no live node works it",
+        "role billing has work on hides and no live node campaigns for it",
+        "work: a node works the queues its job types declare unless [node] queues (FORGE_QUEUES) lists others",
+        "work: add billing to [node] roles (FORGE_ROLES) of nodes that have its work",
+        "NOT HEALTHY: 2 problems",
+    ] {
+        assert!(run.stdout.contains(said), "{said}: {}", run.stdout);
+    }
+    let report = forge(url, &["doctor", "--json"]).await.expect(1).json();
+    let failed: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| c["check"].as_str().unwrap())
+        .collect();
+    assert_eq!(failed, ["work", "work"], "{report}");
+    let status = forge(url, &["status", "--json"]).await.ok().json();
+    assert_eq!(status["healthy"], false, "{status}");
+    let unserved: Vec<(&str, &str)> = status["unserved"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| (u["work"].as_str().unwrap(), u["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        unserved,
+        [("queue", "mailers"), ("role", "billing")],
+        "{status}"
+    );
+    let run = forge(url, &["status"]).await.ok();
+    assert!(
+        run.stdout
+            .contains("NOT HEALTHY: queue mailers has jobs waiting and no live node works it"),
+        "{}",
+        run.stdout
+    );
+
+    // A node with the default configuration works mailers and campaigns for billing.
+    let serves = Node::builder(config(url, "serves"))
+        .auto_register(false)
+        .job(mailer)
+        .leader_task(billing, "invoices", invoices)
+        .start()
+        .await
+        .unwrap();
+    wait_for(
+        "the doctor to be content",
+        SOON,
+        Duration::from_millis(100),
+        || async {
+            let run = forge(url, &["doctor"]).await;
+            if run.code == 0 {
+                Ok(())
+            } else {
+                Err(run.stdout)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    serves.shutdown().await;
+    node.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
