@@ -137,6 +137,17 @@ async fn wait_leads_all(node: &Node) {
     .unwrap();
 }
 
+/// The checks a `forge doctor --json` report failed, in order.
+fn failed_checks(report: &Value) -> Vec<&str> {
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| c["check"].as_str().unwrap())
+        .collect()
+}
+
 /// A fresh database with FORGE's schema applied by the CLI itself.
 async fn migrated_db() -> TestDatabase {
     let db = fresh_db().await;
@@ -1124,14 +1135,7 @@ async fn doctor_passes_a_healthy_cluster_and_fails_on_a_leaderless_role_or_a_for
     assert!(run.stdout.contains("NOT HEALTHY"), "{}", run.stdout);
     let report = forge(url, &["doctor", "--json"]).await.expect(1).json();
     assert_eq!(report["ok"], false);
-    let failed: Vec<&str> = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["status"] == "fail")
-        .map(|c| c["check"].as_str().unwrap())
-        .collect();
-    assert_eq!(failed, ["lock keys", "leaders"], "{report}");
+    assert_eq!(failed_checks(&report), ["lock keys", "leaders"], "{report}");
 
     // The other application lets go: the node leads everything, the doctor is content.
     sqlx::query("SELECT pg_advisory_unlock($1)")
@@ -1267,18 +1271,10 @@ async fn status_and_doctor_report_work_with_nowhere_to_run() {
     let db = migrated_db().await;
     let url = db.url();
     let pool = db.pool().await.unwrap();
-    let billing = Role::new("billing").unwrap();
-    let invoices = |leadership: forge::Leadership| async move { leadership.stopping().await };
     // The built-in roles and no queue, though the binary has work on billing and mailers.
     let mut hides = leading_config(url, "hides");
     hides.node.queues = Some(vec![]);
-    let node = Node::builder(hides)
-        .auto_register(false)
-        .job(mailer)
-        .leader_task(billing.clone(), "invoices", invoices)
-        .start()
-        .await
-        .unwrap();
+    let node = billing_and_mailers_node(hides).await;
     wait_leads_all(&node).await;
     client(&pool)
         .enqueue(mailer, Behave::tag("waits"))
@@ -1296,14 +1292,7 @@ async fn status_and_doctor_report_work_with_nowhere_to_run() {
         assert!(run.stdout.contains(said), "{said}: {}", run.stdout);
     }
     let report = forge(url, &["doctor", "--json"]).await.expect(1).json();
-    let failed: Vec<&str> = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["status"] == "fail")
-        .map(|c| c["check"].as_str().unwrap())
-        .collect();
-    assert_eq!(failed, ["work", "work"], "{report}");
+    assert_eq!(failed_checks(&report), ["work", "work"], "{report}");
     let status = forge(url, &["status", "--json"]).await.ok().json();
     assert_eq!(status["healthy"], false, "{status}");
     let unserved: Vec<(&str, &str)> = status["unserved"]
@@ -1326,13 +1315,7 @@ async fn status_and_doctor_report_work_with_nowhere_to_run() {
     );
 
     // A node with the default configuration works mailers and campaigns for billing.
-    let serves = Node::builder(config(url, "serves"))
-        .auto_register(false)
-        .job(mailer)
-        .leader_task(billing, "invoices", invoices)
-        .start()
-        .await
-        .unwrap();
+    let serves = billing_and_mailers_node(config(url, "serves")).await;
     wait_for(
         "the doctor to be content",
         SOON,

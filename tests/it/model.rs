@@ -1142,20 +1142,12 @@ async fn forge_migrate_embeds_the_applications_migrations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_with_nowhere_to_run_is_a_problem_of_the_status_and_a_gauge_of_the_aggregator() {
     let (db, pool) = setup().await;
-    let billing = Role::new("billing").unwrap();
-    let invoices = |leadership: forge::Leadership| async move { leadership.stopping().await };
     // `hides` leads the built-in roles and works no queue, though its binary has a leader task
     // on billing and a job type on mailers. It keeps the aggregator (no spreading).
     let mut hides = all_roles(db.url(), "hides");
     hides.node.queues = Some(vec![]);
     hides.cluster.spread = false;
-    let a = Node::builder(hides)
-        .auto_register(false)
-        .job(mailer)
-        .leader_task(billing.clone(), "invoices", invoices)
-        .start()
-        .await
-        .unwrap();
+    let a = billing_and_mailers_node(hides).await;
     wait_single_leader(&[&a], &Role::METRICS_AGGREGATOR).await;
     let mailed = inserted(
         client(&pool)
@@ -1241,14 +1233,12 @@ async fn work_with_nowhere_to_run_is_a_problem_of_the_status_and_a_gauge_of_the_
     // A node with the default configuration serves both.
     let mut serves = config(db.url(), "serves");
     serves.cluster.spread = false;
-    let b = Node::builder(serves)
-        .auto_register(false)
-        .job(mailer)
-        .leader_task(billing.clone(), "invoices", invoices)
-        .start()
-        .await
-        .unwrap();
-    assert!(b.roles().contains(&billing), "{:?}", b.roles());
+    let b = billing_and_mailers_node(serves).await;
+    assert!(
+        b.roles().contains(&Role::new("billing").unwrap()),
+        "{:?}",
+        b.roles()
+    );
     let job = wait_state(&pool, mailed, JobState::Completed).await;
     assert_eq!(job.node_id.as_deref(), Some("serves"));
     wait_until(

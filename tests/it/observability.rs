@@ -1,7 +1,7 @@
 //! What operators see: the Prometheus endpoint and the leadership history.
 
 use forge::crons::CronJob;
-use forge::{Config, CronContext, Node, Role, Schedule};
+use forge::{CronContext, Node, Role, Schedule};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::*;
@@ -878,19 +878,9 @@ async fn work_a_configuration_hides_is_a_warning_at_start() {
         .finish();
     let _default = tracing::subscriber::set_default(subscriber);
     let db = fresh_db().await;
-    let billing = Role::new("billing").unwrap();
-    let start = |config: Config| {
-        Node::builder(config)
-            .auto_register(false)
-            .job(crate::jobs::mailer)
-            .leader_task(billing.clone(), "invoices", |leadership| async move {
-                leadership.stopping().await
-            })
-            .start()
-    };
     // [node] roles = ["scheduler"], [node] queues = ["default"].
     let hides = crate::jobs::job_config(db.url(), "hides");
-    start(hides).await.unwrap().shutdown().await;
+    billing_and_mailers_node(hides).await.shutdown().await;
     let lines = log.take();
     let warned = |said: &str, about: &str| {
         lines
@@ -921,7 +911,8 @@ async fn work_a_configuration_hides_is_a_warning_at_start() {
     );
 
     // The defaults: every role with work, every declared queue.
-    let serves = start(config(db.url(), "serves")).await.unwrap();
+    let serves = billing_and_mailers_node(config(db.url(), "serves")).await;
+    let billing = Role::new("billing").unwrap();
     assert!(serves.roles().contains(&billing), "{:?}", serves.roles());
     serves.shutdown().await;
     let lines = log.take();

@@ -385,3 +385,19 @@ pub(crate) fn tools_present(missing: &[(&str, &str)], what: &str) -> bool {
     eprintln!("NOTICE: not checked here: {message}. With CI=true this test fails instead.");
     false
 }
+
+/// A node whose binary has work for the role `billing` (a leader task `invoices` that waits for
+/// its leadership to end) and for the queue `mailers` (the job type `mailer`), and no other.
+pub(crate) async fn billing_and_mailers_node(config: Config) -> Node {
+    Node::builder(config)
+        .auto_register(false)
+        .job(crate::jobs::mailer)
+        .leader_task(
+            Role::new("billing").unwrap(),
+            "invoices",
+            |leadership| async move { leadership.stopping().await },
+        )
+        .start()
+        .await
+        .expect("node starts")
+}
