@@ -133,6 +133,11 @@ pub mod defs {
         "forge_cluster_nodes",
         "Nodes of the cluster by state (active, drifted, down, stopped), as of the metrics_aggregator leader's last look (reported by that leader only)",
     );
+    /// `forge_work_unserved{work, name}`
+    pub const WORK_UNSERVED: MetricDef = MetricDef::gauge(
+        "forge_work_unserved",
+        "1 while work has nowhere to run: a queue (work=\"queue\") with jobs waiting that no live node works, or a role (work=\"role\") that live nodes have work for and none campaigns for; 0 once served again (reported by the metrics_aggregator leader only)",
+    );
     /// `forge_compactor_pruned_total{table}`
     pub const PRUNED: MetricDef = MetricDef::counter(
         "forge_compactor_pruned_total",
@@ -149,6 +154,7 @@ pub mod defs {
     pub const ALL: &[&MetricDef] = &[
         &BUILD_INFO,
         &CLUSTER_NODES,
+        &WORK_UNSERVED,
         &PRUNED,
         &IS_LEADER,
         &ELECTIONS,

@@ -297,27 +297,14 @@ impl Assembly {
         })
     }
 
-    /// The roles this node campaigns for: configured, and with work (unless
-    /// `campaign_without_work`).
+    /// The roles this node campaigns for: every role it has work for, or, when `[node] roles`
+    /// is set, the listed ones with work (all listed ones with `campaign_without_work`). Work
+    /// the list hides is a warning: it runs only if another node campaigns for its role.
     fn campaigned_roles(&self) -> Result<Vec<Role>> {
         let configured = self.config.node.roles()?;
-        let mut campaigned = Vec::new();
-        for role in &configured {
-            if self.tasks.contains_key(role) || self.config.node.campaign_without_work {
-                campaigned.push(role.clone());
-            } else {
-                info!(target: "forge::leader", role = %role, node = %self.node_id,
-                      "not campaigning: no work is registered for this role (set [node] campaign_without_work to lead it anyway)");
-            }
-        }
-        for role in self.tasks.keys() {
-            if !configured.contains(role) {
-                info!(target: "forge::leader", role = %role, node = %self.node_id,
-                      "not campaigning: the role has work but is not in [node] roles");
-            }
-        }
+        let listed = configured.clone().unwrap_or_default();
         let mut keys = BTreeMap::new();
-        for role in self.tasks.keys().chain(&configured) {
+        for role in self.tasks.keys().chain(&listed) {
             let key = role.lock_key(&self.namespace);
             if let Some(other) = keys.insert(key, role.clone())
                 && other != *role
@@ -329,7 +316,40 @@ impl Assembly {
                 });
             }
         }
+        let campaigned = match configured {
+            None => self.tasks.keys().cloned().collect(),
+            Some(configured) => self.listed_roles(&configured),
+        };
+        for name in &self.config.node.prefer_roles {
+            if !campaigned.iter().any(|role| role.name() == name) {
+                warn!(target: "forge::leader", role = %name, node = %self.node_id,
+                      "[node] prefer_roles names a role this node does not campaign for (no work is registered for it): the preference does nothing");
+            }
+        }
         Ok(campaigned)
+    }
+
+    /// The roles of a `[node] roles` list this node campaigns for, with a warning for each
+    /// role with work the list leaves out.
+    fn listed_roles(&self, configured: &[Role]) -> Vec<Role> {
+        let mut campaigned = Vec::new();
+        for role in configured {
+            if self.tasks.contains_key(role) || self.config.node.campaign_without_work {
+                campaigned.push(role.clone());
+            } else {
+                info!(target: "forge::leader", role = %role, node = %self.node_id,
+                      "not campaigning: no work is registered for this role (set [node] campaign_without_work to lead it anyway)");
+            }
+        }
+        for (role, tasks) in &self.tasks {
+            if !configured.contains(role) {
+                let work: Vec<&str> = tasks.iter().map(|(name, _)| name.as_str()).collect();
+                warn!(target: "forge::leader", role = %role, node = %self.node_id, work = ?work,
+                      roles = ?self.config.node.roles,
+                      "not campaigning for a role this binary has work for: [node] roles (FORGE_ROLES) does not list it, so its work runs only where another node leads it; add it there, or unset roles to campaign for every role with work");
+            }
+        }
+        campaigned
     }
 
     /// Connects (retrying for `connect_timeout`), refuses transaction poolers, applies the
@@ -549,6 +569,7 @@ impl Assembly {
                 pid: std::process::id() as i32,
                 version: self.version.clone(),
                 roles: handles.iter().map(|h| h.role.name().to_owned()).collect(),
+                work_roles: self.tasks.keys().map(|r| r.name().to_owned()).collect(),
                 prefers: self.config.node.prefer_roles.clone(),
                 queues: serde_json::Value::Object(queues),
                 admin_url: self.admin_url.clone(),

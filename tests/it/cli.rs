@@ -18,7 +18,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{Connection, SqlSafeStr};
 use tokio::process::Command;
 
-use crate::jobs::{Behave, plain};
+use crate::jobs::{Behave, mailer, plain};
 use crate::support::*;
 
 /// What one run of the command did.
@@ -60,6 +60,7 @@ fn forge_command(url: Option<&str>, env: &[(&str, &str)]) -> Command {
         "DATABASE_URL",
         "FORGE_NODE_ID",
         "FORGE_ROLES",
+        "FORGE_QUEUES",
         "FORGE_METRICS_LISTEN",
         "FORGE_ADMIN_LISTEN",
         "FORGE_ADMIN_TOKEN",
@@ -99,7 +100,7 @@ async fn forge(url: &str, args: &[&str]) -> Run {
 /// A config that campaigns for every built-in role (they all have work).
 fn leading_config(url: &str, node: &str) -> Config {
     let mut config = config(url, node);
-    config.node.roles = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
+    config.node.roles = Some(Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect());
     config.node.campaign_without_work = true;
     // What the CLI shows is checked against one node leading everything: placement would
     // hand roles to the second node at a moment the test does not choose.
@@ -137,6 +138,17 @@ async fn wait_leads_all(node: &Node) {
     )
     .await
     .unwrap();
+}
+
+/// The checks a `forge doctor --json` report failed, in order.
+fn failed_checks(report: &Value) -> Vec<&str> {
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| c["check"].as_str().unwrap())
+        .collect()
 }
 
 /// A fresh database with FORGE's schema applied by the CLI itself.
@@ -396,7 +408,7 @@ async fn step_down_hands_the_role_over_and_is_audited() {
     let db = migrated_db().await;
     let start = |id: &'static str| {
         let mut config = config(db.url(), id);
-        config.node.roles = vec!["scheduler".into()];
+        config.node.roles = Some(vec!["scheduler".into()]);
         config.node.campaign_without_work = true;
         Node::builder(config).auto_register(false).start()
     };
@@ -1126,14 +1138,7 @@ async fn doctor_passes_a_healthy_cluster_and_fails_on_a_leaderless_role_or_a_for
     assert!(run.stdout.contains("NOT HEALTHY"), "{}", run.stdout);
     let report = forge(url, &["doctor", "--json"]).await.expect(1).json();
     assert_eq!(report["ok"], false);
-    let failed: Vec<&str> = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["status"] == "fail")
-        .map(|c| c["check"].as_str().unwrap())
-        .collect();
-    assert_eq!(failed, ["lock keys", "leaders"], "{report}");
+    assert_eq!(failed_checks(&report), ["lock keys", "leaders"], "{report}");
 
     // The other application lets go: the node leads everything, the doctor is content.
     sqlx::query("SELECT pg_advisory_unlock($1)")
@@ -1155,6 +1160,7 @@ async fn doctor_passes_a_healthy_cluster_and_fails_on_a_leaderless_role_or_a_for
         "migrations",
         "lock keys",
         "leaders",
+        "work",
         "nodes",
         "clock",
     ] {
@@ -1258,6 +1264,78 @@ async fn doctor_passes_a_healthy_cluster_and_fails_on_a_leaderless_role_or_a_for
     node.shutdown().await;
     let run = forge(url, &["doctor"]).await.expect(1);
     assert!(run.stdout.contains("no active node"), "{}", run.stdout);
+}
+
+/// Work with nowhere to run - jobs waiting in a queue that no live node works, a role that a
+/// live node has work for and none campaigns for - makes `forge status` and `forge doctor`
+/// unhealthy, each naming the queue or the role and what to do, until a node serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_doctor_report_work_with_nowhere_to_run() {
+    let db = migrated_db().await;
+    let url = db.url();
+    let pool = db.pool().await.unwrap();
+    // The built-in roles and no queue, though the binary has work on billing and mailers.
+    let mut hides = leading_config(url, "hides");
+    hides.node.queues = Some(vec![]);
+    let node = billing_and_mailers_node(hides).await;
+    wait_leads_all(&node).await;
+    client(&pool)
+        .enqueue(mailer, Behave::tag("waits"))
+        .await
+        .unwrap();
+
+    let run = forge(url, &["doctor"]).await.expect(1);
+    for said in [
+        "queue mailers has jobs waiting and no live node works it",
+        "role billing has work on hides and no live node campaigns for it",
+        "work: a node works the queues its job types declare unless [node] queues (FORGE_QUEUES) lists others",
+        "work: add billing to [node] roles (FORGE_ROLES) of nodes that have its work",
+        "NOT HEALTHY: 2 problems",
+    ] {
+        assert!(run.stdout.contains(said), "{said}: {}", run.stdout);
+    }
+    let report = forge(url, &["doctor", "--json"]).await.expect(1).json();
+    assert_eq!(failed_checks(&report), ["work", "work"], "{report}");
+    let status = forge(url, &["status", "--json"]).await.ok().json();
+    assert_eq!(status["healthy"], false, "{status}");
+    let unserved: Vec<(&str, &str)> = status["unserved"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| (u["work"].as_str().unwrap(), u["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        unserved,
+        [("queue", "mailers"), ("role", "billing")],
+        "{status}"
+    );
+    let run = forge(url, &["status"]).await.ok();
+    assert!(
+        run.stdout
+            .contains("NOT HEALTHY: queue mailers has jobs waiting and no live node works it"),
+        "{}",
+        run.stdout
+    );
+
+    // A node with the default configuration works mailers and campaigns for billing.
+    let serves = billing_and_mailers_node(config(url, "serves")).await;
+    wait_for(
+        "the doctor to be content",
+        SOON,
+        Duration::from_millis(100),
+        || async {
+            let run = forge(url, &["doctor"]).await;
+            if run.code == 0 {
+                Ok(())
+            } else {
+                Err(run.stdout)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    serves.shutdown().await;
+    node.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
