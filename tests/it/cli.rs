@@ -1983,7 +1983,8 @@ async fn migrate_sql_applied_with_psql_leaves_the_database_as_migrate_up_does() 
     let run = forge(old.url(), &["migrate", "status", "--json"])
         .await
         .ok();
-    assert_eq!(run.json()["pending"], 2, "{}", run.stdout);
+    let pending = forge::migrate::sources().len() - 2;
+    assert_eq!(run.json()["pending"], pending, "{}", run.stdout);
 
     let upgrade = forge_env(None, &[], &["migrate", "sql", "--after", "2"])
         .await

@@ -30,10 +30,17 @@ async fn terminate_lock_session(pool: &sqlx::PgPool, role: &Role, node: &str) {
 async fn one_leader_per_role_among_three_nodes_and_followers_know_it() {
     let db = fresh_db().await;
     let pool = db.pool().await.unwrap();
+    // Whoever wins a role keeps it: spreading them (placement.rs) would start a second epoch.
+    let unspread = |id: &str| {
+        let mut config = config(db.url(), id);
+        config.node.roles = Some(Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect());
+        config.cluster.spread = false;
+        Node::builder(config).auto_register(false).start()
+    };
     let nodes = [
-        start_node(db.url(), "a", &Role::BUILTIN).await,
-        start_node(db.url(), "b", &Role::BUILTIN).await,
-        start_node(db.url(), "c", &Role::BUILTIN).await,
+        unspread("a").await.unwrap(),
+        unspread("b").await.unwrap(),
+        unspread("c").await.unwrap(),
     ];
     let refs: Vec<&Node> = nodes.iter().collect();
     for role in Role::BUILTIN {
