@@ -844,7 +844,7 @@ impl Cluster {
     /// The cluster's status, as every tool shows it ([`ClusterStatus`]): the leaders and the
     /// nodes read in one statement, with the database's clock.
     pub async fn status(&self) -> Result<ClusterStatus> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::db::begin(&self.pool).await?;
         // One snapshot: the leaders and the nodes as of the same instant.
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
