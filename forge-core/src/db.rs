@@ -273,9 +273,10 @@ pub(crate) async fn connect_once(
 /// acknowledged but never committed, row locks held for others. The same bound closes a
 /// connection whose last statement was abandoned by a timeout and never answered (a
 /// half-open session): sqlx's own release ping has no bound, and would hold the pool slot
-/// until TCP gives up. A connection idle for [`PING_IF_IDLE_FOR`] or longer is pinged, with
-/// the same bound, before it is handed out (sqlx's `before_acquire` hook; its unbounded
-/// `test_before_acquire` ping is off); one released more recently answered its check then.
+/// until TCP gives up (it still runs, right after the check was answered). A connection idle
+/// for [`PING_IF_IDLE_FOR`] or longer is pinged, with the same bound, before it is handed out
+/// (sqlx's `before_acquire` hook; its unbounded `test_before_acquire` ping is off); one
+/// released more recently answered its check then.
 pub(crate) fn pool(
     database: &DatabaseConfig,
     options: PgConnectOptions,
@@ -302,10 +303,10 @@ const POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30
 /// How long the pool's checks wait for the server's answer before they close the connection
 /// (the pool then opens another): a healthy server answers in a millisecond; a connection that
 /// is half-open, or still busy with a statement its caller gave up on, does not.
-pub(crate) const POOL_CHECK_BOUND: Duration = Duration::from_secs(2);
+const POOL_CHECK_BOUND: Duration = Duration::from_secs(2);
 
 /// A pool connection idle at least this long is pinged before it is handed out.
-pub(crate) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// `options` with the node pool's guard (see [`pool`]).
 fn guarded(options: PgPoolOptions) -> PgPoolOptions {

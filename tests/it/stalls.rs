@@ -37,6 +37,7 @@ async fn jobs_node(config: forge::Config) -> Node {
         .auto_register(false)
         .job(plain)
         .job(Span)
+        .job(CutBegin)
         .start()
         .await
         .expect("node starts")
@@ -701,12 +702,7 @@ async fn a_handlers_begin_cut_by_its_timeout_leaves_no_transaction_behind() {
     let (db, pool) = setup().await;
     let mut config = job_config(db.url(), "a");
     config.jobs.queues = [("default".to_owned(), 1)].into_iter().collect();
-    let node = Node::builder(config)
-        .auto_register(false)
-        .job(CutBegin)
-        .start()
-        .await
-        .expect("node starts");
+    let node = jobs_node(config).await;
     for round in 1..=30 {
         let id = node.jobs().enqueue(CutBegin, ()).await.unwrap().id();
         let job = wait_state(&pool, id, JobState::Dead).await;
@@ -781,7 +777,7 @@ async fn a_fenced_transaction_dropped_while_it_begins_keeps_its_connection() {
     let node = jobs_node(config).await;
     wait_single_leader(&[&node], &Role::SCHEDULER).await;
     let leadership = node.leadership(&Role::SCHEDULER).unwrap();
-    let first = backend_pid(&mut *node.pool().acquire().await.unwrap()).await;
+    let first = backend_pid(&mut node.pool().acquire().await.unwrap()).await;
     let mut cancelled = 0;
     for i in 0..300u64 {
         let cut = Duration::from_micros((i % 30) * 20);
