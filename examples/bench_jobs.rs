@@ -51,9 +51,8 @@
 //! for the drain, the enqueue and the node processes.
 //!
 //! The pool's guard (`--only pool`): the node's pool checks at each release that the connection
-//! is outside any transaction block (one statement, bounded) and pings, bounded, a connection
-//! idle for a second or more before handing it out; a pool with sqlx's defaults pings at every
-//! acquire and release, unbounded. Both pools (10 connections each, on one database) run cycles
+//! is outside any transaction block (one statement, bounded) and pings it, bounded, before
+//! handing it out; a pool with sqlx's defaults pings at every acquire and release, unbounded. Both pools (10 connections each, on one database) run cycles
 //! of acquire, `SELECT 1`, release, on 1 task and on 16, rounds interleaved: microseconds per
 //! cycle and per acquire call, and the difference, what the guard costs per acquire.
 //!
@@ -1437,7 +1436,7 @@ pub(crate) async fn bench(options: Options) -> Result<Figures, BoxError> {
             )
         };
         println!(
-            "POOL GUARD: acquire, SELECT 1, release, {cycles} cycles a round, medians of {} rounds; the node's pool (check at release, ping when idle 1 s+) / sqlx's defaults (ping at acquire and release)",
+            "POOL GUARD: acquire, SELECT 1, release, {cycles} cycles a round, medians of {} rounds; the node's pool (a check statement at release, bounded pings) / sqlx's defaults (pings at acquire and release)",
             rounds.len()
         );
         for (tasks, label) in [(0, "1 task"), (1, "16 tasks on 10 connections")] {

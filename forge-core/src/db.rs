@@ -273,10 +273,10 @@ pub(crate) async fn connect_once(
 /// acknowledged but never committed, row locks held for others. The same bound closes a
 /// connection whose last statement was abandoned by a timeout and never answered (a
 /// half-open session): sqlx's own release ping has no bound, and would hold the pool slot
-/// until TCP gives up (it still runs, right after the check was answered). A connection idle
-/// for [`PING_IF_IDLE_FOR`] or longer is pinged, with the same bound, before it is handed out
-/// (sqlx's `before_acquire` hook; its unbounded `test_before_acquire` ping is off); one
-/// released more recently answered its check then.
+/// until TCP gives up (it still runs, right after the check was answered). Before a
+/// connection is handed out it is pinged with the same bound (sqlx's `before_acquire` hook, in
+/// place of its unbounded `test_before_acquire` ping), so that one the server ended while it
+/// sat idle (a restart, a failover) is replaced rather than handed out.
 pub(crate) fn pool(
     database: &DatabaseConfig,
     options: PgConnectOptions,
@@ -305,20 +305,12 @@ const POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30
 /// is half-open, or still busy with a statement its caller gave up on, does not.
 const POOL_CHECK_BOUND: Duration = Duration::from_secs(2);
 
-/// A pool connection idle at least this long is pinged before it is handed out.
-const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
-
 /// `options` with the node pool's guard (see [`pool`]).
 fn guarded(options: PgPoolOptions) -> PgPoolOptions {
     options
         .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for >= PING_IF_IDLE_FOR {
-                    bounded(conn.ping()).await?;
-                }
-                Ok(true)
-            })
+        .before_acquire(|conn, _| {
+            Box::pin(async move { bounded(conn.ping()).await.map(|()| true) })
         })
         .after_release(|conn, _| Box::pin(outside_transaction(conn)))
 }
