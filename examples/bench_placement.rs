@@ -59,7 +59,6 @@ async fn start(url: &str, id: &str) -> Result<Node, BoxError> {
     let mut config = Config::default();
     config.database.url = Some(url.to_owned());
     config.node.id = Some(id.to_owned());
-    config.node.campaign_without_work = true;
     let tick = CronJob::new("bench_tick", Schedule::parse("* * * * * *")?, bench_tick)
         .catch_up(CatchUp::All);
     Ok(Node::builder(config)

@@ -67,7 +67,7 @@ async fn run_node() -> Result<(), BoxError> {
     config.cluster.membership.heartbeat_interval = Duration::from_secs(1);
     if std::env::var_os("FORGE_DEMO_WEB").is_some() {
         // The web node: serves the admin API and the dashboard, works no queue.
-        config.jobs.queues.clear();
+        config.node.queues = Some(vec![]);
     }
     // The #[cron] and #[job] below are registered automatically.
     let mut builder = Node::builder(config);

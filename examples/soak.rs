@@ -676,9 +676,8 @@ async fn hog(ctx: JobContext, args: HogArgs) -> Result<(), JobError> {
     Ok(())
 }
 
-// One hog type per node, each declaring a queue only that node works: a node works a queue of
-// `[jobs.queues]` only for the job types that declare it (a job enqueued with
-// `NewJob::queue(...)` onto a queue no registered type declares is never claimed).
+// One hog type per node, each declaring a queue only that node works (`[node] queues` lists it;
+// every node's binary declares all three).
 
 /// Pool hog of n1 (queue `hog_n1`).
 #[forge::job(name = "soak_hog_n1", queue = "hog_n1", max_attempts = 100)]
@@ -757,6 +756,9 @@ drain_timeout = "2s"
 heartbeat_interval = "500ms"
 drift_after = "1500ms"
 down_after = "{down}s"
+
+[node]
+queues = ["default", "hog_{id}"]
 
 [jobs]
 maintenance_interval = "5s"

@@ -218,6 +218,14 @@ pub const BUILTIN: &[Builtin] = &[
         description: "No node of {{ $labels.job }} reports leading the role {{ $labels.role }} (or no node that campaigns for it is scraped any more): its crons, leader-only jobs and duties are not running.",
     },
     Builtin {
+        name: "forge_work_unserved",
+        severity: Severity::Critical,
+        for_: minutes(5),
+        expr: "max by (job, work, name) (forge_work_unserved) > 0",
+        summary: "No node serves {{ $labels.work }} {{ $labels.name }}",
+        description: "{{ if eq $labels.work \"queue\" }}Jobs wait in the queue {{ $labels.name }} of {{ $labels.job }} and no live node works it{{ else }}Live nodes of {{ $labels.job }} have work for the role {{ $labels.name }} (crons, leader-only jobs, leader tasks) and none of them campaigns for it{{ end }}: the work waits until a node serves it. `forge status` says what to do.",
+    },
+    Builtin {
         name: "forge_multiple_leaders",
         severity: Severity::Critical,
         for_: minutes(1),

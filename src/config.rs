@@ -68,7 +68,7 @@ pub struct Config {
 
 impl Config {
     /// Reads `path`, applies the environment overrides (`DATABASE_URL`, `FORGE_NODE_ID`,
-    /// `HOSTNAME`, `FORGE_ROLES`, `FORGE_METRICS_LISTEN`, `FORGE_ADMIN_LISTEN`,
+    /// `HOSTNAME`, `FORGE_ROLES`, `FORGE_QUEUES`, `FORGE_METRICS_LISTEN`, `FORGE_ADMIN_LISTEN`,
     /// `FORGE_ADMIN_TOKEN`) and validates.
     pub fn load(path: impl AsRef<Path>) -> Result<Config> {
         Config::load_with_env(path, &ProcessEnv)
@@ -87,7 +87,8 @@ impl Config {
     }
 
     /// The defaults with the environment's overrides (no file): `DATABASE_URL` is enough to
-    /// run a node.
+    /// run a node, which then campaigns for every role and works every queue its binary has
+    /// work for.
     pub fn from_env() -> Result<Config> {
         Config::parse("", None, &ProcessEnv)
     }
@@ -144,8 +145,8 @@ impl Config {
         self.database.url()
     }
 
-    /// The roles listed in `[node] roles`, parsed.
-    pub fn roles(&self) -> Result<Vec<Role>> {
+    /// The roles listed in `[node] roles`, parsed; `None` when unset (every role with work).
+    pub fn roles(&self) -> Result<Option<Vec<Role>>> {
         self.node.roles()
     }
 
@@ -287,6 +288,37 @@ mod tests {
         );
         let msg = parse_err("[jobs.queues]\n\"mail ers\" = 4\n");
         assert!(msg.contains("invalid queue name"), "{msg}");
+        let msg = parse_err("[jobs]\ndefault_concurrency = 0\n");
+        assert!(
+            msg.starts_with("forge.toml:2: `jobs.default_concurrency`"),
+            "{msg}"
+        );
+        let msg = parse_err("[node]\nqueues = [\"mail ers\"]\n");
+        assert!(
+            msg.starts_with("forge.toml:2: `node.queues`") && msg.contains("invalid queue name"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn restrictions_of_roles_are_explicit_and_checked() {
+        // Unset: every role with work, so prefer_roles cannot be checked against a list.
+        let config = Config::from_toml("[node]\nprefer_roles = [\"billing\"]\n").unwrap();
+        assert_eq!(config.node.roles, None);
+        let msg = parse_err("[node]\nroles = [\"scheduler\"]\nprefer_roles = [\"billing\"]\n");
+        assert!(
+            msg.starts_with("forge.toml:3: `node.prefer_roles`")
+                && msg.contains("not in node.roles"),
+            "{msg}"
+        );
+        // campaign_without_work names no role by itself: a key that would do nothing.
+        let msg = parse_err("[node]\ncampaign_without_work = true\n");
+        assert!(
+            msg.starts_with("forge.toml:2: `node.campaign_without_work`")
+                && msg.contains("needs [node] roles"),
+            "{msg}"
+        );
+        Config::from_toml("[node]\nroles = [\"billing\"]\ncampaign_without_work = true\n").unwrap();
     }
 
     #[test]
@@ -309,7 +341,11 @@ mod tests {
             config.metrics.listen,
             Some("127.0.0.1:9999".parse().unwrap())
         );
-        assert_eq!(config.node.roles, ["scheduler", "reports"]);
+        assert_eq!(
+            config.node.roles.as_deref(),
+            Some(&["scheduler".to_owned(), "reports".to_owned()][..])
+        );
+        assert_eq!(config.node.queues, None, "unset: every declared queue");
 
         let env = |name: &str| match name {
             "FORGE_NODE_ID" => Some("explicit".to_owned()),
@@ -320,6 +356,20 @@ mod tests {
         let config = Config::parse("[metrics]\nlisten = \"0.0.0.0:1\"", None, &env).unwrap();
         assert_eq!(config.node.id.as_deref(), Some("explicit"));
         assert_eq!(config.metrics.listen, None);
+        assert_eq!(config.node.roles, None, "unset: every role with work");
+
+        // Set, even empty, FORGE_ROLES and FORGE_QUEUES restrict.
+        let env = |name: &str| match name {
+            "FORGE_ROLES" => Some(String::new()),
+            "FORGE_QUEUES" => Some("mailers, default".to_owned()),
+            _ => None,
+        };
+        let config = Config::parse("[node]\nroles = [\"billing\"]\n", None, &env).unwrap();
+        assert_eq!(config.node.roles, Some(vec![]));
+        assert_eq!(
+            config.node.queues.as_deref(),
+            Some(&["mailers".to_owned(), "default".to_owned()][..])
+        );
 
         let env = |name: &str| (name == "FORGE_METRICS_LISTEN").then(|| "nope".to_owned());
         let msg = Config::parse("", None, &env).unwrap_err().to_string();
@@ -415,6 +465,9 @@ mod tests {
         let mut full = Config::default();
         full.database.url = Some("postgres://x@y/z".into());
         full.node.id = Some("n".into());
+        full.node.roles = Some(vec!["scheduler".into()]);
+        full.node.queues = Some(vec!["default".into()]);
+        full.jobs.queues.insert("mailers".into(), 4);
         full.metrics.listen = Some("0.0.0.0:1".parse().unwrap());
         full.alerting.runbook_base_url = Some("https://example.com/runbook.md".into());
         let mut keys = Vec::new();

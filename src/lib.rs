@@ -174,7 +174,7 @@ pub mod inspect {
     pub use forge_core::inspect::{
         Change, Cluster, ClusterStatus, EventFilter, EventKind, EventView, GapFrom, LeaderView,
         LeadershipState, NodeCounts, NodeState, NodeView, Page, PageRequest, RoleStatus,
-        SeriesPoint, StepDown, TenureEnd, TenureView,
+        SeriesPoint, StepDown, TenureEnd, TenureView, UnservedWork, WorkKind,
     };
     pub use forge_scheduler::inspect::{CronView, JobFilter, QueueView, TickView, Workload};
 }

@@ -1,7 +1,8 @@
 //! FORGE's schema outside a node: exactly what a node applies at start - the numbered
 //! migrations (schema `forge`, bookkeeping in [`TABLE`]), then the function files whose SQL
 //! changed (bookkeeping in [`FUNCTIONS_TABLE`]) - for tools and deploy pipelines that check or
-//! apply them first (`forge migrate status`, `forge migrate up`).
+//! apply them first (`forge migrate status`, `forge migrate up`), or that migrate with a tool
+//! of their own and take FORGE's SQL as a script ([`script`], `forge migrate sql`).
 //!
 //! ```no_run
 //! # async fn demo(conn: &mut forge::sqlx::PgConnection) -> forge::Result<()> {
@@ -189,4 +190,37 @@ pub async fn apply(conn: &mut PgConnection, migrator: &Migrator) -> Result<()> {
 /// function files applied.
 pub async fn up(conn: &mut PgConnection) -> Result<Vec<&'static str>> {
     forge_core::apply_schema(conn, &sources(), &functions()).await
+}
+
+/// FORGE's schema as one SQL script for a migration tool of your own (Flyway, goose, sqitch,
+/// Rails, psql), as `forge migrate sql` prints it: applied once, in one transaction, to a
+/// database without FORGE's schema (`after: None`) or with its migrations up to `after`, it
+/// leaves the schema and its bookkeeping as [`up`] would, so that nodes started with
+/// `[database] migrate = false` accept the database. Schema `forge` and [`TABLE`] are created
+/// if missing; each migration after `after` is followed by the row sqlx records for it (with
+/// sqlx's checksum); every function file follows, idempotent, with `check_function_bodies =
+/// off`, each followed by its row of [`FUNCTIONS_TABLE`].
+///
+/// An upgrade applies the next release's script with `after` set to the last migration the
+/// previous one applied (the script's header names it). Unlike [`up`], the script cannot look
+/// at the database: it applies every migration after `after`, and replaces a function that a
+/// newer FORGE release applied, so apply the script of the newest release you run. It holds no
+/// `BEGIN` or `COMMIT`, so that a tool that runs each migration in a transaction of its own
+/// (Flyway, goose, Rails) can take it as it is; with psql, pass `--single-transaction`.
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`](crate::Error::InvalidInput) when `after` is negative or later than
+/// this release's last migration (the database was migrated by a newer FORGE).
+///
+/// ```
+/// let everything = forge::migrate::script(None)?;
+/// assert!(everything.contains("CREATE SCHEMA IF NOT EXISTS forge;"));
+/// let last = forge::migrate::sources().last().map_or(0, |(version, _, _)| *version);
+/// let functions_only = forge::migrate::script(Some(last))?;
+/// assert!(functions_only.contains("SET check_function_bodies = off;"));
+/// # Ok::<(), forge::Error>(())
+/// ```
+pub fn script(after: Option<i64>) -> Result<String> {
+    forge_core::schema_script(SCHEMA.migrations, SCHEMA.functions, after)
 }

@@ -146,6 +146,27 @@ impl NodeBuilder {
         self
     }
 
+    /// Serves the application's own metrics with FORGE's, so that one scrape sees both:
+    /// `render` returns them in the Prometheus text format, and each scrape of `[metrics]
+    /// listen` and each [`Node::render_metrics`] appends its text to FORGE's. With the
+    /// `metrics` crate and `metrics-exporter-prometheus`, pass
+    /// `move || handle.render()` (the `PrometheusHandle` of the recorder you installed); then
+    /// serve `[metrics] listen`, or `node.render_metrics()` on your own router's `/metrics`.
+    ///
+    /// A family must appear once in a scrape (promtool refuses the text otherwise, Prometheus
+    /// drops the second sample of a series): FORGE exports the process' figures (`process_*`)
+    /// unless your text has a family of the same name (the `metrics-process` crate's), and
+    /// names its own `forge_*`, a prefix your metrics must not use.
+    pub fn app_metrics<F>(mut self, render: F) -> Self
+    where
+        F: Fn() -> String + Send + Sync + 'static,
+    {
+        self.additions.push(Box::new(move |assembly| {
+            assembly.app_metrics(render);
+        }));
+        self
+    }
+
     /// The application's version, shown in membership (`forge.nodes.version`); default:
     /// FORGE's own.
     pub fn version(mut self, version: impl Into<String>) -> Self {
@@ -379,7 +400,10 @@ impl Node {
         self.runtime.context().metrics()
     }
 
-    /// The node's metrics in the Prometheus text format.
+    /// The node's metrics in the Prometheus text format, the application's included
+    /// ([`NodeBuilder::app_metrics`]): what `[metrics] listen` serves, for your own router's
+    /// `/metrics`. With many series it takes a while (10,000 crons: about 0.16 s on the
+    /// scheduler's leader): call it off the async workers (`tokio::task::spawn_blocking`).
     pub fn render_metrics(&self) -> String {
         self.metrics().render()
     }

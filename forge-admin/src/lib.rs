@@ -19,7 +19,7 @@
 //! | `GET /api/health/live` | 200 while the process serves (liveness probe; no token needed) |
 //! | `GET /api/health/ready` | 200 when PostgreSQL answers within 2 s, else 503 (readiness probe; no token needed); 503 while the node shuts down |
 //! | `GET /api/health/leader/{role}` | 200 on the role's leader, 503 elsewhere with the leader in `Forge-Leader` (for HAProxy, nginx, Kubernetes; no token needed; no database round trip) |
-//! | `GET /api/cluster/status` | the [`ClusterStatus`](forge_core::inspect::ClusterStatus): the database's `now`, nodes by state, the expected roles and each one's leader, roles without one, `healthy`, `problems` and `warnings` |
+//! | `GET /api/cluster/status` | the [`ClusterStatus`](forge_core::inspect::ClusterStatus): the database's `now`, nodes by state, the expected roles and each one's leader, roles without one, work with nowhere to run (`unserved`: a queue with waiting jobs no live node works, a role with work no live node campaigns for), `healthy`, `problems` and `warnings` |
 //! | `GET /api/cluster/leaders` | every role's current (or last) leadership, with `led` |
 //! | `GET /api/cluster/leaders/{role}` | one role's |
 //! | `GET /api/cluster/history?role=&limit=&before=` | tenures, newest first: failover or handoff, the gap before each (`gap_ms`) and what it is measured from (`gap_from`) |

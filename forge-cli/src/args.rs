@@ -65,7 +65,8 @@ pub(crate) enum Command {
     },
     /// Asks the leader of a role to hand over gracefully (through the database).
     StepDown(StepDownArgs),
-    /// FORGE's database migrations: what is applied, what is pending; apply them.
+    /// FORGE's database migrations: what is applied, what is pending; apply them, or print
+    /// them for a migration tool of your own.
     Migrate {
         #[command(subcommand)]
         action: MigrateCommand,
@@ -297,6 +298,17 @@ pub(crate) enum MigrateCommand {
         /// Also the application's migrations in this directory.
         #[arg(long, value_name = "DIR")]
         app: Option<PathBuf>,
+    },
+    /// Prints FORGE's schema as SQL for a migration tool of your own.
+    ///
+    /// One script for Flyway, goose, sqitch, Rails or psql: applied once, in one transaction,
+    /// it leaves the database as `forge migrate up` would, bookkeeping included, so that nodes
+    /// with [database] migrate = false start on it. Needs no database.
+    Sql {
+        /// Only the migrations after this version (the last one the SQL of the release before
+        /// applied; its header names it), then every function file: the SQL of an upgrade.
+        #[arg(long, value_name = "VERSION", value_parser = clap::value_parser!(i64).range(0..))]
+        after: Option<i64>,
     },
 }
 

@@ -19,12 +19,24 @@ pub(crate) fn check(file: &Path, env: bool, json: bool) -> Outcome {
         Config::load_with_env(file, &no_env)
     };
     let config = config?;
-    let queues: Vec<String> = config
+    let roles = match &config.node.roles {
+        Some(roles) => out::list(roles),
+        None => "every role this node's binary has work for ([node] roles unset)".to_owned(),
+    };
+    let tuned = config
         .jobs
         .queues
         .iter()
-        .map(|(queue, n)| format!("{queue} ({n})"))
-        .collect();
+        .map(|(queue, n)| format!("{queue} {n}"))
+        .chain([format!("others {}", config.jobs.default_concurrency)])
+        .collect::<Vec<_>>()
+        .join(", ");
+    let queues = match &config.node.queues {
+        Some(queues) => format!("{}; concurrency: {tuned}", out::list(queues)),
+        None => format!(
+            "every queue this node's binary declares, and those tuned ([node] queues unset); concurrency: {tuned}"
+        ),
+    };
     let database = match &config.database.url {
         Some(url) => forge::redact_url(url),
         None if env => "not set: set DATABASE_URL or [database] url".to_owned(),
@@ -58,7 +70,8 @@ pub(crate) fn check(file: &Path, env: bool, json: bool) -> Outcome {
             "database": config.database.url.as_deref().map(forge::redact_url),
             "namespace": config.cluster.lock_namespace,
             "roles": config.node.roles,
-            "queues": config.jobs.queues,
+            "queues": config.node.queues,
+            "concurrency": { "default": config.jobs.default_concurrency, "queues": config.jobs.queues },
             "lease_duration_ms": election.lease_duration.as_millis() as u64,
             "refresh_interval_ms": election.refresh_interval.as_millis() as u64,
             "admin": admin,
@@ -69,8 +82,8 @@ pub(crate) fn check(file: &Path, env: bool, json: bool) -> Outcome {
     out::print_fields(&[
         ("database", database),
         ("namespace", config.cluster.lock_namespace.clone()),
-        ("roles", out::list(&config.node.roles)),
-        ("queues", out::list(&queues)),
+        ("roles", roles),
+        ("queues", queues),
         ("admin", access),
         (
             "lease",

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forge::inspect::NodeState;
+use forge::inspect::{NodeState, WorkKind};
 use forge::migrate::MigrationState;
 use forge::sqlx::{self, Row};
 use forge::{LockKey, NodeId, Role};
@@ -158,7 +158,14 @@ pub(crate) async fn run(
     connection(&ctx, &mut report).await;
     if !pooler(&ctx, &mut report).await {
         // Nothing else can be trusted through a transaction pooler.
-        for check in ["migrations", "lock keys", "leaders", "nodes", "clock"] {
+        for check in [
+            "migrations",
+            "lock keys",
+            "leaders",
+            "work",
+            "nodes",
+            "clock",
+        ] {
             report.add(check, Level::Skip, "a transaction pooler is in the way");
         }
         report.print(json, strict);
@@ -170,7 +177,7 @@ pub(crate) async fn run(
             report.add("cluster", Level::Fail, fail.message);
         }
     } else {
-        for check in ["lock keys", "leaders", "nodes"] {
+        for check in ["lock keys", "leaders", "work", "nodes"] {
             report.add(check, Level::Skip, "FORGE's schema is not in place");
         }
     }
@@ -341,7 +348,7 @@ async fn cluster(ctx: &Ctx, report: &mut Report) -> Result<(), Fail> {
     let crons = workload.crons().await?;
 
     // Every role FORGE may use in this namespace, for the lock-key check.
-    let configured: BTreeSet<String> = ctx.config.node.roles.iter().cloned().collect();
+    let configured: BTreeSet<String> = ctx.config.node.roles.iter().flatten().cloned().collect();
     let mut known: BTreeSet<String> = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
     known.extend(configured.iter().cloned());
     known.extend(nodes.iter().flat_map(|n| n.roles.clone()));
@@ -349,7 +356,17 @@ async fn cluster(ctx: &Ctx, report: &mut Report) -> Result<(), Fail> {
     known.extend(crons.iter().map(|c| c.role.clone()));
     lock_keys(ctx, report, &known, &nodes).await?;
 
+    let unserved_role = |name: &str| {
+        status
+            .unserved
+            .iter()
+            .any(|work| work.work == WorkKind::Role && work.name == name)
+    };
     for role in &status.roles {
+        if unserved_role(&role.role) {
+            // Reported under "work", with what to do.
+            continue;
+        }
         if role.led {
             report.add(
                 "leaders",
@@ -385,7 +402,7 @@ async fn cluster(ctx: &Ctx, report: &mut Report) -> Result<(), Fail> {
             )
         } else {
             format!(
-                "no active node campaigns for {name}: start a node with {name} in [node] roles (FORGE_ROLES) and work for it"
+                "no active node campaigns for {name}: start a node whose binary has work for {name} (with {name} in its [node] roles, if it sets them)"
             )
         };
         report.hint(
@@ -404,8 +421,20 @@ async fn cluster(ctx: &Ctx, report: &mut Report) -> Result<(), Fail> {
             Level::Warn,
             format!("{role}: listed in [node] roles here, but no node campaigns for it"),
             format!(
-                "no node in the cluster campaigns for {role}: start a node with {role} in [node] roles (FORGE_ROLES) and work for it, or drop it from this configuration"
+                "no node in the cluster campaigns for {role}: start a node whose binary has work for {role} (with {role} in its [node] roles, if it sets them), or drop it from this configuration"
             ),
+        );
+    }
+
+    // Work with nowhere to run: the status' problems, each with what to do.
+    for work in &status.unserved {
+        report.hint("work", Level::Fail, &work.problem, &work.remedy);
+    }
+    if status.unserved.is_empty() {
+        report.add(
+            "work",
+            Level::Ok,
+            "every queue with waiting jobs is worked, every role with work is campaigned for",
         );
     }
 

@@ -3,7 +3,7 @@
 //! It connects with `DATABASE_URL` or `--config forge.toml` (the cluster is `[cluster]
 //! lock_namespace`) and reads and writes through the same read models the admin API uses
 //! (`forge::inspect`): `status`, `leaders`, `events [--follow]`, `nodes`, `crons`, `jobs`,
-//! `queues`, `step-down`, `migrate status|up`, `config check`, `doctor`, `alerts export`.
+//! `queues`, `step-down`, `migrate status|up|sql`, `config check`, `doctor`, `alerts export`.
 //! Aligned tables for people, `--json` for scripts. Exit codes: 0 ok, 1 something is wrong
 //! (`doctor` found a problem, an id was not found, the database is unreachable), 2 the command
 //! line or the configuration is wrong. Every write is recorded in the cluster's events as done
@@ -26,7 +26,9 @@ mod migrate;
 mod out;
 mod work;
 
-use args::{AlertsCommand, Cli, Command, ConfigCommand, CronsCommand, QueuesCommand};
+use args::{
+    AlertsCommand, Cli, Command, ConfigCommand, CronsCommand, MigrateCommand, QueuesCommand,
+};
 use ctx::{Ctx, Settings};
 use fail::{Fail, Outcome};
 
@@ -86,6 +88,9 @@ async fn dispatch(cli: Cli) -> Outcome {
         Command::Alerts {
             action: AlertsCommand::Export { output },
         } => return config_cmd::alerts_export(&cli, output.as_deref(), json),
+        Command::Migrate {
+            action: MigrateCommand::Sql { after },
+        } => return migrate::print_sql(*after, json),
         _ => {}
     }
     let settings = Settings::load(&cli)?;

@@ -1,7 +1,9 @@
 //! `migrate status` and `migrate up [--dry-run]`: FORGE's schema (its migrations, then its
 //! function files) exactly as a node applies it (`forge::migrate`), and optionally the
-//! application's own migrations from a directory.
+//! application's own migrations from a directory. `migrate sql [--after VERSION]`: the same
+//! schema as a script for a migration tool of the user's own (`forge::migrate::script`).
 
+use std::io::Write as _;
 use std::path::Path;
 
 use forge::migrate::{
@@ -147,10 +149,41 @@ fn blocking(sets: &[Set]) -> Option<String> {
     })
 }
 
+/// `forge migrate sql`: the script on stdout (with `--json`, in an object that also lists what
+/// it applies). Reads no database.
+pub(crate) fn print_sql(after: Option<i64>, json: bool) -> Outcome {
+    let sql = forge::migrate::script(after)?;
+    if json {
+        let after = after.unwrap_or(0);
+        out::print_json(&json!({
+            "after": after,
+            "migrations": forge::migrate::sources().iter()
+                .filter(|(version, _, _)| *version > after)
+                .map(|(version, description, _)| json!({ "version": version, "description": description }))
+                .collect::<Vec<_>>(),
+            "functions": forge::migrate::functions().iter().map(|(name, _)| name).collect::<Vec<_>>(),
+            "sql": sql,
+        }));
+        return Ok(0);
+    }
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(sql.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        // A reader that stopped early (`| head`) is no failure of the command.
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => Err(Fail::problem(format!(
+            "cannot write the SQL to stdout: {err}"
+        ))),
+        _ => Ok(0),
+    }
+}
+
 pub(crate) async fn run(ctx: &Ctx, action: &MigrateCommand, json: bool) -> Outcome {
     let (app_dir, dry_run, show_sql, up) = match action {
         MigrateCommand::Status { app } => (app.as_deref(), true, false, false),
         MigrateCommand::Up { dry_run, sql, app } => (app.as_deref(), *dry_run, *sql, true),
+        MigrateCommand::Sql { after } => return print_sql(*after, json),
     };
     let forge_migrator = forge::migrate::migrator();
     let app = match app_dir {

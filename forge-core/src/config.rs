@@ -47,7 +47,8 @@ impl CoreConfig {
     }
 
     /// Applies the environment overrides of the core sections: `DATABASE_URL`,
-    /// `FORGE_NODE_ID` (else `HOSTNAME`), `FORGE_ROLES`, `FORGE_METRICS_LISTEN`.
+    /// `FORGE_NODE_ID` (else `HOSTNAME`), `FORGE_ROLES`, `FORGE_QUEUES`,
+    /// `FORGE_METRICS_LISTEN`.
     pub fn apply_env(&mut self, env: &dyn Env) -> Result<()> {
         if let Some(url) = env.var("DATABASE_URL").filter(|v| !v.is_empty()) {
             self.database.url = Some(url);
@@ -59,13 +60,12 @@ impl CoreConfig {
         {
             self.node.id = Some(host);
         }
+        // Set, even empty, they restrict: `FORGE_ROLES=""` campaigns for no role.
         if let Some(roles) = env.var("FORGE_ROLES") {
-            self.node.roles = roles
-                .split(',')
-                .map(str::trim)
-                .filter(|r| !r.is_empty())
-                .map(str::to_owned)
-                .collect();
+            self.node.roles = Some(comma_separated(&roles));
+        }
+        if let Some(queues) = env.var("FORGE_QUEUES") {
+            self.node.queues = Some(comma_separated(&queues));
         }
         if let Some(listen) = env.var("FORGE_METRICS_LISTEN") {
             self.metrics.listen = parse_listen("FORGE_METRICS_LISTEN", &listen)?;
@@ -80,6 +80,15 @@ impl CoreConfig {
         self.metrics.validate(at)?;
         self.cluster.validate(at)
     }
+}
+
+/// The names of a comma-separated list, trimmed, empty ones left out.
+fn comma_separated(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Parses a `host:port` listen address from the environment (`off` or empty: none).
@@ -183,8 +192,13 @@ impl DatabaseConfig {
     }
 }
 
-/// `[node]`: this node's identity and which roles it may lead.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// `[node]`: this node's identity, the roles it campaigns for and the queues it works.
+///
+/// By default a node serves all the work its binary registered: it campaigns for every role it
+/// has work for (crons, leader-only jobs, leader tasks; the built-in roles always have the
+/// core's duties) and works every queue a job type of it declares. `roles` and `queues`
+/// restrict that, explicitly; work they hide is logged as a warning at start.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct NodeConfig {
@@ -192,37 +206,36 @@ pub struct NodeConfig {
     /// `$HOSTNAME`, else a generated `node-xxxxxxxx`. Two live nodes never share an id: the
     /// second is refused at start.
     pub id: Option<String>,
-    /// The roles this node campaigns for. Overridden by `FORGE_ROLES` (comma-separated). A node
-    /// campaigns for a listed role only when it has work registered for it, unless
-    /// `campaign_without_work` is set.
-    pub roles: Vec<String>,
-    /// Campaign for listed roles even when this binary registered no work for them.
+    /// The roles this node may campaign for. Unset (the default): every role this binary has
+    /// work for. Set: only the listed ones, and of those only the ones with work, unless
+    /// `campaign_without_work` is set, so that a node built from an older binary never leads a
+    /// role whose work it does not know. Overridden by `FORGE_ROLES` (comma-separated; set and
+    /// empty: no role).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roles: Option<Vec<String>>,
+    /// Campaign for the roles listed in `roles` even when this binary registered no work for
+    /// them (a standby that holds a role's lock for nothing, tests). Needs `roles`.
     pub campaign_without_work: bool,
-    /// Roles (of `roles`) this node should lead when it can: while it waits as a standby of
-    /// such a role, a leader that does not prefer the role hands it over to this node (as
-    /// Kafka's preferred leader election does). Useful for a node with more memory for the
-    /// aggregator.
+    /// The queues this node works. Unset (the default): every queue a job type of this binary
+    /// declares (without a `role`) and every queue tuned in `[jobs.queues]`. Set: exactly these
+    /// (a node with no job type works none). Overridden by `FORGE_QUEUES` (comma-separated; set
+    /// and empty: no queue). A role's jobs run on the role's leader whatever this says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queues: Option<Vec<String>>,
+    /// Roles this node should lead when it can: while it waits as a standby of such a role, a
+    /// leader that does not prefer the role hands it over to this node (as Kafka's preferred
+    /// leader election does). Useful for a node with more memory for the aggregator. When
+    /// `roles` is set, each must be listed there.
     pub prefer_roles: Vec<String>,
 }
 
-impl Default for NodeConfig {
-    fn default() -> Self {
-        NodeConfig {
-            id: None,
-            roles: Role::BUILTIN
-                .iter()
-                .map(|role| role.name().to_owned())
-                .collect(),
-            campaign_without_work: false,
-            prefer_roles: Vec::new(),
-        }
-    }
-}
-
 impl NodeConfig {
-    /// The roles listed in `roles`, parsed.
-    pub fn roles(&self) -> Result<Vec<Role>> {
-        self.roles
+    /// The roles listed in `roles`, parsed; `None` when unset (every role with work).
+    pub fn roles(&self) -> Result<Option<Vec<Role>>> {
+        let Some(names) = &self.roles else {
+            return Ok(None);
+        };
+        names
             .iter()
             .map(|name| {
                 Role::new(name).map_err(|err| Error::Config {
@@ -232,7 +245,8 @@ impl NodeConfig {
                     message: err.to_string(),
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
     }
 
     /// The node id: the configured one, else a generated one.
@@ -252,18 +266,30 @@ impl NodeConfig {
         if let Some(id) = &self.id {
             check_name(Name::NodeId, id).map_err(|err| at.error("node.id", err.to_string()))?;
         }
-        for role in &self.roles {
+        for role in self.roles.iter().flatten() {
             check_name(Name::Role, role).map_err(|err| at.error("node.roles", err.to_string()))?;
+        }
+        for queue in self.queues.iter().flatten() {
+            check_name(Name::Queue, queue)
+                .map_err(|err| at.error("node.queues", err.to_string()))?;
+        }
+        if self.campaign_without_work && self.roles.is_none() {
+            return Err(at.error(
+                "node.campaign_without_work",
+                "campaign_without_work needs [node] roles: it makes a node campaign for the listed roles it has no work for; list them in roles (or FORGE_ROLES), or remove this key".into(),
+            ));
         }
         for role in &self.prefer_roles {
             check_name(Name::Role, role)
                 .map_err(|err| at.error("node.prefer_roles", err.to_string()))?;
-            if !self.roles.contains(role) {
+            if let Some(roles) = &self.roles
+                && !roles.contains(role)
+            {
                 return Err(at.error(
                     "node.prefer_roles",
                     format!(
                         "{role:?} is not in node.roles ({}): a node can only lead roles it campaigns for; add it to roles or remove it here",
-                        self.roles.join(", ")
+                        roles.join(", ")
                     ),
                 ));
             }

@@ -4,10 +4,11 @@
 //!   one per table, registered by the table's owner ([`crate::Assembly::prune`]) - in
 //!   batches, each statement fenced by the tenure.
 //! * `metrics_aggregator`: once per `[metrics] rollup_interval`, rolls the counters the nodes
-//!   publish in their heartbeats into the cluster series (`forge.stats`), and reports the nodes
-//!   by state as `forge_cluster_nodes{state}`.
+//!   publish in their heartbeats into the cluster series (`forge.stats`), and reports the
+//!   cluster's status as gauges: the nodes by state (`forge_cluster_nodes{state}`) and work
+//!   with nowhere to run (`forge_work_unserved{work, name}`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use tokio::time::{sleep, timeout};
 use tracing::{debug, warn};
 
 use crate::error::Error;
-use crate::inspect::{NODES_SQL, NodeState};
+use crate::inspect::{ClusterStatus, NodeState, WorkKind, read_status};
 use crate::leadership::Leadership;
 use crate::metrics::defs;
 
@@ -111,7 +112,7 @@ async fn prune_table(leadership: &Leadership, pruner: &Pruner) -> bool {
 pub(crate) struct Aggregation {
     /// Nodes silent this long are drifted.
     pub(crate) drift_after: Duration,
-    /// How often to report the nodes by state.
+    /// How often to report the cluster's status as gauges.
     pub(crate) gauge_every: Duration,
     /// The width of a point of the series.
     pub(crate) interval: Duration,
@@ -120,9 +121,9 @@ pub(crate) struct Aggregation {
 }
 
 /// The metrics aggregator's leader task: after every interval boundary, roll the interval that
-/// just ended; every `gauge_every` (three heartbeat intervals), report the nodes by state.
+/// just ended; every `gauge_every` (three heartbeat intervals), report the cluster's status.
 pub(crate) async fn aggregate(leadership: Leadership, how: Aggregation) {
-    let gauges = NodeGauges::new(&leadership);
+    let mut gauges = ClusterGauges::new(&leadership);
     let width = TimeDelta::from_std(how.interval).unwrap_or(TimeDelta::minutes(1));
     let settle = TimeDelta::from_std(how.settle).unwrap_or_default();
     let next_boundary = || {
@@ -181,45 +182,66 @@ async fn rollup(leadership: &Leadership, at: DateTime<Utc>) -> bool {
     }
 }
 
-/// `forge_cluster_nodes{state}`, one gauge per state, registered through the tenure's metrics:
-/// exported while this node is the aggregator leader only (never as 0 elsewhere).
-struct NodeGauges(BTreeMap<NodeState, metrics::Gauge>);
+/// The cluster's status as gauges, registered through the tenure's metrics: exported while this
+/// node is the aggregator leader only (never as 0 elsewhere). `forge_cluster_nodes{state}`, one
+/// gauge per state; `forge_work_unserved{work, name}`, 1 for each unserved queue or role, 0 for
+/// one that was unserved earlier in the tenure and is served again.
+struct ClusterGauges {
+    nodes: BTreeMap<NodeState, metrics::Gauge>,
+    /// Every queue and role reported unserved in this tenure (1 while unserved, then 0).
+    unserved: BTreeSet<(WorkKind, String)>,
+}
 
-impl NodeGauges {
-    fn new(leadership: &Leadership) -> NodeGauges {
-        NodeGauges(
-            NodeState::ALL
-                .iter()
-                .map(|state| {
-                    let gauge = leadership
-                        .metrics()
-                        .gauge(&defs::CLUSTER_NODES, &[("state", state.as_str())]);
-                    (*state, gauge)
-                })
-                .collect(),
-        )
+impl ClusterGauges {
+    fn new(leadership: &Leadership) -> ClusterGauges {
+        let nodes = NodeState::ALL
+            .iter()
+            .map(|state| {
+                let gauge = leadership
+                    .metrics()
+                    .gauge(&defs::CLUSTER_NODES, &[("state", state.as_str())]);
+                (*state, gauge)
+            })
+            .collect();
+        ClusterGauges {
+            nodes,
+            unserved: BTreeSet::new(),
+        }
     }
 
-    async fn report(&self, leadership: &Leadership, drift_after: Duration) {
-        let counts = async {
+    async fn report(&mut self, leadership: &Leadership, drift_after: Duration) {
+        let status = async {
             let mut session = leadership.session().await?;
-            let sql = format!("SELECT state, count(*) FROM ({NODES_SQL}) n GROUP BY state");
-            let rows: Vec<(NodeState, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                .bind(leadership.namespace())
-                .bind(drift_after.as_millis().min(i64::MAX as u128) as i64)
-                .fetch_all(&mut *session)
-                .await?;
-            Ok::<_, Error>(rows.into_iter().collect::<BTreeMap<_, _>>())
+            let mut tx = sqlx::Connection::begin(&mut *session).await?;
+            let status = read_status(&mut tx, leadership.namespace(), drift_after).await?;
+            tx.commit().await?;
+            Ok::<ClusterStatus, Error>(status)
         };
-        match counts.await {
-            Ok(counts) => {
-                for (state, gauge) in &self.0 {
-                    gauge.set(counts.get(state).copied().unwrap_or(0) as f64);
-                }
-            }
+        let status = match status.await {
+            Ok(status) => status,
             Err(err) => {
-                debug!(target: "forge::aggregator", error = %err, "cannot count the nodes by state")
+                debug!(target: "forge::aggregator", error = %err, "cannot read the cluster's status");
+                return;
             }
+        };
+        for (state, gauge) in &self.nodes {
+            gauge.set(status.nodes.get(*state) as f64);
+        }
+        let unserved: BTreeSet<(WorkKind, String)> = status
+            .unserved
+            .into_iter()
+            .map(|work| (work.work, work.name))
+            .collect();
+        self.unserved.extend(unserved.iter().cloned());
+        for key in &self.unserved {
+            let (work, name) = key;
+            leadership
+                .metrics()
+                .gauge(
+                    &defs::WORK_UNSERVED,
+                    &[("work", work.as_str()), ("name", name)],
+                )
+                .set(if unserved.contains(key) { 1.0 } else { 0.0 });
         }
     }
 }

@@ -336,6 +336,9 @@ pub struct NodeView {
     pub live: bool,
     /// The roles it campaigns for.
     pub roles: Vec<String>,
+    /// The roles its binary has work for (crons, leader-only jobs, leader tasks, the built-in
+    /// duties), campaigned for or not: `roles` leaves out those its `[node] roles` hides.
+    pub work_roles: Vec<String>,
     /// The roles it leads: those whose current tenure ([`LeaderView::led`]) is its. A node
     /// down or stopped leads nothing, whatever its last heartbeat said.
     pub leads: Vec<String>,
@@ -425,14 +428,88 @@ pub struct RoleStatus {
     pub down_candidates: Vec<String>,
 }
 
+/// What kind of work has nowhere to run ([`UnservedWork::work`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkKind {
+    /// Jobs wait in a queue that no live node works.
+    Queue,
+    /// Live nodes have work for a role (crons, leader-only jobs, leader tasks, the built-in
+    /// duties) and none of them campaigns for it.
+    Role,
+}
+
+impl WorkKind {
+    /// `queue` or `role` (the `work` label of `forge_work_unserved`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkKind::Queue => "queue",
+            WorkKind::Role => "role",
+        }
+    }
+}
+
+/// Work with nowhere to run ([`ClusterStatus::unserved`]): a problem of the status, and
+/// `forge_work_unserved{work, name}` = 1 on the `metrics_aggregator` leader.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct UnservedWork {
+    /// A queue or a role.
+    pub work: WorkKind,
+    /// The queue's or the role's name.
+    pub name: String,
+    /// For a role, the live nodes that have work for it (none campaigns for it); for a queue,
+    /// empty.
+    pub nodes: Vec<String>,
+    /// What is wrong, one sentence.
+    pub problem: String,
+    /// What to do, one sentence.
+    pub remedy: String,
+}
+
+impl UnservedWork {
+    /// Jobs wait in `queue` and no live node works it.
+    fn queue(queue: &str) -> UnservedWork {
+        UnservedWork {
+            work: WorkKind::Queue,
+            name: queue.to_owned(),
+            nodes: Vec::new(),
+            problem: format!("queue {queue} has jobs waiting and no live node works it"),
+            remedy: format!(
+                "a node works the queues its job types declare unless [node] queues (FORGE_QUEUES) lists others: start nodes whose binary has a job of queue {queue}, or add {queue} to their [node] queues"
+            ),
+        }
+    }
+
+    /// Live `nodes` have work for `role` and none campaigns for it.
+    fn role(role: &str, nodes: Vec<String>) -> UnservedWork {
+        UnservedWork {
+            work: WorkKind::Role,
+            name: role.to_owned(),
+            problem: format!(
+                "role {role} has work on {} and no live node campaigns for it",
+                nodes.join(", ")
+            ),
+            remedy: format!(
+                "add {role} to [node] roles (FORGE_ROLES) of nodes that have its work, or unset roles there (a node then campaigns for every role it has work for)"
+            ),
+            nodes,
+        }
+    }
+}
+
 /// The cluster at a glance, computed once for the admin API (`GET /api/cluster/status`), the
-/// CLI (`forge status`, `forge doctor`) and the dashboard, so that they all say the same.
+/// CLI (`forge status`, `forge doctor`), the dashboard and the `metrics_aggregator` leader's
+/// gauges, so that they all say the same.
 ///
 /// * **Expected roles**: the roles that nodes not stopped (active, drifted or down) campaign
 ///   for - a node that left gracefully takes its roles with it, one that died does not - and
 ///   any role led right now.
-/// * **Problems** (the cluster is not healthy): an expected role without a leader; no active
-///   node.
+/// * **Unserved work**: jobs waiting (available, no role) in a queue that no live node works;
+///   a role that live nodes have work for and none campaigns for (a role's jobs count through
+///   their role: they run on its leader, over every queue).
+/// * **Problems** (the cluster is not healthy): an expected role without a leader; unserved
+///   work; no active node.
 /// * **Warnings**: a node drifted or down.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
@@ -453,17 +530,22 @@ pub struct ClusterStatus {
     pub roles: Vec<RoleStatus>,
     /// The expected roles without a leader.
     pub leaderless: Vec<String>,
+    /// Work with nowhere to run: queues first, then roles, each by name.
+    pub unserved: Vec<UnservedWork>,
 }
 
 impl ClusterStatus {
-    /// The status of a cluster with these leaderships and nodes, read at `now`.
+    /// The status of a cluster with these leaderships and nodes, read at `now`, where jobs
+    /// wait in the queues `waiting` (available, without a role).
     pub fn of(
         namespace: &str,
         now: DateTime<Utc>,
         leaders: &[LeaderView],
         nodes: &[NodeView],
+        waiting: &[String],
     ) -> ClusterStatus {
         let counts = NodeCounts::of(nodes);
+        let unserved = unserved_work(nodes, waiting);
         let mut expected: std::collections::BTreeSet<&str> = nodes
             .iter()
             .filter(|n| n.state != NodeState::Stopped)
@@ -488,7 +570,11 @@ impl ClusterStatus {
                 let down_candidates: Vec<String> = campaigning(NodeState::Down)
                     .map(|n| n.node_id.clone())
                     .collect();
-                if !led {
+                let unserved_role = unserved
+                    .iter()
+                    .any(|u| u.work == WorkKind::Role && u.name == role);
+                // A role no live node campaigns for is reported below, with what to do.
+                if !led && !unserved_role {
                     let why = if candidates == 1 {
                         "1 active node campaigns for it".to_owned()
                     } else if candidates > 1 {
@@ -502,6 +588,8 @@ impl ClusterStatus {
                         "no active node campaigns for it".to_owned()
                     };
                     problems.push(format!("role {role} has no leader ({why})"));
+                }
+                if !led {
                     leaderless.push(role.to_owned());
                 }
                 RoleStatus {
@@ -523,6 +611,9 @@ impl ClusterStatus {
                 }
             })
             .collect();
+        for work in &unserved {
+            problems.push(format!("{}: {}", work.problem, work.remedy));
+        }
         if counts.active == 0 {
             problems.push("no active node".to_owned());
         }
@@ -540,8 +631,41 @@ impl ClusterStatus {
             nodes: counts,
             roles,
             leaderless,
+            unserved,
         }
     }
+}
+
+/// Work with nowhere to run: queues in `waiting` that no live node works, then roles that live
+/// nodes have work for and none campaigns for.
+fn unserved_work(nodes: &[NodeView], waiting: &[String]) -> Vec<UnservedWork> {
+    let live = || nodes.iter().filter(|n| n.live);
+    let worked = |queue: &str| {
+        live().any(|n| {
+            n.queues
+                .as_object()
+                .is_some_and(|queues| queues.contains_key(queue))
+        })
+    };
+    let mut unserved: Vec<UnservedWork> = waiting
+        .iter()
+        .filter(|queue| !worked(queue))
+        .map(|queue| UnservedWork::queue(queue))
+        .collect();
+    let with_work: std::collections::BTreeSet<&str> = live()
+        .flat_map(|n| n.work_roles.iter().map(String::as_str))
+        .collect();
+    for role in with_work {
+        if live().any(|n| n.roles.iter().any(|r| r == role)) {
+            continue;
+        }
+        let nodes = live()
+            .filter(|n| n.work_roles.iter().any(|r| r == role))
+            .map(|n| n.node_id.clone())
+            .collect();
+        unserved.push(UnservedWork::role(role, nodes));
+    }
+    unserved
 }
 
 /// One point of a cluster series.
@@ -833,7 +957,7 @@ impl Cluster {
     fn nodes_query(&self, tail: &str) -> Query<'static, Postgres, PgArguments> {
         sqlx::query(sqlx::AssertSqlSafe(format!("{NODES_SQL} {tail}")))
             .bind(&self.namespace)
-            .bind(self.drift_ms())
+            .bind(drift_ms(self.drift_after))
     }
 
     /// How many nodes are in each state.
@@ -841,38 +965,13 @@ impl Cluster {
         Ok(NodeCounts::of(&self.nodes().await?))
     }
 
-    /// The cluster's status, as every tool shows it ([`ClusterStatus`]): the leaders and the
-    /// nodes read in one statement, with the database's clock.
+    /// The cluster's status, as every tool shows it ([`ClusterStatus`]): the leaders, the nodes
+    /// and the queues with waiting jobs read in one snapshot, with the database's clock.
     pub async fn status(&self) -> Result<ClusterStatus> {
         let mut tx = crate::db::begin(&self.pool).await?;
-        // One snapshot: the leaders and the nodes as of the same instant.
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
-            .await?;
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-            .fetch_one(&mut *tx)
-            .await?;
-        let leaders = sqlx::query(sqlx::AssertSqlSafe(format!("{LEADERS_SQL} ORDER BY role")))
-            .bind(&self.namespace)
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(leader_from_row)
-            .collect::<Result<Vec<_>>>()?;
-        let nodes = self
-            .nodes_query("ORDER BY node_id")
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(node_from_row)
-            .collect::<Result<Vec<_>>>()?;
+        let status = read_status(&mut tx, &self.namespace, self.drift_after).await?;
         tx.commit().await?;
-        Ok(ClusterStatus::of(
-            self.namespace.name(),
-            now,
-            &leaders,
-            &nodes,
-        ))
+        Ok(status)
     }
 
     /// The cluster series named (all when empty) since `since`, oldest first: `jobs_completed`,
@@ -908,10 +1007,53 @@ impl Cluster {
             })
             .collect()
     }
+}
 
-    fn drift_ms(&self) -> i64 {
-        self.drift_after.as_millis().min(i64::MAX as u128) as i64
-    }
+/// The cluster's status ([`ClusterStatus`]), read in `tx` as of one snapshot: for
+/// [`Cluster::status`] and the `metrics_aggregator` leader's gauges. The first statement of
+/// `tx`: it makes the transaction a read-only repeatable read.
+pub(crate) async fn read_status(
+    tx: &mut sqlx::PgConnection,
+    namespace: &LockNamespace,
+    drift_after: Duration,
+) -> Result<ClusterStatus> {
+    // One snapshot: the leaders, the nodes and the waiting queues as of the same instant.
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&mut *tx)
+        .await?;
+    let leaders = sqlx::query(sqlx::AssertSqlSafe(format!("{LEADERS_SQL} ORDER BY role")))
+        .bind(namespace)
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(leader_from_row)
+        .collect::<Result<Vec<_>>>()?;
+    let nodes = sqlx::query(sqlx::AssertSqlSafe(format!("{NODES_SQL} ORDER BY node_id")))
+        .bind(namespace)
+        .bind(drift_ms(drift_after))
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(node_from_row)
+        .collect::<Result<Vec<_>>>()?;
+    let waiting: Vec<String> = sqlx::query_scalar("SELECT forge.queues_waiting($1)")
+        .bind(namespace)
+        .fetch_all(&mut *tx)
+        .await?;
+    Ok(ClusterStatus::of(
+        namespace.name(),
+        now,
+        &leaders,
+        &nodes,
+        &waiting,
+    ))
+}
+
+fn drift_ms(drift_after: Duration) -> i64 {
+    drift_after.as_millis().min(i64::MAX as u128) as i64
 }
 
 /// Every role's leadership, with whether its tenure is current (`forge.tenure_current`, the
@@ -949,7 +1091,7 @@ fn leader_from_row(row: &PgRow) -> Result<LeaderView> {
 pub(crate) const NODES_SQL: &str =
     "SELECT node_id, hostname, pid, version, started_at, heartbeat_at,
         extract(epoch FROM clock_timestamp() - heartbeat_at)::float8 * 1000 AS age_ms,
-        roles, queues, admin_url, stopped_at, down_at, down_reason,
+        roles, work_roles, queues, admin_url, stopped_at, down_at, down_reason,
         ARRAY(SELECT l.role FROM forge.leaders l
                WHERE l.namespace = n.namespace AND l.node_id = n.node_id
                  AND forge.tenure_current(l)
@@ -974,6 +1116,7 @@ fn node_from_row(row: &PgRow) -> Result<NodeView> {
         heartbeat_at: row.try_get("heartbeat_at")?,
         heartbeat_age_ms: row.try_get("age_ms")?,
         roles: row.try_get("roles")?,
+        work_roles: row.try_get("work_roles")?,
         leads: row.try_get("leads")?,
         queues: row.try_get("queues")?,
         admin_url: row.try_get("admin_url")?,

@@ -55,7 +55,7 @@ pub use runtime::{Assembly, Component, NodeContext, Runtime, shutdown_signal};
 pub use schema::{
     FUNCTIONS_TABLE, FunctionSource, FunctionState, FunctionStatus, MIGRATIONS_TABLE,
     MigrationSource, Schema, apply_functions, apply_schema, check_history, function_status,
-    migrator,
+    migrator, schema_script,
 };
 
 #[doc(hidden)]

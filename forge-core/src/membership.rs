@@ -125,7 +125,11 @@ pub(crate) struct NodeInfo {
     pub(crate) hostname: String,
     pub(crate) pid: i32,
     pub(crate) version: String,
+    /// The roles it campaigns for.
     pub(crate) roles: Vec<String>,
+    /// The roles its binary has work for, campaigned for or not: where no live node campaigns
+    /// for one of them, the cluster's status reports work with nowhere to run.
+    pub(crate) work_roles: Vec<String>,
     /// `[node] prefer_roles` (of `roles`).
     pub(crate) prefers: Vec<String>,
     pub(crate) queues: serde_json::Value,
@@ -343,20 +347,22 @@ impl Membership {
 
     /// `forge.node_join` on the session.
     async fn register(&self, session: &mut Session) -> Result<()> {
-        let row =
-            sqlx::query("SELECT * FROM forge.node_join($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
-                .bind(&self.namespace)
-                .bind(&self.node_id)
-                .bind(self.incarnation)
-                .bind(&self.info.hostname)
-                .bind(self.info.pid)
-                .bind(&self.info.version)
-                .bind(&self.info.roles)
-                .bind(&self.info.queues)
-                .bind(self.info.admin_url.as_deref())
-                .bind(&self.info.prefers)
-                .fetch_one(&mut session.listener)
-                .await?;
+        let row = sqlx::query(
+            "SELECT * FROM forge.node_join($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(&self.namespace)
+        .bind(&self.node_id)
+        .bind(self.incarnation)
+        .bind(&self.info.hostname)
+        .bind(self.info.pid)
+        .bind(&self.info.version)
+        .bind(&self.info.roles)
+        .bind(&self.info.queues)
+        .bind(self.info.admin_url.as_deref())
+        .bind(&self.info.prefers)
+        .bind(&self.info.work_roles)
+        .fetch_one(&mut session.listener)
+        .await?;
         let previous: Option<i64> = row.try_get("previous_incarnation")?;
         let stopped: Option<bool> = row.try_get("previous_stopped")?;
         let was_down: Option<bool> = row.try_get("was_down")?;

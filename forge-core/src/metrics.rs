@@ -6,6 +6,10 @@
 //! (`process_*`) and `forge_build_info`. A metric's name is spelled in its definition only; code
 //! records through handles built from the definition (once per label set where it is hot).
 //!
+//! The application's own metrics can share the endpoint: each render given to
+//! [`Assembly::app_metrics`](crate::Assembly::app_metrics) adds its text after FORGE's, at
+//! each scrape and in [`Metrics::render`].
+//!
 //! A series registered through a tenure's [`Leadership::metrics`](crate::Leadership::metrics)
 //! is exported only while the tenure lasts, unless the node exports it too (a counter at 0
 //! from the start): what only a leader measures (a cron's lag and durations, the cluster
@@ -15,7 +19,7 @@ mod http;
 mod process;
 mod registry;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -129,6 +133,11 @@ pub mod defs {
         "forge_cluster_nodes",
         "Nodes of the cluster by state (active, drifted, down, stopped), as of the metrics_aggregator leader's last look (reported by that leader only)",
     );
+    /// `forge_work_unserved{work, name}`
+    pub const WORK_UNSERVED: MetricDef = MetricDef::gauge(
+        "forge_work_unserved",
+        "1 while work has nowhere to run: a queue (work=\"queue\") with jobs waiting that no live node works, or a role (work=\"role\") that live nodes have work for and none campaigns for; 0 once served again (reported by the metrics_aggregator leader only)",
+    );
     /// `forge_compactor_pruned_total{table}`
     pub const PRUNED: MetricDef = MetricDef::counter(
         "forge_compactor_pruned_total",
@@ -145,6 +154,7 @@ pub mod defs {
     pub const ALL: &[&MetricDef] = &[
         &BUILD_INFO,
         &CLUSTER_NODES,
+        &WORK_UNSERVED,
         &PRUNED,
         &IS_LEADER,
         &ELECTIONS,
@@ -178,20 +188,52 @@ pub struct Metrics {
     scope: Option<Arc<Scope>>,
 }
 
+/// Renders the application's own metrics in the Prometheus text format (such as
+/// `metrics_exporter_prometheus::PrometheusHandle::render`), called at each scrape.
+pub(crate) type AppMetrics = Box<dyn Fn() -> String + Send + Sync>;
+
 struct Shared {
     registry: Arc<Registry>,
     tally: Tally,
+    /// The application's metrics, rendered after FORGE's.
+    app: Vec<AppMetrics>,
     /// The scrape endpoint's task, if any (it ends with the registry).
     server: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Shared {
+    /// FORGE's series, the process' figures and the application's text. A family must appear
+    /// once in a scrape (Prometheus' Go parsers - promtool, federation - refuse a second
+    /// `# TYPE` line for a name; the server keeps the first sample of a series and drops the
+    /// others): the process figures the application's text declares too (the `metrics-process`
+    /// crate exports the same names) are left to the application.
     fn render(&self) -> String {
-        let mut out = String::with_capacity(4096);
+        let app: Vec<String> = self.app.iter().map(|render| render()).collect();
+        let mut out = String::with_capacity(4096 + app.iter().map(String::len).sum::<usize>());
         self.registry.render(&mut out);
-        process::render(&mut out);
+        let declared: BTreeSet<&str> = app
+            .iter()
+            .flat_map(|text| declared_families(text))
+            .collect();
+        process::render(&mut out, &declared);
+        for text in &app {
+            out.push_str(text);
+            if !text.is_empty() && !text.ends_with('\n') {
+                out.push('\n');
+            }
+        }
         out
     }
+}
+
+/// The families a text in the Prometheus format declares (its `# TYPE` and `# HELP` lines).
+fn declared_families(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().filter_map(|line| {
+        let rest = line
+            .strip_prefix("# TYPE ")
+            .or_else(|| line.strip_prefix("# HELP "))?;
+        rest.split_whitespace().next()
+    })
 }
 
 impl Drop for Shared {
@@ -279,10 +321,16 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// A registry that is only rendered on demand (no HTTP listener).
     pub fn new() -> Metrics {
+        Metrics::with_app_metrics(Vec::new())
+    }
+
+    /// A registry whose text is followed by the application's.
+    pub(crate) fn with_app_metrics(app: Vec<AppMetrics>) -> Metrics {
         let metrics = Metrics {
             shared: Arc::new(Shared {
                 registry: Arc::default(),
                 tally: Tally::default(),
+                app,
                 server: Mutex::new(None),
             }),
             scope: None,
@@ -297,24 +345,19 @@ impl Metrics {
         metrics
     }
 
-    /// A registry served on `listen` (`GET /metrics`; any path answers). Must be called inside
-    /// a tokio runtime; fails if the address cannot be bound. The endpoint is served until
-    /// the last clone of the registry is dropped.
-    pub fn serve(listen: SocketAddr) -> Result<Metrics> {
-        let metrics = Metrics::new();
+    /// Serves the registry on `listen` (`GET /metrics`; any path answers) until the last clone
+    /// of the registry is dropped. Must be called inside a tokio runtime, once; fails if the
+    /// address cannot be bound.
+    pub(crate) fn serve(&self, listen: SocketAddr) -> Result<()> {
         let server =
-            http::serve(listen, Arc::downgrade(&metrics.shared)).map_err(|err| Error::Metrics {
+            http::serve(listen, Arc::downgrade(&self.shared)).map_err(|err| Error::Metrics {
                 listen: listen.to_string(),
                 message: format!(
                     "{err}; choose a free address in [metrics] listen or FORGE_METRICS_LISTEN"
                 ),
             })?;
-        *metrics
-            .shared
-            .server
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(server);
-        Ok(metrics)
+        *self.shared.server.lock().unwrap_or_else(|e| e.into_inner()) = Some(server);
+        Ok(())
     }
 
     /// A view of this registry whose new series are exported until [`Metrics::close_scope`]
@@ -395,7 +438,11 @@ impl Metrics {
         &self.shared.tally
     }
 
-    /// The registry in the Prometheus text format (0.0.4), the process' figures included.
+    /// The registry in the Prometheus text format (0.0.4), the process' figures and the
+    /// application's metrics ([`Assembly::app_metrics`](crate::Assembly::app_metrics))
+    /// included: what the endpoint serves. With many
+    /// series this takes a while (10,000 crons: about 0.16 s on a cron's leader): call it off
+    /// the async workers (`tokio::task::spawn_blocking`), as the endpoint does.
     pub fn render(&self) -> String {
         self.shared.render()
     }
@@ -523,6 +570,32 @@ mod tests {
             text.contains("forge_leader_failovers_total{role=\"scheduler\"} 1"),
             "{text}"
         );
+    }
+
+    /// The application's texts follow FORGE's, each ending with a newline, and a process
+    /// family that the application declares too is not FORGE's to export.
+    #[test]
+    fn the_applications_metrics_follow_forges_and_its_process_figures_win() {
+        let app: Vec<AppMetrics> = vec![
+            Box::new(|| {
+                "# TYPE process_threads gauge\nprocess_threads 7\n\n# TYPE orders_total counter\norders_total 3".to_owned()
+            }),
+            Box::new(|| "# HELP shipped_total Shipped.\nshipped_total 2\n".to_owned()),
+            Box::new(String::new),
+        ];
+        let metrics = Metrics::with_app_metrics(app);
+        let text = metrics.render();
+        let forge = text.find("# TYPE forge_build_info gauge").expect(&text);
+        let orders = text
+            .find("orders_total 3\n# HELP shipped_total")
+            .expect(&text);
+        assert!(forge < orders, "{text}");
+        assert!(text.ends_with("shipped_total 2\n"), "{text}");
+        assert_eq!(text.matches("# TYPE process_threads ").count(), 1, "{text}");
+        assert!(text.contains("\nprocess_threads 7\n"), "{text}");
+        if cfg!(target_os = "linux") {
+            assert!(text.contains("\nprocess_open_fds "), "{text}");
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::leadership::Leadership;
 use crate::membership::{
     self, Fault, LEADER_CHANNEL, ListenerEvent, Membership, NodeInfo, Standing,
 };
-use crate::metrics::{MetricDef, Metrics, defs};
+use crate::metrics::{AppMetrics, MetricDef, Metrics, defs};
 use crate::role::{LockKey, LockNamespace, NodeId, Role};
 use crate::schema::{self, FunctionSource, MigrationSource, Schema};
 
@@ -73,6 +73,7 @@ pub struct Assembly {
     queues: BTreeMap<String, u32>,
     pruners: Vec<Pruner>,
     app_migrator: Option<Migrator>,
+    app_metrics: Vec<AppMetrics>,
     version: String,
     admin_url: Option<String>,
 }
@@ -102,6 +103,7 @@ impl Assembly {
             queues: BTreeMap::new(),
             pruners: Vec::new(),
             app_migrator: None,
+            app_metrics: Vec::new(),
             admin_url: None,
             version: format!("forge {}", env!("CARGO_PKG_VERSION")),
         };
@@ -206,6 +208,19 @@ impl Assembly {
         self
     }
 
+    /// Adds the application's own metrics to the node's: `render` returns them in the
+    /// Prometheus text format (`metrics_exporter_prometheus::PrometheusHandle::render`, say)
+    /// and is called at each scrape of `[metrics] listen` and by [`Metrics::render`], its text
+    /// after FORGE's (and after the texts of earlier calls). A process figure (`process_*`) its
+    /// text has too is left out of FORGE's, so that each family appears once.
+    pub fn app_metrics(
+        &mut self,
+        render: impl Fn() -> String + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.app_metrics.push(Box::new(render));
+        self
+    }
+
     /// Exports a series of one of the component's metrics as soon as the node starts, before
     /// its first event: a counter at 0 (so that Prometheus' `increase()` sees the first
     /// increment), a gauge at 0, a histogram with empty buckets. Call it for every label set the component knows at install
@@ -282,27 +297,14 @@ impl Assembly {
         })
     }
 
-    /// The roles this node campaigns for: configured, and with work (unless
-    /// `campaign_without_work`).
+    /// The roles this node campaigns for: every role it has work for, or, when `[node] roles`
+    /// is set, the listed ones with work (all listed ones with `campaign_without_work`). Work
+    /// the list hides is a warning: it runs only if another node campaigns for its role.
     fn campaigned_roles(&self) -> Result<Vec<Role>> {
         let configured = self.config.node.roles()?;
-        let mut campaigned = Vec::new();
-        for role in &configured {
-            if self.tasks.contains_key(role) || self.config.node.campaign_without_work {
-                campaigned.push(role.clone());
-            } else {
-                info!(target: "forge::leader", role = %role, node = %self.node_id,
-                      "not campaigning: no work is registered for this role (set [node] campaign_without_work to lead it anyway)");
-            }
-        }
-        for role in self.tasks.keys() {
-            if !configured.contains(role) {
-                info!(target: "forge::leader", role = %role, node = %self.node_id,
-                      "not campaigning: the role has work but is not in [node] roles");
-            }
-        }
+        let listed = configured.clone().unwrap_or_default();
         let mut keys = BTreeMap::new();
-        for role in self.tasks.keys().chain(&configured) {
+        for role in self.tasks.keys().chain(&listed) {
             let key = role.lock_key(&self.namespace);
             if let Some(other) = keys.insert(key, role.clone())
                 && other != *role
@@ -314,7 +316,40 @@ impl Assembly {
                 });
             }
         }
+        let campaigned = match configured {
+            None => self.tasks.keys().cloned().collect(),
+            Some(configured) => self.listed_roles(&configured),
+        };
+        for name in &self.config.node.prefer_roles {
+            if !campaigned.iter().any(|role| role.name() == name) {
+                warn!(target: "forge::leader", role = %name, node = %self.node_id,
+                      "[node] prefer_roles names a role this node does not campaign for (no work is registered for it): the preference does nothing");
+            }
+        }
         Ok(campaigned)
+    }
+
+    /// The roles of a `[node] roles` list this node campaigns for, with a warning for each
+    /// role with work the list leaves out.
+    fn listed_roles(&self, configured: &[Role]) -> Vec<Role> {
+        let mut campaigned = Vec::new();
+        for role in configured {
+            if self.tasks.contains_key(role) || self.config.node.campaign_without_work {
+                campaigned.push(role.clone());
+            } else {
+                info!(target: "forge::leader", role = %role, node = %self.node_id,
+                      "not campaigning: no work is registered for this role (set [node] campaign_without_work to lead it anyway)");
+            }
+        }
+        for (role, tasks) in &self.tasks {
+            if !configured.contains(role) {
+                let work: Vec<&str> = tasks.iter().map(|(name, _)| name.as_str()).collect();
+                warn!(target: "forge::leader", role = %role, node = %self.node_id, work = ?work,
+                      roles = ?self.config.node.roles,
+                      "not campaigning for a role this binary has work for: [node] roles (FORGE_ROLES) does not list it, so its work runs only where another node leads it; add it there, or unset roles to campaign for every role with work");
+            }
+        }
+        campaigned
     }
 
     /// Connects (retrying for `connect_timeout`), refuses transaction poolers, applies the
@@ -329,10 +364,10 @@ impl Assembly {
         });
         let campaigned = self.campaigned_roles()?;
         self.prepare_database().await?;
-        let metrics = match self.config.metrics.listen {
-            Some(listen) => Metrics::serve(listen)?,
-            None => Metrics::new(),
-        };
+        let metrics = Metrics::with_app_metrics(std::mem::take(&mut self.app_metrics));
+        if let Some(listen) = self.config.metrics.listen {
+            metrics.serve(listen)?;
+        }
         metrics.describe(&self.metric_defs);
         self.export_at_start(&metrics, &campaigned, &pruned_tables);
         let pool = db::pool(
@@ -534,6 +569,7 @@ impl Assembly {
                 pid: std::process::id() as i32,
                 version: self.version.clone(),
                 roles: handles.iter().map(|h| h.role.name().to_owned()).collect(),
+                work_roles: self.tasks.keys().map(|r| r.name().to_owned()).collect(),
                 prefers: self.config.node.prefer_roles.clone(),
                 queues: serde_json::Value::Object(queues),
                 admin_url: self.admin_url.clone(),

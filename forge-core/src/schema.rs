@@ -264,6 +264,19 @@ fn release(version: &str) -> [u64; 3] {
     [(); 3].map(|()| parts.next().unwrap_or(0))
 }
 
+/// Taken, in the transaction that applies function files, by every process that applies them
+/// (a two-int key: another key space than the roles' and nodes' bigint keys).
+const FUNCTIONS_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('forge.schema_functions'), 0)";
+
+/// Records function file `$1` as applied with checksum `$2` by release `$3`. A file recorded with
+/// the same checksum keeps its row as it is (when it was applied, by which release).
+const RECORD_FUNCTION: &str = "INSERT INTO forge.schema_functions (name, checksum, forge_version)
+     VALUES ($1, $2, $3)
+     ON CONFLICT (name) DO UPDATE
+        SET checksum = EXCLUDED.checksum, forge_version = EXCLUDED.forge_version,
+            applied_at = clock_timestamp()
+      WHERE schema_functions.checksum IS DISTINCT FROM EXCLUDED.checksum";
+
 /// Applies the function files whose state is due ([`FunctionState::is_due`]) in one
 /// transaction, under an advisory lock of its own (several processes doing it at once apply
 /// each file once), with `check_function_bodies = off`, and records them in
@@ -292,10 +305,7 @@ pub async fn apply_functions(
         return Ok(Vec::new());
     }
     let mut tx = conn.begin().await?;
-    // A two-int key: another key space than the roles' and nodes' bigint keys.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('forge.schema_functions'), 0)")
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(FUNCTIONS_LOCK).execute(&mut *tx).await?;
     sqlx::query("SET LOCAL check_function_bodies = off")
         .execute(&mut *tx)
         .await?;
@@ -311,21 +321,154 @@ pub async fn apply_functions(
                 ),
                 source: Some(err),
             })?;
-        sqlx::query(
-            "INSERT INTO forge.schema_functions (name, checksum, forge_version)
-             VALUES ($1, $2, $3)
-             ON CONFLICT (name) DO UPDATE
-                SET checksum = EXCLUDED.checksum, forge_version = EXCLUDED.forge_version,
-                    applied_at = clock_timestamp()",
-        )
-        .bind(name)
-        .bind(checksum(sql))
-        .bind(FORGE_VERSION)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(RECORD_FUNCTION)
+            .bind(name)
+            .bind(checksum(sql))
+            .bind(FORGE_VERSION)
+            .execute(&mut *tx)
+            .await?;
     }
     tx.commit().await?;
     Ok(files.into_iter().map(|(name, _)| name).collect())
+}
+
+/// FORGE's schema as one SQL script, for a database migrated by another tool (Flyway, goose,
+/// sqitch, Rails, psql): what [`apply_schema`] does to a database, written out. Schema
+/// `forge` and sqlx's bookkeeping table [`MIGRATIONS_TABLE`] (created if missing), each numbered
+/// migration after `after` (all of them when `None`) followed by its row in that table, with
+/// sqlx's checksum; then every function file (idempotent: `CREATE OR REPLACE`), with
+/// `check_function_bodies = off`, under the lock nodes take to apply them, each followed by its
+/// row in [`FUNCTIONS_TABLE`]. A database brought up to date by it is one that nodes started
+/// with `[database] migrate = false` accept.
+///
+/// Unlike [`apply_schema`], the script does not look at the database: it applies the migrations
+/// after `after` whether or not they are there (give the last version the database has), and
+/// it replaces a function that a newer release applied (apply the script of the newest release
+/// that runs). It holds no transaction statement, so that a tool that runs it in its own
+/// transaction can: apply it in one (`psql --single-transaction`).
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] when `after` is negative or later than the last migration.
+pub fn schema_script(
+    migrations: &[MigrationSource],
+    functions: &[FunctionSource],
+    after: Option<i64>,
+) -> Result<String> {
+    let migrator = migrator(migrations);
+    let versions: Vec<i64> = migrator.iter().map(|m| m.version).collect();
+    let (first, last) = (
+        versions.first().copied().unwrap_or(0),
+        versions.last().copied().unwrap_or(0),
+    );
+    if let Some(after) = after.filter(|after| !(0..=last).contains(after)) {
+        return Err(Error::InvalidInput {
+            message: format!(
+                "there is no FORGE migration {after:04} to print the schema after: this release's \
+                 migrations are {first:04} to {last:04} (a database with a later one was migrated \
+                 by a newer FORGE: print its SQL with that release's CLI)"
+            ),
+        });
+    }
+    let after = after.unwrap_or(0);
+    let mut functions = functions.to_vec();
+    functions.sort();
+    functions.dedup_by_key(|(name, _)| *name);
+
+    let applied: Vec<i64> = versions.into_iter().filter(|v| *v > after).collect();
+    let applies = match applied.as_slice() {
+        [] => format!("no migration (this release's last is {last:04})"),
+        [only] => format!("migration {only:04}"),
+        [from, .., to] => format!("migrations {from:04} to {to:04}"),
+    };
+    let mut out = format!(
+        "-- FORGE {FORGE_VERSION}'s schema: {applies}, then all {} function files,
+-- each recorded as `forge migrate up` records it. Apply it once, in one transaction
+-- (psql --single-transaction -v ON_ERROR_STOP=1 -f FILE), while no node with
+-- [database] migrate = true starts; then nodes with migrate = false start on it.
+-- The next release's SQL for this database: `forge migrate sql --after {last}`.
+
+CREATE SCHEMA IF NOT EXISTS forge;
+{}
+",
+        functions.len(),
+        // sqlx's own table, as its `Migrate::ensure_migrations_table` creates it.
+        format_args!(
+            "CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (
+    version BIGINT PRIMARY KEY,
+    description TEXT NOT NULL,
+    installed_on TIMESTAMPTZ NOT NULL DEFAULT now(),
+    success BOOLEAN NOT NULL,
+    checksum BYTEA NOT NULL,
+    execution_time BIGINT NOT NULL
+);"
+        )
+    );
+    for migration in migrator.iter().filter(|m| m.version > after) {
+        // Recorded as sqlx records it. -1: how long it took is not measured (sqlx's value
+        // until it has timed the migration's transaction).
+        out.push_str(&format!(
+            "
+-- migrations/{version:04}_{description}.sql
+{sql}
+INSERT INTO {MIGRATIONS_TABLE} (version, description, success, checksum, execution_time)
+    VALUES ({version}, {literal}, TRUE, {checksum}, -1);
+",
+            version = migration.version,
+            description = migration.description,
+            sql = terminated(migration.sql.as_str()),
+            literal = literal(&migration.description),
+            checksum = bytea(&migration.checksum),
+        ));
+    }
+    out.push_str(&format!(
+        "
+-- The function files, each followed by its row: a file already recorded with the same
+-- SQL keeps its row.
+{FUNCTIONS_LOCK};
+SET check_function_bodies = off;
+"
+    ));
+    for (name, sql) in &functions {
+        let record = RECORD_FUNCTION
+            .replace("$1", &literal(name))
+            .replace("$2", &bytea(&checksum(sql)))
+            .replace("$3", &literal(FORGE_VERSION));
+        out.push_str(&format!(
+            "
+-- migrations/functions/{name}.sql
+{sql}
+{record};
+",
+            sql = terminated(sql)
+        ));
+    }
+    out.push_str("\nRESET check_function_bodies;\n");
+    Ok(out)
+}
+
+/// `sql` without its trailing blank lines, ending with a semicolon that separates it from the
+/// statement the script writes after it: on a line of its own when the file's last line ends
+/// with none or may be a comment (an empty statement at worst).
+fn terminated(sql: &str) -> Cow<'_, str> {
+    let sql = sql.trim_end();
+    let last_line = sql.lines().last().unwrap_or_default();
+    if last_line.ends_with(';') && !last_line.contains("--") {
+        Cow::Borrowed(sql)
+    } else {
+        Cow::Owned(format!("{sql}\n;"))
+    }
+}
+
+/// `text` as an SQL string literal.
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// `bytes` as an SQL `bytea` value.
+fn bytea(bytes: &[u8]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("decode('{hex}', 'hex')")
 }
 
 /// Checks that every FORGE migration is applied and every function file current (for nodes
@@ -425,6 +568,38 @@ mod tests {
         let expect: Vec<(String, FunctionState)> =
             expect.iter().map(|(n, s)| (n.to_string(), *s)).collect();
         assert_eq!(states, expect);
+    }
+
+    #[test]
+    fn the_script_applies_the_migrations_after_the_one_given_and_every_function_file() {
+        let migrations = [
+            (1, "one", "CREATE TABLE forge.a ();"),
+            (2, "it's", "SELECT 1 -- no ;"),
+        ];
+        let functions = [("f", "CREATE OR REPLACE FUNCTION forge.f() ...;\n\n")];
+        let all = schema_script(&migrations, &functions, None).unwrap();
+        assert!(all.contains("CREATE TABLE forge.a ();\nINSERT INTO forge._sqlx_migrations"));
+        // A file whose last statement has no semicolon of its own gets one.
+        assert!(all.contains("SELECT 1 -- no ;\n;\nINSERT INTO forge._sqlx_migrations"));
+        assert!(all.contains("VALUES (2, 'it''s', TRUE, decode('"), "{all}");
+        let after = schema_script(&migrations, &functions, Some(1)).unwrap();
+        assert!(
+            !after.contains("forge.a") && after.contains("VALUES (2, "),
+            "{after}"
+        );
+        let none = schema_script(&migrations, &functions, Some(2)).unwrap();
+        assert!(
+            !none.contains("INSERT INTO forge._sqlx_migrations"),
+            "{none}"
+        );
+        assert!(none.contains(
+            "CREATE OR REPLACE FUNCTION forge.f() ...;\nINSERT INTO forge.schema_functions"
+        ));
+        for bad in [-1, 3] {
+            let err = schema_script(&migrations, &functions, Some(bad)).unwrap_err();
+            assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+            assert!(err.to_string().contains("0001 to 0002"), "{err}");
+        }
     }
 
     #[test]

@@ -81,7 +81,7 @@
 //! | option         | value                                                                  | default          |
 //! |----------------|------------------------------------------------------------------------|------------------|
 //! | `name`         | the job's kind, stored with every job: 1-64 ASCII letters, digits, `_`, `-`, `.` and `:`, starting with a letter; unique among the job types of a cluster. Set it to keep queued jobs working when the fn is renamed | the fn's name |
-//! | `queue`        | the queue it is enqueued on: 1-63 ASCII letters, digits, `_`, `-` or `.`; only nodes listing it in `[jobs.queues]` work it | `"default"` |
+//! | `queue`        | the queue it is enqueued on: 1-63 ASCII letters, digits, `_`, `-` or `.`; nodes whose binary declares it work it, or those listing it in `[node] queues` | `"default"` |
 //! | `role`         | run it only on the leader of this role (1-48 lowercase letters, digits and `_`, starting with a letter) | any node working the queue |
 //! | `max_attempts` | attempts before the job is dead-lettered, the first included: 1 or more | `[jobs] default_max_attempts` (20) |
 //! | `backoff`      | the delay before a retry: `"exponential"` (`backoff_base` doubled after each failed attempt, at most `backoff_max`, ±25 % jitter) or `"fixed"` (`backoff_base` every time; then `backoff_base` is required) | `"exponential"` |
@@ -202,7 +202,8 @@ pub fn cron(args: TokenStream, item: TokenStream) -> TokenStream {
 /// * `name`: the job's kind, stored with every job (default: the fn's name; set it to keep
 ///   queued jobs working across a rename); 1-64 ASCII letters, digits, `_`, `-`, `.` and `:`,
 ///   starting with a letter.
-/// * `queue`: the queue (default `"default"`); nodes work the queues of `[jobs.queues]`.
+/// * `queue`: the queue (default `"default"`); nodes work the queues their job types declare
+///   (or those `[node] queues` lists).
 /// * `role`: run only on the leader of this role (default: any node working the queue).
 /// * `max_attempts`: 1 or more, the first attempt included (default:
 ///   `[jobs] default_max_attempts`, 20).

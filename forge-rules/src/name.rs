@@ -13,7 +13,8 @@ pub enum Name {
     Namespace,
     /// A node id (`FORGE_NODE_ID`, `[node] id`, `$HOSTNAME`).
     NodeId,
-    /// A job queue (`[jobs.queues]`, `#[job(queue = ...)]`): in notifications and metric labels.
+    /// A job queue (`[node] queues`, `[jobs.queues]`, `#[job(queue = ...)]`): in notifications
+    /// and metric labels.
     Queue,
     /// A cron's name: its key in the tick ledger and a metric label.
     Cron,

@@ -74,8 +74,13 @@ impl CronConfig {
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct JobsConfig {
-    /// The queues this node works, with their concurrency (jobs running at once on this
-    /// node). Queues not listed are not worked here.
+    /// How many jobs of one queue run at once on this node, for a queue `queues` does not
+    /// tune. Also a role's jobs, on the role's leader.
+    pub default_concurrency: u32,
+    /// Per-queue tuning: today a queue's concurrency (jobs of it running at once on this
+    /// node), for the queues whose need differs from `default_concurrency`. Tuning only: which
+    /// queues a node works is `[node] queues` (unset: the queues its job types declare, and the
+    /// ones tuned here).
     pub queues: BTreeMap<String, u32>,
     /// Attempts of a job whose declaration does not say `max_attempts`.
     pub default_max_attempts: u32,
@@ -105,7 +110,8 @@ pub struct JobsConfig {
 impl Default for JobsConfig {
     fn default() -> Self {
         JobsConfig {
-            queues: [("default".to_owned(), 16)].into_iter().collect(),
+            default_concurrency: 16,
+            queues: BTreeMap::new(),
             default_max_attempts: 20,
             maintenance_interval: Duration::from_secs(15),
             completed_retention: Duration::from_secs(24 * 3600),
@@ -122,23 +128,22 @@ impl JobsConfig {
         !self.completed_retention.is_zero()
     }
 
+    /// How many jobs of `queue` run at once on this node: its `queues` entry, else
+    /// `default_concurrency`.
+    pub fn concurrency(&self, queue: &str) -> u32 {
+        self.queues
+            .get(queue)
+            .copied()
+            .unwrap_or(self.default_concurrency)
+    }
+
     /// Checks the section's values.
     pub fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
+        check_concurrency(at, "jobs.default_concurrency", self.default_concurrency)?;
         for (queue, concurrency) in &self.queues {
             let key = format!("jobs.queues.{queue}");
             check_name(Name::Queue, queue).map_err(|err| at.error(&key, err.to_string()))?;
-            if *concurrency == 0 {
-                return Err(at.error(
-                    &key,
-                    "concurrency 0 works nothing: use at least 1, or remove the queue so this node does not work it".into(),
-                ));
-            }
-            if *concurrency > 10_000 {
-                return Err(at.error(
-                    &key,
-                    format!("concurrency {concurrency} is more than 10000 attempts at once on one node: use a smaller number"),
-                ));
-            }
+            check_concurrency(at, &key, *concurrency)?;
         }
         if self.default_max_attempts == 0 {
             return Err(at.error("jobs.default_max_attempts", "must be at least 1".into()));
@@ -157,6 +162,23 @@ impl JobsConfig {
         }
         Ok(())
     }
+}
+
+/// A concurrency: at least 1, at most 10,000.
+fn check_concurrency(at: &ConfigSource<'_>, key: &str, concurrency: u32) -> Result<()> {
+    if concurrency == 0 {
+        return Err(at.error(
+            key,
+            "concurrency 0 works nothing: use at least 1 (to keep a node from working a queue, leave it out of [node] queues)".into(),
+        ));
+    }
+    if concurrency > 10_000 {
+        return Err(at.error(
+            key,
+            format!("concurrency {concurrency} is more than 10000 attempts at once on one node: use a smaller number"),
+        ));
+    }
+    Ok(())
 }
 
 /// A duration for messages.

@@ -44,7 +44,8 @@
 //! `pg_config --bindir`, `initdb` on `PATH`, or the newest
 //! `/usr/lib/postgresql/*/bin`. Running as root, PostgreSQL is run as the OS
 //! user `postgres` (or `FORGE_PG_OS_USER`) through `runuser`, since `initdb`
-//! refuses to run as root.
+//! refuses to run as root. [`client_program`] finds a client (`psql`,
+//! `pg_dump`) beside those binaries, or on `PATH`.
 //!
 //! Environment variables: `DATABASE_URL`, `FORGE_PG_BIN`,
 //! `FORGE_PG_OS_USER`, `FORGE_PG_TMPDIR` (where clusters live),
@@ -95,7 +96,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use error::Error;
-pub use pg::{Lsn, PgOptions, PgServer, TestDatabase};
+pub use pg::{Lsn, PgOptions, PgServer, TestDatabase, client_program};
 pub use pooler::TxPooler;
 pub use process::NodeProcess;
 pub use proxy::{Filter, PgProxy, ProxyConnection, ProxyConnectionState};

@@ -841,6 +841,27 @@ rm -rf -- "$3""#;
         .map_err(|e| Error::io("spawning the cleanup process (/bin/sh)", e))
 }
 
+/// A PostgreSQL client program (`psql`, `pg_dump`, ...): the one next to the server binaries
+/// the kit runs (found as they are: see the crate's docs), else the first on `PATH` (with
+/// `DATABASE_URL` set, a machine may have the clients only).
+pub fn client_program(name: &str) -> Result<PathBuf, Error> {
+    let beside_server = find_bin_dir().ok().map(|dir| dir.join(name));
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join(name));
+    beside_server
+        .into_iter()
+        .chain(on_path)
+        .find(|program| program.is_file())
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "the PostgreSQL client program {name} was not found beside the server binaries \
+                 or on PATH: install PostgreSQL's clients (Debian/Ubuntu: postgresql-client)"
+            ))
+        })
+}
+
 /// Where the PostgreSQL server binaries are: `FORGE_PG_BIN`, then
 /// `pg_config --bindir`, then `initdb` on `PATH`, then the highest version
 /// under `/usr/lib/postgresql/*/bin` (Debian) or `/usr/pgsql-*/bin` (RHEL).

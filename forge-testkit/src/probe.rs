@@ -34,7 +34,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use forge::crons::{CatchUp, CronJob};
-use forge::{Config, CronContext, CronError, Leadership, Node, Schedule};
+use forge::{Config, CronContext, CronError, Leadership, Node, Role, Schedule};
 
 /// The table the probe writes to.
 pub const PROBE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS forge_probe_work (
@@ -199,8 +199,8 @@ async fn probe_tick(ctx: CronContext) -> Result<(), CronError> {
     Ok(())
 }
 
-/// Runs a probe node with `config` (its `[node] roles` decide what it leads) until SIGTERM
-/// or ctrl-c. Creates `forge_probe_work` if needed.
+/// Runs a probe node with `config` (its `[node] roles` decide what it leads; unset, the
+/// built-in roles) until SIGTERM or ctrl-c. Creates `forge_probe_work` if needed.
 pub async fn run(config: Config) -> ExitCode {
     let every = std::env::var("FORGE_PROBE_WORK_MS")
         .ok()
@@ -208,7 +208,7 @@ pub async fn run(config: Config) -> ExitCode {
         .map(Duration::from_millis)
         .unwrap_or(Duration::from_millis(50));
     let roles = match config.roles() {
-        Ok(roles) => roles,
+        Ok(roles) => roles.unwrap_or_else(|| Role::BUILTIN.to_vec()),
         Err(err) => {
             eprintln!("error: {err}");
             return ExitCode::FAILURE;

@@ -2,8 +2,10 @@
 -- which already holds the node's advisory lock. Returns what the row said before. A new
 -- incarnation starts with an empty tally, so that the previous process's counters are never
 -- merged with or read beside the new one's (node_heartbeat merges changed counters).
--- p_prefers: the roles the node prefers to lead (forge.placement_move).
+-- p_prefers: the roles the node prefers to lead (forge.placement_move); p_work_roles: the roles
+-- its binary has work for, campaigned for or not (p_roles).
 DROP FUNCTION IF EXISTS forge.node_join(text, text, bigint, text, integer, text, text[], jsonb, text);
+DROP FUNCTION IF EXISTS forge.node_join(text, text, bigint, text, integer, text, text[], jsonb, text, text[]);
 CREATE OR REPLACE FUNCTION forge.node_join(
     p_namespace   text,
     p_node        text,
@@ -14,7 +16,8 @@ CREATE OR REPLACE FUNCTION forge.node_join(
     p_roles       text[],
     p_queues      jsonb,
     p_admin_url   text,
-    p_prefers     text[]
+    p_prefers     text[],
+    p_work_roles  text[]
 ) RETURNS TABLE (previous_incarnation bigint, previous_stopped boolean, was_down boolean,
                  server_now timestamptz)
 LANGUAGE plpgsql
@@ -29,17 +32,18 @@ BEGIN
     SELECT * INTO prev FROM forge.nodes n
      WHERE n.namespace = p_namespace AND n.node_id = p_node FOR UPDATE;
     INSERT INTO forge.nodes AS n (namespace, node_id, started_at, heartbeat_at, queues, incarnation,
-                                  hostname, pid, version, roles, prefers, admin_url, session_pid,
-                                  session_start, server_started_at)
+                                  hostname, pid, version, roles, work_roles, prefers, admin_url,
+                                  session_pid, session_start, server_started_at)
     VALUES (p_namespace, p_node, at_time, at_time, p_queues, p_incarnation, p_hostname, p_pid,
-            p_version, p_roles, p_prefers, p_admin_url, pg_backend_pid(), my_start,
+            p_version, p_roles, p_work_roles, p_prefers, p_admin_url, pg_backend_pid(), my_start,
             pg_postmaster_start_time())
     ON CONFLICT (namespace, node_id) DO UPDATE
        SET started_at = CASE WHEN n.incarnation IS DISTINCT FROM p_incarnation
                              THEN at_time ELSE n.started_at END,
            heartbeat_at = at_time, stopped_at = NULL, queues = excluded.queues,
            incarnation = excluded.incarnation, hostname = excluded.hostname, pid = excluded.pid,
-           version = excluded.version, roles = excluded.roles, prefers = excluded.prefers,
+           version = excluded.version, roles = excluded.roles, work_roles = excluded.work_roles,
+           prefers = excluded.prefers,
            admin_url = excluded.admin_url,
            session_pid = excluded.session_pid, session_start = excluded.session_start,
            server_started_at = excluded.server_started_at, session_lost_at = NULL,

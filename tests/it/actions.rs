@@ -46,7 +46,7 @@ async fn a_leader_asked_to_step_down_hands_over_to_a_follower() {
     let (db, pool) = setup().await;
     let start = |id: &'static str| {
         let mut config = config(db.url(), id);
-        config.node.roles = vec!["scheduler".into()];
+        config.node.roles = Some(vec!["scheduler".into()]);
         config.node.campaign_without_work = true;
         Node::builder(config).auto_register(false).start()
     };
@@ -220,7 +220,7 @@ async fn a_triggered_cron_runs_once_on_its_leader_even_when_asked_without_one() 
     // Once a year: every run in this test is a manual one.
     let start = |id: &'static str| {
         let mut config = config(db.url(), id);
-        config.node.roles = vec!["scheduler".into()];
+        config.node.roles = Some(vec!["scheduler".into()]);
         Node::builder(config)
             .auto_register(false)
             .cron(CronJob::new(
@@ -448,6 +448,7 @@ async fn jobs_are_retried_cancelled_and_deleted_one_by_one_and_by_filter() {
 async fn a_paused_queue_is_not_claimed_until_resumed() {
     let (db, pool) = setup().await;
     let mut config = job_config(db.url(), "a");
+    config.node.queues = Some(vec!["default".into(), "other".into()]);
     config.jobs.queues = [("default".to_owned(), 4), ("other".to_owned(), 4)]
         .into_iter()
         .collect();

@@ -228,8 +228,19 @@ fn encode(value: &str) -> String {
 /// (the `plain` job) and has the `yearly` cron (it never fires on its own in a test: its ticks
 /// are the ones triggered).
 async fn admin_node(url: &str, id: &str, token: Option<&str>) -> Node {
+    admin_node_with(url, id, token, |_| {}).await
+}
+
+/// [`admin_node`] with `configure` applied to its configuration.
+async fn admin_node_with(
+    url: &str,
+    id: &str,
+    token: Option<&str>,
+    configure: impl FnOnce(&mut Config),
+) -> Node {
     let mut config = served_job_config(url, id, false);
     config.admin.token = token.map(str::to_owned);
+    configure(&mut config);
     let yearly = CronJob::new(
         "yearly",
         Schedule::parse("0 0 1 1 *").unwrap(),
@@ -306,8 +317,14 @@ struct ServerGuard {
 async fn the_cluster_endpoints_show_nodes_leaders_history_events_config_and_step_down() {
     let db = fresh_db().await;
     let (url, password) = with_password(db.url());
-    let a = admin_node(&url, "a", Some(TOKEN)).await;
-    let b = admin_node(&url, "b", Some(TOKEN)).await;
+    // Every role with work campaigned for (else the status reports the built-in roles'
+    // duties unserved), and each kept by whoever wins it (no spreading moves meanwhile).
+    let every_role = |config: &mut Config| {
+        config.node.roles = None;
+        config.cluster.spread = false;
+    };
+    let a = admin_node_with(&url, "a", Some(TOKEN), every_role).await;
+    let b = admin_node_with(&url, "b", Some(TOKEN), every_role).await;
     let (leader, first_epoch) = wait_single_leader(&[&a, &b], &Role::SCHEDULER).await;
     let leader_id = [&a, &b][leader].id().to_string();
     let (api_a, api_b) = (Api::of(&a), Api::of(&b));

@@ -1,10 +1,12 @@
 //! The `forge` command as a real process (`forge-cli`, the same code as the `forge` binary)
 //! against a real cluster: every command in table and JSON form, operators' writes and their
-//! audit trail, migrations on a fresh database, `config check`, `doctor` gating on a role
-//! without a leader, a foreign holder of a lock key, a transaction pooler and pending
-//! migrations, and bad input (unknown commands, bad filters, unknown ids, broken config,
-//! unreachable database) with the documented exit codes.
+//! audit trail, migrations on a fresh database (and FORGE's SQL printed, applied with psql:
+//! the same schema), `config check`, `doctor` gating on a role without a leader, a foreign
+//! holder of a lock key, a transaction pooler and pending migrations, and bad input (unknown
+//! commands, bad filters, unknown ids, broken config, unreachable database) with the documented
+//! exit codes.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use forge::crons::CronJob;
@@ -12,10 +14,11 @@ use forge::jobs::NewJob;
 use forge::{Config, CronContext, LockNamespace, Node, Role, RoleState, Schedule};
 use forge_testkit::{NodeProcess, PgServer, TestDatabase, TxPooler, wait_for, wait_until};
 use serde_json::Value;
-use sqlx::Connection;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{Connection, SqlSafeStr};
 use tokio::process::Command;
 
-use crate::jobs::{Behave, plain};
+use crate::jobs::{Behave, mailer, plain};
 use crate::support::*;
 
 /// What one run of the command did.
@@ -57,6 +60,7 @@ fn forge_command(url: Option<&str>, env: &[(&str, &str)]) -> Command {
         "DATABASE_URL",
         "FORGE_NODE_ID",
         "FORGE_ROLES",
+        "FORGE_QUEUES",
         "FORGE_METRICS_LISTEN",
         "FORGE_ADMIN_LISTEN",
         "FORGE_ADMIN_TOKEN",
@@ -96,7 +100,7 @@ async fn forge(url: &str, args: &[&str]) -> Run {
 /// A config that campaigns for every built-in role (they all have work).
 fn leading_config(url: &str, node: &str) -> Config {
     let mut config = config(url, node);
-    config.node.roles = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
+    config.node.roles = Some(Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect());
     config.node.campaign_without_work = true;
     // What the CLI shows is checked against one node leading everything: placement would
     // hand roles to the second node at a moment the test does not choose.
@@ -134,6 +138,17 @@ async fn wait_leads_all(node: &Node) {
     )
     .await
     .unwrap();
+}
+
+/// The checks a `forge doctor --json` report failed, in order.
+fn failed_checks(report: &Value) -> Vec<&str> {
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| c["check"].as_str().unwrap())
+        .collect()
 }
 
 /// A fresh database with FORGE's schema applied by the CLI itself.
@@ -393,7 +408,7 @@ async fn step_down_hands_the_role_over_and_is_audited() {
     let db = migrated_db().await;
     let start = |id: &'static str| {
         let mut config = config(db.url(), id);
-        config.node.roles = vec!["scheduler".into()];
+        config.node.roles = Some(vec!["scheduler".into()]);
         config.node.campaign_without_work = true;
         Node::builder(config).auto_register(false).start()
     };
@@ -1123,14 +1138,7 @@ async fn doctor_passes_a_healthy_cluster_and_fails_on_a_leaderless_role_or_a_for
     assert!(run.stdout.contains("NOT HEALTHY"), "{}", run.stdout);
     let report = forge(url, &["doctor", "--json"]).await.expect(1).json();
     assert_eq!(report["ok"], false);
-    let failed: Vec<&str> = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["status"] == "fail")
-        .map(|c| c["check"].as_str().unwrap())
-        .collect();
-    assert_eq!(failed, ["lock keys", "leaders"], "{report}");
+    assert_eq!(failed_checks(&report), ["lock keys", "leaders"], "{report}");
 
     // The other application lets go: the node leads everything, the doctor is content.
     sqlx::query("SELECT pg_advisory_unlock($1)")
@@ -1152,6 +1160,7 @@ async fn doctor_passes_a_healthy_cluster_and_fails_on_a_leaderless_role_or_a_for
         "migrations",
         "lock keys",
         "leaders",
+        "work",
         "nodes",
         "clock",
     ] {
@@ -1255,6 +1264,78 @@ async fn doctor_passes_a_healthy_cluster_and_fails_on_a_leaderless_role_or_a_for
     node.shutdown().await;
     let run = forge(url, &["doctor"]).await.expect(1);
     assert!(run.stdout.contains("no active node"), "{}", run.stdout);
+}
+
+/// Work with nowhere to run - jobs waiting in a queue that no live node works, a role that a
+/// live node has work for and none campaigns for - makes `forge status` and `forge doctor`
+/// unhealthy, each naming the queue or the role and what to do, until a node serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_doctor_report_work_with_nowhere_to_run() {
+    let db = migrated_db().await;
+    let url = db.url();
+    let pool = db.pool().await.unwrap();
+    // The built-in roles and no queue, though the binary has work on billing and mailers.
+    let mut hides = leading_config(url, "hides");
+    hides.node.queues = Some(vec![]);
+    let node = billing_and_mailers_node(hides).await;
+    wait_leads_all(&node).await;
+    client(&pool)
+        .enqueue(mailer, Behave::tag("waits"))
+        .await
+        .unwrap();
+
+    let run = forge(url, &["doctor"]).await.expect(1);
+    for said in [
+        "queue mailers has jobs waiting and no live node works it",
+        "role billing has work on hides and no live node campaigns for it",
+        "work: a node works the queues its job types declare unless [node] queues (FORGE_QUEUES) lists others",
+        "work: add billing to [node] roles (FORGE_ROLES) of nodes that have its work",
+        "NOT HEALTHY: 2 problems",
+    ] {
+        assert!(run.stdout.contains(said), "{said}: {}", run.stdout);
+    }
+    let report = forge(url, &["doctor", "--json"]).await.expect(1).json();
+    assert_eq!(failed_checks(&report), ["work", "work"], "{report}");
+    let status = forge(url, &["status", "--json"]).await.ok().json();
+    assert_eq!(status["healthy"], false, "{status}");
+    let unserved: Vec<(&str, &str)> = status["unserved"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| (u["work"].as_str().unwrap(), u["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        unserved,
+        [("queue", "mailers"), ("role", "billing")],
+        "{status}"
+    );
+    let run = forge(url, &["status"]).await.ok();
+    assert!(
+        run.stdout
+            .contains("NOT HEALTHY: queue mailers has jobs waiting and no live node works it"),
+        "{}",
+        run.stdout
+    );
+
+    // A node with the default configuration works mailers and campaigns for billing.
+    let serves = billing_and_mailers_node(config(url, "serves")).await;
+    wait_for(
+        "the doctor to be content",
+        SOON,
+        Duration::from_millis(100),
+        || async {
+            let run = forge(url, &["doctor"]).await;
+            if run.code == 0 {
+                Ok(())
+            } else {
+                Err(run.stdout)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    serves.shutdown().await;
+    node.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1732,4 +1813,201 @@ async fn obvious_forms_work_and_errors_say_what_is_wrong_once() {
     assert!(!run.stderr.contains("expected to read"), "{}", run.stderr);
     assert!(!run.stderr.contains("secret"), "{}", run.stderr);
     server.abort();
+}
+
+/// Runs `program ARGS` (a PostgreSQL client) to completion, bounded; its stdout.
+async fn pg_client(program: &str, args: &[&str]) -> String {
+    let path = forge_testkit::client_program(program).unwrap();
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(&path).args(args).kill_on_drop(true).output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{program} {args:?} did not finish within 60 s"))
+    .unwrap_or_else(|err| panic!("cannot run {}: {err}", path.display()));
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Applies `sql` to `url` as the header of `forge migrate sql` says: psql, one transaction,
+/// stopping at the first error.
+async fn psql(url: &str, sql: &str) {
+    let dir = ScratchDir::new("cli-migrate-sql");
+    let file = dir.0.join("forge.sql");
+    std::fs::write(&file, sql).unwrap();
+    let file = file.to_str().unwrap();
+    let args = [
+        "-X",
+        "-q",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "--single-transaction",
+        "-f",
+        file,
+        url,
+    ];
+    pg_client("psql", &args).await;
+}
+
+/// Schema `forge` as pg_dump prints it (tables, indexes, constraints, functions, comments).
+async fn forge_schema_dump(url: &str) -> String {
+    let dump = pg_client(
+        "pg_dump",
+        &["--schema-only", "--schema=forge", "--no-owner", url],
+    )
+    .await;
+    // pg_dump 17.6, 16.10, 15.14, ... guard the dump with a random key per run.
+    dump.lines()
+        .filter(|line| !line.starts_with("\\restrict") && !line.starts_with("\\unrestrict"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The bookkeeping of FORGE's schema, but for when each row was written and how long sqlx
+/// took: (migrations: version, description, success, checksum), (function files: name,
+/// checksum, release).
+type Bookkeeping = (
+    Vec<(i64, String, bool, Vec<u8>)>,
+    Vec<(String, Vec<u8>, String)>,
+);
+
+async fn bookkeeping(url: &str) -> Bookkeeping {
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    let migrations = sqlx::query_as(
+        "SELECT version, description, success, checksum FROM forge._sqlx_migrations ORDER BY 1",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let functions = sqlx::query_as(
+        "SELECT name, checksum, forge_version FROM forge.schema_functions ORDER BY 1",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    (migrations, functions)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_sql_applied_with_psql_leaves_the_database_as_migrate_up_does() {
+    let reference = migrated_db().await;
+    let expected_schema = forge_schema_dump(reference.url()).await;
+    let expected_bookkeeping = bookkeeping(reference.url()).await;
+
+    // Printed with no database at hand, applied by another tool to an empty database.
+    let sql = forge_env(None, &[], &["migrate", "sql"]).await.ok().stdout;
+    assert!(sql.starts_with("-- FORGE "), "{sql}");
+    let db = fresh_db().await;
+    let url = db.url();
+    psql(url, &sql).await;
+    assert_eq!(
+        forge_schema_dump(url).await,
+        expected_schema,
+        "the schema differs from the one `forge migrate up` makes"
+    );
+    assert_eq!(bookkeeping(url).await, expected_bookkeeping);
+    let run = forge(url, &["migrate", "status"]).await.ok();
+    assert!(run.stdout.contains("up to date"), "{}", run.stdout);
+
+    // Nodes that do not migrate start on it, and the doctor finds nothing missing.
+    let mut config = leading_config(url, "sql-a");
+    config.database.migrate = false;
+    let node = Node::builder(config)
+        .auto_register(false)
+        .start()
+        .await
+        .expect("a node with migrate = false starts on the schema psql applied");
+    wait_leads_all(&node).await;
+    let report = forge(url, &["doctor", "--strict", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(report["ok"], true, "{report}");
+    let migrations = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "migrations")
+        .cloned()
+        .unwrap();
+    assert_eq!(migrations["status"], "ok", "{report}");
+    node.shutdown().await;
+
+    // An upgrade: a database an older release migrated - its first two migrations, its own
+    // function files (one of them, `fence`, different from this release's) - takes only what
+    // is new: `--after 2`.
+    let old = fresh_db().await;
+    let mut conn = old.connect().await.unwrap();
+    let older: Vec<Migration> = forge::migrate::sources()
+        .into_iter()
+        .filter(|(version, _, _)| *version <= 2)
+        .map(|(version, description, sql)| {
+            Migration::new(
+                version,
+                Cow::Borrowed(description),
+                MigrationType::Simple,
+                sql.into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    let mut older = Migrator::with_migrations(older);
+    older.create_schema("forge");
+    older.dangerous_set_table_name(forge::migrate::TABLE);
+    older.run_direct(None, &mut conn, false).await.unwrap();
+    let last = forge::migrate::sources().last().unwrap().0.to_string();
+    let functions_only = forge_env(None, &[], &["migrate", "sql", "--after", &last])
+        .await
+        .ok()
+        .stdout;
+    assert!(
+        !functions_only.contains("-- migrations/0"),
+        "{functions_only}"
+    );
+    psql(old.url(), &functions_only).await;
+    sqlx::raw_sql(
+        "UPDATE forge.schema_functions SET checksum = '\\x00', forge_version = '0.0.1'
+          WHERE name = 'fence'",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let when = "SELECT applied_at FROM forge.schema_functions WHERE name = 'audit'";
+    let audit_applied: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar(when).fetch_one(&mut conn).await.unwrap();
+    let run = forge(old.url(), &["migrate", "status", "--json"])
+        .await
+        .ok();
+    assert_eq!(run.json()["pending"], 2, "{}", run.stdout);
+
+    let upgrade = forge_env(None, &[], &["migrate", "sql", "--after", "2"])
+        .await
+        .ok()
+        .stdout;
+    psql(old.url(), &upgrade).await;
+    assert_eq!(forge_schema_dump(old.url()).await, expected_schema);
+    assert_eq!(bookkeeping(old.url()).await, expected_bookkeeping);
+    let unchanged: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar(when).fetch_one(&mut conn).await.unwrap();
+    assert_eq!(
+        unchanged, audit_applied,
+        "a function file recorded with the same SQL keeps its row, as `forge migrate up` does"
+    );
+    let run = forge(old.url(), &["migrate", "status"]).await.ok();
+    assert!(run.stdout.contains("up to date"), "{}", run.stdout);
+
+    // A database migrated further than this release knows: said so, exit 2.
+    let run = forge_env(None, &[], &["migrate", "sql", "--after", "9999"])
+        .await
+        .expect(2);
+    assert!(
+        run.stderr.contains("9999") && run.stderr.contains("newer FORGE"),
+        "{}",
+        run.stderr
+    );
 }

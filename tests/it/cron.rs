@@ -64,7 +64,7 @@ async fn cron_node(url: &str, id: &str, crons: Vec<CronJob>) -> Node {
         .collect();
     roles.sort();
     roles.dedup();
-    config.node.roles = roles;
+    config.node.roles = Some(roles);
     let mut builder = Node::builder(config).auto_register(false);
     for cron in crons {
         builder = builder.cron(cron);

@@ -214,7 +214,7 @@ async fn leader_work_is_cancelled_when_leadership_is_lost_and_fenced_writes_are_
     }
     let task_log = log.clone();
     let mut config = config(db.url(), "a");
-    config.node.roles = vec!["scheduler".into()];
+    config.node.roles = Some(vec!["scheduler".into()]);
     let a = Node::builder(config)
         .leader_task(Role::SCHEDULER, "recorder", move |leadership| {
             let log = task_log.clone();
@@ -352,15 +352,19 @@ async fn epochs_strictly_increase_over_repeated_takeovers() {
 async fn a_node_campaigns_only_for_roles_it_has_work_for() {
     let db = fresh_db().await;
     let pool = db.pool().await.unwrap();
-    // Configured for all three roles, but only the scheduler has work.
+    // [node] roles lists the scheduler alone: the other roles' work is left to other nodes.
     let node = start_node(db.url(), "a", &[Role::SCHEDULER]).await;
     assert_eq!(node.roles(), [Role::SCHEDULER]);
     wait_single_leader(&[&node], &Role::SCHEDULER).await;
     node.shutdown().await;
 
-    let mut config = config(db.url(), "standby");
-    config.node.campaign_without_work = true;
-    let standby = Node::builder(config).start().await.unwrap();
+    // [node] roles unset: every role with work, and the built-in roles always have the core's
+    // duties.
+    let standby = Node::builder(config(db.url(), "standby"))
+        .auto_register(false)
+        .start()
+        .await
+        .unwrap();
     let mut roles = standby.roles();
     roles.sort();
     let mut all = Role::BUILTIN.to_vec();
@@ -376,8 +380,28 @@ async fn a_node_campaigns_only_for_roles_it_has_work_for() {
         .unwrap();
     assert_eq!(rows, 3);
 
-    // A user-defined role has its own key and campaigns like the built-in ones.
+    // A listed role without work is not campaigned for, unless campaign_without_work.
     let reports = Role::new("reports").unwrap();
+    let mut listed = config(db.url(), "b");
+    listed.node.roles = Some(vec!["scheduler".into(), "reports".into()]);
+    let node = Node::builder(listed.clone())
+        .auto_register(false)
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(node.roles(), [Role::SCHEDULER]);
+    node.shutdown().await;
+    listed.node.campaign_without_work = true;
+    let node = Node::builder(listed)
+        .auto_register(false)
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(node.roles(), [reports.clone(), Role::SCHEDULER]);
+    wait_single_leader(&[&node], &reports).await;
+    node.shutdown().await;
+
+    // A user-defined role has its own key and campaigns like the built-in ones.
     let node = start_node(db.url(), "c", std::slice::from_ref(&reports)).await;
     wait_single_leader(&[&node], &reports).await;
     let key: i64 = sqlx::query_scalar("SELECT lock_key FROM forge.leaders WHERE role = 'reports'")
@@ -396,7 +420,7 @@ async fn a_follower_that_waited_longer_than_the_lease_keeps_the_leadership_it_wi
     wait_single_leader(&[&a], &Role::SCHEDULER).await;
     // b's lock waits last longer than the lease.
     let mut config = config(db.url(), "b");
-    config.node.roles = vec!["scheduler".into()];
+    config.node.roles = Some(vec!["scheduler".into()]);
     config.cluster.leader_election.lock_timeout = Duration::from_secs(6);
     let b = Node::builder(config)
         .leader_task(
@@ -480,7 +504,7 @@ async fn only_the_standbys_wait_in_the_lock_and_a_reserve_takes_a_missing_standb
     let mut nodes = Vec::new();
     for id in ["a", "b", "c", "d", "e"] {
         let mut config = config(db.url(), id);
-        config.node.roles = vec!["billing".into()];
+        config.node.roles = Some(vec!["billing".into()]);
         config.cluster.leader_election.standbys = 1;
         let node = Node::builder(config)
             .auto_register(false)
@@ -564,7 +588,7 @@ async fn a_leader_runs_its_duties_on_its_lock_sessions_and_holds_no_pool_connect
     let db = fresh_db().await;
     let pool = db.pool().await.unwrap();
     let mut config = config(db.url(), "solo");
-    config.node.roles = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
+    config.node.roles = Some(Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect());
     config.cluster.compaction_interval = Duration::from_secs(1);
     config.metrics.rollup_interval = Duration::from_secs(1);
     let node = Node::builder(config)

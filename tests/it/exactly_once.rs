@@ -99,7 +99,7 @@ fn effect_cron(name: &str, complete: bool, hang: Option<Arc<Notify>>) -> CronJob
 /// lose a leadership (these tests check what happens within one tenure).
 pub(crate) fn steady_config(url: &str, id: &str) -> forge::Config {
     let mut config = config(url, id);
-    config.node.roles = vec!["scheduler".into()];
+    config.node.roles = Some(vec!["scheduler".into()]);
     let election = &mut config.cluster.leader_election;
     election.lease_duration = Duration::from_secs(6);
     election.refresh_interval = Duration::from_secs(1);

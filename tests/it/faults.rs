@@ -219,11 +219,11 @@ async fn restart_does_not_rescue_live_nodes(crash: bool) {
     sqlx::raw_sql(RUNS_TABLE_SQL).execute(&pool).await.unwrap();
     // b works the job; a leads the scheduler role (and so decides about rescues).
     let mut a_config = job_config(db.url(), "a");
-    a_config.jobs.queues.clear();
+    a_config.node.queues = Some(vec![]);
     let a = jobs_node(a_config).await;
     wait_leads(&pool, "scheduler", "a").await;
     let mut b_config = job_config(db.url(), "b");
-    b_config.node.roles = vec![];
+    b_config.node.roles = Some(vec![]);
     let b = jobs_node(b_config).await;
     let id = b
         .jobs()
@@ -280,7 +280,7 @@ async fn a_drain_longer_than_the_lease_never_overlaps_the_next_leader() {
     let billing = Role::new("billing").unwrap();
     let node = |id: &'static str| {
         let mut config = config(db.url(), id);
-        config.node.roles = vec!["billing".into()];
+        config.node.roles = Some(vec!["billing".into()]);
         // Lease 2 s; the drain takes 3.5 s.
         config.cluster.leader_election.drain_timeout = Duration::from_secs(6);
         let pool = pool.clone();
@@ -419,11 +419,11 @@ async fn handlers_holding_every_pool_connection_do_not_get_their_node_marked_dow
     // b leads the scheduler role (it decides about rescues) and works no queue; a works the
     // jobs with a small pool.
     let mut b_config = job_config(db.url(), "b");
-    b_config.jobs.queues.clear();
+    b_config.node.queues = Some(vec![]);
     let b = jobs_node(b_config).await;
     wait_leads(&pool, "scheduler", "b").await;
     let mut a_config = job_config(db.url(), "a");
-    a_config.node.roles = vec![];
+    a_config.node.roles = Some(vec![]);
     // The worker keeps one connection for its round trips; the two jobs take the others.
     a_config.database.max_connections = 3;
     let a = jobs_node(a_config).await;

@@ -26,7 +26,10 @@ use crate::support::*;
 /// The election timings of [`config`], plus job timings short enough for tests.
 pub(crate) fn job_config(url: &str, node: &str) -> Config {
     let mut config = config(url, node);
-    config.node.roles = vec!["scheduler".into()];
+    config.node.roles = Some(vec!["scheduler".into()]);
+    // The default queue only: the `mailers` queue of the `mailer` type waits for the nodes
+    // that list it.
+    config.node.queues = Some(vec!["default".into()]);
     config.jobs.maintenance_interval = Duration::from_secs(1);
     config.jobs.drain_timeout = Duration::from_secs(2);
     config
@@ -37,10 +40,11 @@ pub(crate) fn job_config(url: &str, node: &str) -> Config {
 /// 1 s rollup, so that the cluster series have points within seconds.
 pub(crate) fn served_job_config(url: &str, node: &str, charted: bool) -> Config {
     let mut config = job_config(url, node);
+    config.node.queues = Some(vec!["work".into()]);
     config.jobs.queues = [("work".to_owned(), 2)].into_iter().collect();
     config.admin.listen = Some("127.0.0.1:0".parse().unwrap());
     if charted {
-        config.node.roles = vec!["scheduler".into(), "metrics_aggregator".into()];
+        config.node.roles = Some(vec!["scheduler".into(), "metrics_aggregator".into()]);
         config.metrics.rollup_interval = Duration::from_secs(1);
     }
     config
@@ -116,7 +120,7 @@ async fn runs(pool: &PgPool, id: JobId) -> Vec<(i32, String, f64, bool)> {
     .unwrap()
 }
 
-fn inserted(result: Enqueued) -> JobId {
+pub(crate) fn inserted(result: Enqueued) -> JobId {
     match result {
         Enqueued::Inserted(id) => id,
         Enqueued::Duplicate(id) => panic!("expected an insert, got a duplicate of {id}"),
@@ -405,7 +409,7 @@ async fn unique_jobs_report_duplicates_instead_of_inserting() {
     let (db, pool) = setup().await;
     // A node that does not work the queue, so jobs stay available.
     let mut config = job_config(db.url(), "a");
-    config.jobs.queues = [("elsewhere".to_owned(), 1)].into_iter().collect();
+    config.node.queues = Some(vec!["elsewhere".into()]);
     let node = start(config).await;
     let jobs = node.jobs();
 
@@ -699,7 +703,7 @@ async fn bulk_enqueued_jobs_all_run_exactly_once_on_two_nodes() {
     sorted.sort();
     assert_eq!(ids, sorted, "results come back in input order");
 
-    // mailers is not in [jobs.queues]: those jobs wait; the others are completed.
+    // mailers is not in [node] queues: those jobs wait; the others are completed.
     wait_until(
         "the default queue to drain",
         SOON,
@@ -747,6 +751,7 @@ async fn bulk_enqueued_jobs_all_run_exactly_once_on_two_nodes() {
 
     // A node that works mailers runs them, though their type declares another queue.
     let mut config = job_config(db.url(), "c");
+    config.node.queues = Some(vec!["mailers".into()]);
     config.jobs.queues = [("mailers".to_owned(), 4)].into_iter().collect();
     let c = start(config).await;
     wait_until(
@@ -835,7 +840,7 @@ async fn role_jobs_run_only_on_the_roles_leader() {
     let (db, pool) = setup().await;
     let start_reporter = |id: &'static str| {
         let mut config = job_config(db.url(), id);
-        config.node.roles = vec!["scheduler".into(), "reports".into()];
+        config.node.roles = Some(vec!["scheduler".into(), "reports".into()]);
         Node::builder(config)
             .auto_register(false)
             .job(plain)
@@ -983,7 +988,7 @@ async fn shutdown_drains_running_jobs_then_releases_the_rest() {
 async fn the_aggregator_reports_queue_figures_and_the_compactor_prunes_finished_jobs() {
     let (db, pool) = setup().await;
     let mut config = job_config(db.url(), "a");
-    config.node.roles = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
+    config.node.roles = Some(Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect());
     config.jobs.completed_retention = Duration::from_millis(500);
     config.cluster.compaction_interval = Duration::from_millis(500);
     let node = start(config).await;

@@ -7,19 +7,23 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use forge::crons::{CatchUp, CronJob, TickState};
-use forge::inspect::{EventFilter, EventKind, JobFilter, NodeState, PageRequest, TenureEnd};
+use forge::inspect::{
+    EventFilter, EventKind, JobFilter, NodeState, PageRequest, TenureEnd, WorkKind,
+};
 use forge::jobs::{JobState, NewJob};
 use forge::{Config, CronContext, FenceToken, LockNamespace, Node, Role, Schedule};
 use forge_testkit::wait_until;
 use sqlx::{PgPool, Row};
 
-use crate::jobs::{Behave, RUNS_TABLE_SQL, job_config, metric, plain, setup, wait_state};
+use crate::jobs::{
+    Behave, RUNS_TABLE_SQL, inserted, job_config, mailer, metric, plain, report, setup, wait_state,
+};
 use crate::support::*;
 
 /// A config that campaigns for every built-in role, with quick duties.
 fn all_roles(url: &str, node: &str) -> Config {
     let mut config = job_config(url, node);
-    config.node.roles = Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect();
+    config.node.roles = Some(Role::BUILTIN.iter().map(|r| r.name().to_owned()).collect());
     config.node.campaign_without_work = true;
     config.cluster.compaction_interval = Duration::from_millis(500);
     config.metrics.rollup_interval = Duration::from_secs(1);
@@ -626,7 +630,7 @@ async fn the_cluster_series_count_cron_runs_by_role_whatever_the_number_of_crons
         )
     };
     let mut config = config(db.url(), "a");
-    config.node.roles = vec!["scheduler".into()];
+    config.node.roles = Some(vec!["scheduler".into()]);
     let node = Node::builder(config)
         .auto_register(false)
         .cron(cron("first_of_two"))
@@ -697,7 +701,7 @@ async fn a_paused_cron_is_skipped_by_whichever_node_leads_until_resumed() {
     };
     let node = |id: &'static str| {
         let mut config = config(db.url(), id);
-        config.node.roles = vec!["scheduler".into()];
+        config.node.roles = Some(vec!["scheduler".into()]);
         Node::builder(config)
             .auto_register(false)
             .cron(cron())
@@ -877,7 +881,7 @@ async fn three_nodes_starting_together_apply_the_applications_migrations_once() 
                 },
             );
             let mut config = config(&url, id);
-            config.node.roles = vec!["scheduler".into()];
+            config.node.roles = Some(vec!["scheduler".into()]);
             Node::builder(config)
                 .auto_register(false)
                 .migrations(migrator)
@@ -1110,7 +1114,7 @@ async fn forge_migrate_embeds_the_applications_migrations() {
     let db = fresh_db().await;
     let pool = db.pool().await.unwrap();
     let mut config = config(db.url(), "embedded");
-    config.node.roles = vec!["scheduler".into()];
+    config.node.roles = Some(vec!["scheduler".into()]);
     let node = Node::builder(config)
         .auto_register(false)
         .migrations(forge::migrate!("app_migrations"))
@@ -1128,4 +1132,139 @@ async fn forge_migrate_embeds_the_applications_migrations() {
         .await
         .unwrap();
     node.shutdown().await;
+}
+
+/// Work with nowhere to run - jobs waiting in a queue that no live node works, a role that a
+/// live node has work for and none campaigns for - is a problem of the cluster's status, saying
+/// what to do, and `forge_work_unserved` = 1 on the aggregator's leader; once a node serves it,
+/// the status is healthy and the gauges 0. A role's jobs count through their role, whatever
+/// their queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_with_nowhere_to_run_is_a_problem_of_the_status_and_a_gauge_of_the_aggregator() {
+    let (db, pool) = setup().await;
+    // `hides` leads the built-in roles and works no queue, though its binary has a leader task
+    // on billing and a job type on mailers. It keeps the aggregator (no spreading).
+    let mut hides = all_roles(db.url(), "hides");
+    hides.node.queues = Some(vec![]);
+    hides.cluster.spread = false;
+    let a = billing_and_mailers_node(hides).await;
+    wait_single_leader(&[&a], &Role::METRICS_AGGREGATOR).await;
+    let mailed = inserted(
+        client(&pool)
+            .enqueue(mailer, Behave::tag("waits"))
+            .await
+            .unwrap(),
+    );
+    // A role's job on a queue no node works: nobody has work for its role (`reports`).
+    client(&pool)
+        .enqueue_job(NewJob::new(report, Behave::tag("role job")).queue("nowhere"))
+        .await
+        .unwrap();
+
+    let cluster = a.cluster();
+    let status = wait_until(
+        "the status to report the queue and the role",
+        SOON,
+        Duration::from_millis(50),
+        || async {
+            let status = cluster.status().await.unwrap();
+            (status.unserved.len() == 2).then_some(status)
+        },
+    )
+    .await
+    .unwrap();
+    let unserved: Vec<(WorkKind, &str, &[String])> = status
+        .unserved
+        .iter()
+        .map(|u| (u.work, u.name.as_str(), u.nodes.as_slice()))
+        .collect();
+    assert_eq!(
+        unserved,
+        [
+            (WorkKind::Queue, "mailers", &[][..]),
+            (WorkKind::Role, "billing", &["hides".to_owned()][..])
+        ]
+    );
+    assert!(!status.healthy);
+    assert_eq!(status.problems.len(), 2, "{:?}", status.problems);
+    let said = |start: &str, remedy: &str| {
+        status
+            .problems
+            .iter()
+            .any(|p| p.starts_with(start) && p.contains(remedy))
+    };
+    assert!(
+        said(
+            "queue mailers has jobs waiting and no live node works it: ",
+            "add mailers to their [node] queues"
+        ),
+        "{:?}",
+        status.problems
+    );
+    assert!(
+        said(
+            "role billing has work on hides and no live node campaigns for it: ",
+            "add billing to [node] roles (FORGE_ROLES)"
+        ),
+        "{:?}",
+        status.problems
+    );
+    let gauge = |text: &str, work: &str, name: &str| {
+        metric(
+            text,
+            &format!(r#"forge_work_unserved{{work="{work}",name="{name}"}}"#),
+        )
+    };
+    let text = wait_until(
+        "the aggregator's leader to report both",
+        SOON,
+        Duration::from_millis(50),
+        || {
+            let text = a.render_metrics();
+            let both = gauge(&text, "queue", "mailers") == Some(1.0)
+                && gauge(&text, "role", "billing") == Some(1.0);
+            async move { both.then_some(text) }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(gauge(&text, "queue", "nowhere"), None, "{text}");
+
+    // A node with the default configuration serves both.
+    let mut serves = config(db.url(), "serves");
+    serves.cluster.spread = false;
+    let b = billing_and_mailers_node(serves).await;
+    assert!(
+        b.roles().contains(&Role::new("billing").unwrap()),
+        "{:?}",
+        b.roles()
+    );
+    let job = wait_state(&pool, mailed, JobState::Completed).await;
+    assert_eq!(job.node_id.as_deref(), Some("serves"));
+    wait_until(
+        "a healthy status",
+        SOON,
+        Duration::from_millis(50),
+        || async {
+            let status = cluster.status().await.unwrap();
+            (status.healthy && status.unserved.is_empty()).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    wait_until(
+        "the gauges to say served",
+        SOON,
+        Duration::from_millis(50),
+        || {
+            let text = a.render_metrics();
+            let served = gauge(&text, "queue", "mailers") == Some(0.0)
+                && gauge(&text, "role", "billing") == Some(0.0);
+            async move { served.then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    b.shutdown().await;
+    a.shutdown().await;
 }

@@ -27,7 +27,7 @@ async fn leader_metrics_are_served_for_prometheus() {
     let db = fresh_db().await;
     let addr = free_port();
     let mut config = config(db.url(), "a");
-    config.node.roles = vec!["scheduler".into(), "log_compactor".into()];
+    config.node.roles = Some(vec!["scheduler".into(), "log_compactor".into()]);
     config.metrics.listen = Some(addr);
     let a = Node::builder(config)
         .leader_task(
@@ -105,7 +105,8 @@ async fn counters_are_exported_at_zero_from_the_start() {
     let db = fresh_db().await;
     let pool = db.pool().await.unwrap();
     let mut config = crate::jobs::job_config(db.url(), "a");
-    config.node.roles = vec!["scheduler".into(), "log_compactor".into()];
+    config.node.roles = Some(vec!["scheduler".into(), "log_compactor".into()]);
+    config.node.queues = Some(vec!["default".into(), "mailers".into()]);
     config.jobs.queues.insert("mailers".into(), 2);
     let noop = |_ctx: CronContext| async { Ok::<_, forge::CronError>(()) };
     let yearly = CronJob::new("yearly", Schedule::parse("0 0 1 1 *").unwrap(), noop);
@@ -270,7 +271,7 @@ async fn leader_only_series_are_exported_by_the_leader_only() {
     let yearly = CronJob::new("yearly", Schedule::parse("0 0 1 1 *").unwrap(), noop);
     let start = |id: &'static str, addr| {
         let mut config = crate::jobs::job_config(db.url(), id);
-        config.node.roles = vec!["scheduler".into(), "metrics_aggregator".into()];
+        config.node.roles = Some(vec!["scheduler".into(), "metrics_aggregator".into()]);
         config.metrics.listen = Some(addr);
         // a leads both roles until the test moves them (not a placement move).
         config.cluster.spread = false;
@@ -375,7 +376,7 @@ async fn per_cron_series_can_be_turned_off() {
     let noop = |_ctx: CronContext| async { Ok::<_, forge::CronError>(()) };
     let node = |per_cron: bool, id: &'static str, crons: usize| {
         let mut config = config(db.url(), id);
-        config.node.roles = vec!["scheduler".into()];
+        config.node.roles = Some(vec!["scheduler".into()]);
         config.metrics.per_cron = per_cron;
         let mut builder = Node::builder(config).auto_register(false);
         for i in 0..crons {
@@ -496,6 +497,13 @@ async fn build_info_and_process_metrics_are_served() {
     stream.read_to_string(&mut response).await.unwrap();
     assert!(response.starts_with("HTTP/1.1 405"), "{response}");
 
+    promtool_accepts(&text);
+    a.shutdown().await;
+}
+
+/// Checks `text` with `promtool check metrics` (the exposition format, and Prometheus' naming
+/// lint), where promtool is installed (see `tools_present`).
+fn promtool_accepts(text: &str) {
     if crate::support::tools_present(
         if std::process::Command::new("promtool")
             .arg("--version")
@@ -530,6 +538,54 @@ async fn build_info_and_process_metrics_are_served() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// One scrape for the application's metrics and FORGE's: an application that records with the
+/// `metrics` crate's macros through `metrics-exporter-prometheus` hands its handle's render to
+/// `NodeBuilder::app_metrics`, and `[metrics] listen` serves both (so does
+/// `Node::render_metrics`, for the application's own router). A process figure the
+/// application exports too (as the `metrics-process` crate does) appears once, and promtool
+/// accepts the whole text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_scrape_serves_the_applications_metrics_and_forges() {
+    let db = fresh_db().await;
+    let addr = free_port();
+    let mut config = config(db.url(), "a");
+    config.metrics.listen = Some(addr);
+    // The application's recorder (a local one: other tests of this process keep theirs).
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        metrics::describe_counter!("orders_placed_total", "Orders placed.");
+        metrics::counter!("orders_placed_total", "shop" => "eu").increment(3);
+        metrics::describe_gauge!("process_threads", "Number of OS threads in the process.");
+        metrics::gauge!("process_threads").set(42.0);
+    });
+    let a = Node::builder(config)
+        .app_metrics(move || handle.render())
+        .start()
+        .await
+        .unwrap();
+    wait_single_leader(&[&a], &Role::SCHEDULER).await;
+
+    let scraped = scrape_body(addr).await;
+    for text in [&scraped, &a.render_metrics()] {
+        for expected in [
+            "forge_leader_is_leader{role=\"scheduler\"} 1\n",
+            "# HELP orders_placed_total Orders placed.\n",
+            "orders_placed_total{shop=\"eu\"} 3\n",
+            "process_threads 42\n",
+            "\nprocess_open_fds ",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+        }
+        assert_eq!(
+            text.matches("# TYPE process_threads ").count(),
+            1,
+            "the application's process_threads, not a second family:\n{text}"
+        );
+    }
+    promtool_accepts(&scraped);
     a.shutdown().await;
 }
 
@@ -758,6 +814,7 @@ async fn job_attempts_cron_runs_and_elections_run_in_spans() {
         tracing::subscriber::set_default(tracing_subscriber::registry().with(captured.clone()));
     let db = fresh_db().await;
     let mut config = crate::jobs::job_config(db.url(), "traced");
+    config.node.queues = Some(vec!["default".into(), "traces".into()]);
     config.jobs.queues.insert("traces".into(), 1);
     let every_second = CronJob::new(
         "every_second",
@@ -824,5 +881,100 @@ async fn job_attempts_cron_runs_and_elections_run_in_spans() {
             .iter()
             .any(|span| field(span, "span") == Some("role") && field(span, "role").is_some()),
         "{elected:?}"
+    );
+}
+
+/// What a node logged, in the fmt layer's words (level, target, message, fields).
+#[derive(Clone, Default)]
+struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Log {
+    /// The lines logged since the last call.
+    fn take(&self) -> Vec<String> {
+        let bytes = std::mem::take(&mut *self.0.lock().unwrap());
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
+    type Writer = Log;
+
+    fn make_writer(&'a self) -> Log {
+        self.clone()
+    }
+}
+
+/// A configuration that hides work of the node's binary from it - a role with work that
+/// `[node] roles` leaves out, a queue a job type declares that `[node] queues` leaves out - is a
+/// warning at start that names the work and says what to do; the default configuration hides
+/// nothing. (A current-thread runtime: the node logs on the thread whose subscriber this test
+/// sets.)
+#[tokio::test]
+async fn work_a_configuration_hides_is_a_warning_at_start() {
+    let log = Log::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(log.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let db = fresh_db().await;
+    // [node] roles = ["scheduler"], [node] queues = ["default"].
+    let hides = crate::jobs::job_config(db.url(), "hides");
+    billing_and_mailers_node(hides).await.shutdown().await;
+    let lines = log.take();
+    let warned = |said: &str, about: &str| {
+        lines
+            .iter()
+            .any(|l| l.contains(" WARN ") && l.contains(said) && l.contains(about))
+    };
+    assert!(
+        warned(
+            "not campaigning for a role this binary has work for",
+            r#"role=billing node=hides work=["invoices"]"#
+        ),
+        "{lines:#?}"
+    );
+    assert!(
+        warned("add it there, or unset roles", "role=billing"),
+        "{lines:#?}"
+    );
+    assert!(
+        warned(
+            "this node does not work a queue its job types declare",
+            r#"queue=mailers jobs=["mailer"]"#
+        ),
+        "{lines:#?}"
+    );
+    assert!(
+        warned("add it there, or unset queues", "queue=mailers"),
+        "{lines:#?}"
+    );
+
+    // The defaults: every role with work, every declared queue.
+    let serves = billing_and_mailers_node(config(db.url(), "serves")).await;
+    let billing = Role::new("billing").unwrap();
+    assert!(serves.roles().contains(&billing), "{:?}", serves.roles());
+    serves.shutdown().await;
+    let lines = log.take();
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("not campaigning") || l.contains("does not work a queue")),
+        "{lines:#?}"
     );
 }

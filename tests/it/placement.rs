@@ -45,7 +45,6 @@ async fn moves(pool: &PgPool) -> Vec<(String, String, String, String)> {
 
 async fn builtin_node(url: &str, id: &str, configure: impl FnOnce(&mut forge::Config)) -> Node {
     let mut config = config(url, id);
-    config.node.campaign_without_work = true;
     configure(&mut config);
     Node::builder(config)
         .auto_register(false)

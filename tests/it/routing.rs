@@ -73,7 +73,7 @@ fn admin_addr(node: &Node) -> SocketAddr {
 
 async fn served(url: &str, id: &str) -> Node {
     let mut config = served_job_config(url, id, false);
-    config.node.roles = vec!["scheduler".into()];
+    config.node.roles = Some(vec!["scheduler".into()]);
     config.node.campaign_without_work = true;
     Node::builder(config)
         .auto_register(false)

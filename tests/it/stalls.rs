@@ -356,7 +356,7 @@ async fn an_interrupted_tick_whose_take_over_fails_is_taken_over_later() {
         .await
         .unwrap();
     let mut config = config(db.url(), "a");
-    config.node.roles = vec!["scheduler".into()];
+    config.node.roles = Some(vec!["scheduler".into()]);
     let yearly = CronJob::new(
         "yearly",
         Schedule::parse("0 0 1 1 *").unwrap(),
@@ -398,7 +398,7 @@ async fn an_interrupted_tick_whose_take_over_fails_is_taken_over_later() {
 async fn catch_up_all_runs_every_tick_that_came_due_during_a_long_run() {
     let (db, pool) = setup().await;
     let mut config = config(db.url(), "a");
-    config.node.roles = vec!["scheduler".into()];
+    config.node.roles = Some(vec!["scheduler".into()]);
     let first = Arc::new(AtomicBool::new(true));
     let every_second = CronJob::new(
         "every_second",
@@ -517,7 +517,7 @@ async fn b_behind_a_proxy() -> (forge_testkit::TestDatabase, PgPool, PgProxy, No
     let server = PgServer::shared().unwrap();
     let proxy = PgProxy::start(server.host(), server.port()).unwrap();
     let mut a_config = job_config(db.url(), "a");
-    a_config.jobs.queues.clear();
+    a_config.node.queues = Some(vec![]);
     let a = jobs_node(a_config).await;
     wait_until(
         "a to lead the scheduler",
@@ -534,7 +534,7 @@ async fn b_behind_a_proxy() -> (forge_testkit::TestDatabase, PgPool, PgProxy, No
     .await
     .unwrap();
     let mut b_config = job_config(&proxy.url_for(server, db.name()), "b");
-    b_config.node.roles = vec![];
+    b_config.node.roles = Some(vec![]);
     let b = jobs_node(b_config).await;
     (db, pool, proxy, a, b)
 }
@@ -598,7 +598,7 @@ async fn a_node_cut_off_stops_its_attempts_before_they_can_be_rescued() {
     let id = span_running(&b, "cut off", 15_000).await;
     // A node that can run the job once it is rescued.
     let mut c_config = job_config(db.url(), "c");
-    c_config.node.roles = vec![];
+    c_config.node.roles = Some(vec![]);
     let c = jobs_node(c_config).await;
     // b is cut off from PostgreSQL: every flow silent, nothing reaches the server.
     let everything = Filter::application_prefix("forge:");

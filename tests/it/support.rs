@@ -73,7 +73,7 @@ pub(crate) async fn fresh_db() -> TestDatabase {
 /// An in-process node that leads `roles` with a leader task that just waits.
 pub(crate) async fn start_node(url: &str, id: &str, roles: &[Role]) -> Node {
     let mut config = config(url, id);
-    config.node.roles = roles.iter().map(|r| r.name().to_owned()).collect();
+    config.node.roles = Some(roles.iter().map(|r| r.name().to_owned()).collect());
     // Crons and jobs linked into the test binary must not join every node.
     let mut builder = Node::builder(config).auto_register(false);
     for role in roles {
@@ -384,4 +384,20 @@ pub(crate) fn tools_present(missing: &[(&str, &str)], what: &str) -> bool {
     assert!(!required, "{message}");
     eprintln!("NOTICE: not checked here: {message}. With CI=true this test fails instead.");
     false
+}
+
+/// A node whose binary has work for the role `billing` (a leader task `invoices` that waits for
+/// its leadership to end) and for the queue `mailers` (the job type `mailer`), and no other.
+pub(crate) async fn billing_and_mailers_node(config: Config) -> Node {
+    Node::builder(config)
+        .auto_register(false)
+        .job(crate::jobs::mailer)
+        .leader_task(
+            Role::new("billing").unwrap(),
+            "invoices",
+            |leadership| async move { leadership.stopping().await },
+        )
+        .start()
+        .await
+        .expect("node starts")
 }

@@ -1,17 +1,31 @@
 //! Every Rust snippet of the README, compiled: each is here word for word (the test
 //! `tests/it/readme.rs` checks it, paragraph by paragraph), in the items and functions that
-//! give it what it names (a `node`, a `?` to return to). Nothing here is run: `main` says so.
-//! The OpenTelemetry snippet is `examples/otel.rs`, which runs.
+//! give it what it names (a `node`, a `?` to return to). The OpenTelemetry snippet is
+//! `examples/otel.rs`.
+//!
+//! And run: `forge-readme`, with `DATABASE_URL` (and `FORGE_NODE_ID`) and nothing else, is the
+//! README's node - its migrations, its leader task on `billing`, its crons and its `mailers`
+//! job (the `#[cron]`s and the `#[job]` register themselves), each snippet as written - until
+//! SIGTERM or ctrl-c. `tests/readme_node.rs` starts two of them and sees the leader task and the
+//! jobs run.
 
-// The snippets' items are used by nobody, and some bind what the next line shadows. Each is
+// Some snippets' items are used by nobody, and some bind what the next line shadows. Each is
 // skipped by rustfmt: it is the README's text.
 #![allow(dead_code, unused_variables)]
 
-fn main() {
-    println!(
-        "forge-readme: the README's snippets, compiled (nothing to run here; \
-         `cargo run -p forge-readme --example otel` runs the tracing example)"
-    );
+#[tokio::main]
+async fn main() -> forge::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    migrations().await?;
+    let node = leader_tasks().await?;
+    jobs::enqueue(&node).await?;
+    println!("ready {}", node.id());
+    node.run_until_signal().await
 }
 
 /// The README's first snippet, "FORGE".
@@ -22,7 +36,10 @@ mod quick_start {
     #[forge::cron("0 * * * *")]                  // standard cron: every hour, on the hour
     async fn hourly_totals(ctx: CronContext) -> Result<(), CronError> {
         let mut tx = ctx.fenced_transaction().await?;   // refused if this node was deposed
-        forge::sqlx::query("INSERT INTO totals (hour, amount) SELECT $1, sum(amount) FROM orders")
+        // The orders of the hour that ended at the tick: [tick - 1 h, tick).
+        forge::sqlx::query("INSERT INTO totals (hour, amount)
+                            SELECT $1 - interval '1 hour', coalesce(sum(amount), 0) FROM orders
+                            WHERE created_at >= $1 - interval '1 hour' AND created_at < $1")
             .bind(ctx.scheduled_at())
             .execute(&mut *tx)
             .await?;
@@ -46,12 +63,12 @@ fn configuration() -> forge::Result<()> {
     Ok(())
 }
 
-/// "Leader roles and leader-only tasks".
+/// "Leader roles and leader-only tasks": the node `main` runs.
 #[rustfmt::skip]
-async fn leader_tasks() -> forge::Result<()> {
+async fn leader_tasks() -> forge::Result<forge::Node> {
     use forge::{Config, Node, Role};
 
-    let node = Node::builder(Config::load("forge.toml")?)
+    let node = Node::builder(Config::from_env()?)
         .leader_task(Role::new("billing")?, "invoices", |leadership| async move {
             // Runs when this node wins the role; dropped the moment it loses it.
             while !leadership.is_draining() {
@@ -60,13 +77,15 @@ async fn leader_tasks() -> forge::Result<()> {
                     .execute(&mut *tx)
                     .await;
                 if issued.is_err() || tx.commit().await.is_err() { return }
-                tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+                tokio::select! {                                 // every 10 s, until a handover
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
+                    _ = leadership.stopping() => return,
+                }
             }
         })
         .start()
         .await?;
-    node.shutdown().await;
-    Ok(())
+    Ok(node)
 }
 
 /// "Routes that run on the leader only".
@@ -121,12 +140,12 @@ mod jobs {
         Ok(())
     }
 
-    async fn enqueue(node: &forge::Node) -> forge::Result<()> {
+    pub(crate) async fn enqueue(node: &forge::Node) -> forge::Result<()> {
         // Through the node's client, or inside your own transaction (the job exists only if it commits).
         node.jobs().enqueue(send_welcome, Welcome { user_id: 7 }).await?;
 
         let mut tx = node.pool().begin().await?;
-        forge::sqlx::query("INSERT INTO users ...").execute(&mut *tx).await?;
+        forge::sqlx::query("INSERT INTO users (name) VALUES ('ada')").execute(&mut *tx).await?;
         node.jobs().enqueue_job_in(&mut *tx, forge::jobs::NewJob::new(send_welcome, Welcome { user_id: 8 })
             .delay(std::time::Duration::from_secs(60))
             .unique_key("welcome:8")).await?;              // a duplicate is reported, not inserted
@@ -146,7 +165,30 @@ mod jobs {
     }
 }
 
-/// "Your tables, your migrations": `migrations/` next to this crate's Cargo.toml.
+/// "Operations", "Your metrics and FORGE's in one scrape".
+#[rustfmt::skip]
+mod one_scrape {
+    use forge::admin::axum::{Router, extract::State, routing::get};
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    async fn scrape(State(node): State<forge::Node>) -> String {
+        tokio::task::spawn_blocking(move || node.render_metrics()).await.unwrap_or_default()
+    }
+
+    async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+        let prometheus = PrometheusBuilder::new().install_recorder()?;   // the `metrics` macros record here
+        let node = forge::Node::builder(forge::Config::from_env()?)
+            .app_metrics(move || prometheus.render())                      // yours after FORGE's, each scrape
+            .start()
+            .await?;
+        metrics::counter!("orders_placed_total").increment(1);
+        let app: Router = Router::new().route("/metrics", get(scrape)).with_state(node);
+        Ok(())
+    }
+}
+
+/// "Your tables, your migrations": `migrations/` next to this crate's Cargo.toml (`main` runs it
+/// first, then starts the node of "Leader roles and leader-only tasks").
 #[rustfmt::skip]
 async fn migrations() -> forge::Result<()> {
     let node = forge::Node::builder(forge::Config::from_env()?)

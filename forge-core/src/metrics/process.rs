@@ -2,14 +2,20 @@
 //! are exported), under the names every Prometheus client library uses: CPU time, resident and
 //! virtual memory, open and maximum file descriptors, threads, start time.
 
+use std::collections::BTreeSet;
+
 use super::registry::{write_f64, write_help};
 
 /// One figure: name, type, help, value.
 type Figure = (&'static str, &'static str, &'static str, f64);
 
-/// Appends the process figures that could be read.
-pub(super) fn render(out: &mut String) {
+/// Appends the process figures that could be read, but those of a family in `skip` (which the
+/// application exports itself).
+pub(super) fn render(out: &mut String, skip: &BTreeSet<&str>) {
     for (name, kind, help, value) in figures() {
+        if skip.contains(name) {
+            continue;
+        }
         write_help(out, name, help);
         out.push_str("# TYPE ");
         out.push_str(name);
@@ -152,7 +158,7 @@ mod tests {
     #[test]
     fn the_process_figures_are_read() {
         let mut out = String::new();
-        super::render(&mut out);
+        super::render(&mut out, &Default::default());
         for name in [
             "process_cpu_seconds_total",
             "process_resident_memory_bytes",

@@ -1,9 +1,10 @@
 //! The job queue as a node component: the per-node service (rescue of the previous run's jobs,
-//! then a worker per queue of `[jobs.queues]` that has registered jobs), the `LISTEN`
+//! then a worker per queue the node works: `[node] queues`, or, unset, the queues its job types
+//! declare and those `[jobs.queues]` tunes), the `LISTEN`
 //! channels, the scheduler leader's maintenance, and a worker per (role, queue) of role jobs on
 //! that role's leader.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,13 +61,14 @@ fn check_type(ty: &JobType) -> Result<Option<Role>> {
 impl JobQueue {
     /// The node's workers and the role workers, by checking every registered type.
     ///
-    /// A node works every queue of its `[jobs.queues]`, claiming there any kind it knows
-    /// (a job may be enqueued on another queue than its type declares, with
-    /// [`NewJob::queue`](super::NewJob::queue)); a kind it does not know stays for nodes
-    /// that do. A role's jobs run on the role's leader, one worker per role over all queues;
-    /// its concurrency is the largest `[jobs.queues]` entry among the queues the role's types
-    /// declare (1 when none is listed).
-    fn specs(&self) -> Result<(Vec<WorkerSpec>, Vec<WorkerSpec>)> {
+    /// A node works the queues `listed` (`[node] queues`), or, unset, every queue a job type of
+    /// it declares without a role and every queue `[jobs.queues]` tunes; in each it claims any
+    /// kind it knows (a job may be enqueued on another queue than its type declares, with
+    /// [`NewJob::queue`](super::NewJob::queue)); a kind it does not know stays for nodes that
+    /// do. A node without such job types works no queue. A role's jobs run on the role's
+    /// leader, one worker per role over all queues; its concurrency is the largest of the
+    /// queues the role's types declare ([`JobsConfig::concurrency`]).
+    fn specs(&self, listed: Option<&[String]>) -> Result<(Vec<WorkerSpec>, Vec<WorkerSpec>)> {
         let mut node_kinds: Vec<&'static str> = Vec::new();
         let mut declared: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
         let mut role_kinds: BTreeMap<Role, (String, u32, Vec<&'static str>)> = BTreeMap::new();
@@ -74,7 +76,7 @@ impl JobQueue {
             let queue = &ty.options.queue;
             match check_type(ty)? {
                 Some(role) => {
-                    let concurrency = self.config.queues.get(queue).copied().unwrap_or(1);
+                    let concurrency = self.config.concurrency(queue);
                     let entry = role_kinds
                         .entry(role)
                         .or_insert_with(|| (queue.clone(), concurrency, Vec::new()));
@@ -87,22 +89,29 @@ impl JobQueue {
                 }
             }
         }
-        for (queue, kinds) in declared {
-            if !self.config.queues.contains_key(&queue) {
-                info!(target: "forge::job", queue = %queue, jobs = ?kinds,
-                      "this node does not work the queue (not in [jobs.queues]); its jobs run on nodes that do");
+        let worked: BTreeSet<String> = match listed {
+            Some(listed) => listed.iter().cloned().collect(),
+            None => declared
+                .keys()
+                .chain(self.config.queues.keys())
+                .cloned()
+                .collect(),
+        };
+        for (queue, kinds) in &declared {
+            if !worked.contains(queue) {
+                warn!(target: "forge::job", queue = %queue, jobs = ?kinds, queues = ?worked,
+                      "this node does not work a queue its job types declare: [node] queues (FORGE_QUEUES) does not list it, so these jobs run only on nodes that work it; add it there, or unset queues to work every queue this binary declares");
             }
         }
         let node_specs = if node_kinds.is_empty() {
             Vec::new()
         } else {
-            self.config
-                .queues
-                .iter()
-                .map(|(queue, &concurrency)| WorkerSpec {
-                    queue: queue.clone(),
+            worked
+                .into_iter()
+                .map(|queue| WorkerSpec {
+                    concurrency: self.config.concurrency(&queue) as usize,
+                    queue,
                     role: None,
-                    concurrency: concurrency as usize,
                     kinds: node_kinds.clone(),
                 })
                 .collect()
@@ -144,7 +153,8 @@ impl Component for JobQueue {
         if self.registry.is_empty() {
             return Ok(());
         }
-        let (node_specs, role_specs) = self.specs()?;
+        let listed = node.config().node.queues.clone();
+        let (node_specs, role_specs) = self.specs(listed.as_deref())?;
         // Labelled as the workers and the client label them: a type's declared queue, and
         // every queue this node works for its kinds.
         for ty in self.registry.types.values() {

@@ -11,7 +11,8 @@
 //!   the caller's own transaction and exists only if that transaction commits. [`NewJob`] sets
 //!   per-job options (run at / delay, priority, unique key, queue, timeout, attempts). A
 //!   duplicate of a unique job is reported as [`Enqueued::Duplicate`], never inserted.
-//! * **Work**: every node works the queues of `[jobs.queues]` with their concurrency. Claiming
+//! * **Work**: every node works the queues its job types declare (or those `[node] queues`
+//!   lists), `[jobs] default_concurrency` jobs at once unless `[jobs.queues]` tunes it. Claiming
 //!   is `FOR UPDATE SKIP LOCKED` in batches, on each node's own pool, never through the leader;
 //!   idle workers are woken by `NOTIFY` on commit of an enqueue and drain a backlog without
 //!   waiting for a tick. Each attempt runs in its own task: a panic fails the attempt, not the
@@ -208,7 +209,8 @@ impl JobOptions {
         }
     }
 
-    /// The queue (see `[jobs.queues]`: only nodes that list it work it).
+    /// The queue: nodes work the queues their job types declare, or those their `[node] queues`
+    /// lists, so a job moved to a queue no node works waits (the cluster's status says so).
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = queue.into();
         self
