@@ -1090,8 +1090,8 @@ async fn pool_guard(
     let mut config = forge::Config::default();
     config.database.url = Some(db.url().to_owned());
     config.node.id = Some("bench-pool".into());
-    config.node.roles = vec![];
-    config.jobs.queues.clear();
+    config.node.roles = Some(vec![]);
+    config.node.queues = Some(vec![]);
     let node = forge::Node::builder(config)
         .auto_register(false)
         .start()

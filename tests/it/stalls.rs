@@ -625,8 +625,8 @@ async fn a_node_cut_off_stops_its_attempts_before_they_can_be_rescued() {
 /// serves the test alone.
 async fn pool_node(url: &str, id: &str, connections: u32) -> Node {
     let mut config = config(url, id);
-    config.node.roles = vec![];
-    config.jobs.queues.clear();
+    config.node.roles = Some(vec![]);
+    config.node.queues = Some(vec![]);
     config.database.max_connections = connections;
     jobs_node(config).await
 }
@@ -771,8 +771,8 @@ async fn a_fenced_transaction_dropped_while_it_begins_keeps_its_connection() {
     // of their own: a caller dropped mid-BEGIN costs no connection, and leaves no transaction.
     let db = fresh_db().await;
     let mut config = config(db.url(), "a");
-    config.node.roles = vec!["scheduler".into()];
-    config.jobs.queues.clear();
+    config.node.roles = Some(vec!["scheduler".into()]);
+    config.node.queues = Some(vec![]);
     config.database.max_connections = 1;
     let node = jobs_node(config).await;
     wait_single_leader(&[&node], &Role::SCHEDULER).await;
