@@ -5,7 +5,7 @@
 //! cargo run --release --example bench_jobs                 # 3 rounds of each, 60 s idle window
 //! cargo run --release --example bench_jobs -- --quick      # 1 round, 20 s idle window
 //! cargo run --release --example bench_jobs -- --database-url postgres://...   # an existing server
-//! cargo run --release --example bench_jobs -- --only throughput   # or latency, idle, limit
+//! cargo run --release --example bench_jobs -- --only throughput   # or latency, idle, limit, pool
 //! cargo run --release --example bench_jobs -- --only throughput --nodes 1 --jobs 200000
 //! cargo run --release --example bench_jobs -- --extra-config $'[jobs.queues]\ndefault = 32'
 //! cargo run --release --example bench_jobs -- --only throughput --extra-config $'[jobs]\ncompleted_retention = "0s"'
@@ -13,6 +13,7 @@
 //! cargo run --release --example bench_jobs -- --only throughput --setup-sql 'DROP INDEX forge.jobs_finished'
 //! cargo run --release --example bench_jobs -- --only throughput --peers   # graphile_worker side by side
 //! cargo run --release --example bench_jobs -- --quick --only limit --both-modes [--batch 128]
+//! cargo run --release --example bench_jobs -- --only pool   # what the pool's guard costs
 //! ```
 //!
 //! Side by side with the peer: `--peers` builds `benches/peers` and runs graphile_worker at its
@@ -49,6 +50,12 @@
 //! `/proc` times, when the server runs on this machine); the throughput rounds print the same
 //! for the drain, the enqueue and the node processes.
 //!
+//! The pool's guard (`--only pool`): the node's pool checks at each release that the connection
+//! is outside any transaction block (one statement, bounded) and pings it, bounded, before
+//! handing it out; a pool with sqlx's defaults pings at every acquire and release, unbounded. Both pools (10 connections each, on one database) run cycles
+//! of acquire, `SELECT 1`, release, on 1 task and on 16, rounds interleaved: microseconds per
+//! cycle and per acquire call, and the difference, what the guard costs per acquire.
+//!
 //! By default it starts its own throwaway PostgreSQL (forge-testkit: fsync on, full_page_writes
 //! on, synchronous_commit on, data in /dev/shm when it has room) and logs statements only during
 //! the idle measurement. With `--database-url` it uses that server (for side-by-side runs with
@@ -79,7 +86,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 const HELP: &str = "bench_jobs: FORGE's job queue benchmark (see examples/bench_jobs.rs for what each part measures)
 
   --quick                 1 round of each part, 20 s idle window (default: 3 rounds, 60 s)
-  --only PART             throughput, latency, idle or limit
+  --only PART             throughput, latency, idle, limit or pool
   --nodes N               throughput with N nodes only (default: 1 and 2)
   --jobs N                jobs drained per throughput round (default 20000)
   --backlog N             N available jobs in another queue, in every measurement's database
@@ -1041,6 +1048,75 @@ async fn minimal_limit(
     Ok((total as f64 / wall, insert_per_s, cost))
 }
 
+/// Cycles of acquire, `SELECT 1`, release on `pool`, `cycles` on each of `tasks` tasks:
+/// microseconds per cycle (wall clock over all of them) and per acquire call (the mean wait).
+async fn pool_cycles(pool: &PgPool, tasks: usize, cycles: usize) -> Result<(f64, f64), BoxError> {
+    let began = Instant::now();
+    let mut loops = Vec::new();
+    for _ in 0..tasks {
+        let pool = pool.clone();
+        loops.push(tokio::spawn(async move {
+            let mut acquiring = Duration::ZERO;
+            for _ in 0..cycles {
+                let asked = Instant::now();
+                let mut conn = pool.acquire().await?;
+                acquiring += asked.elapsed();
+                sqlx::query("SELECT 1").execute(&mut *conn).await?;
+            }
+            Ok::<_, BoxError>(acquiring)
+        }));
+    }
+    let mut acquiring = Duration::ZERO;
+    for l in loops {
+        acquiring += l.await??;
+    }
+    let n = (tasks * cycles) as f64;
+    Ok((
+        began.elapsed().as_secs_f64() * 1e6 / n,
+        acquiring.as_secs_f64() * 1e6 / n,
+    ))
+}
+
+/// What the node pool's guard costs: the pool a node hands out (an in-process node that works
+/// no queue and leads no role, so the pool serves the loops alone) beside a pool with sqlx's
+/// defaults of the same size, on the same database, in cycles of [`pool_cycles`] on 1 task and
+/// on 16, the pools taking turns. Per round: (guarded, default), each ((1 task), (16 tasks)).
+async fn pool_guard(
+    bench: &mut Bench,
+    rounds: usize,
+    cycles: usize,
+) -> Result<Vec<[[(f64, f64); 2]; 2]>, BoxError> {
+    let (db, _pool, _config) = bench.database(Mode::Kept).await?;
+    let mut config = forge::Config::default();
+    config.database.url = Some(db.url().to_owned());
+    config.node.id = Some("bench-pool".into());
+    config.node.roles = Some(vec![]);
+    config.node.queues = Some(vec![]);
+    let node = forge::Node::builder(config)
+        .auto_register(false)
+        .start()
+        .await?;
+    let guarded = node.pool().clone();
+    let default = PgPoolOptions::new()
+        .max_connections(guarded.options().get_max_connections())
+        .connect(db.url())
+        .await?;
+    let mut figures = Vec::new();
+    for _ in 0..rounds {
+        let mut round = [[(0.0, 0.0); 2]; 2];
+        for (pool, into) in [&guarded, &default].into_iter().zip(&mut round) {
+            // Warm: the pool opens its connections, the server caches its plans.
+            pool_cycles(pool, 16, cycles / 20).await?;
+            into[0] = pool_cycles(pool, 1, cycles).await?;
+            into[1] = pool_cycles(pool, 16, cycles / 16).await?;
+        }
+        figures.push(round);
+    }
+    default.close().await;
+    node.shutdown().await;
+    Ok(figures)
+}
+
 /// One `ping` every 10 ms through one connection; the node prints each pickup latency.
 async fn latency(bench: &mut Bench, n: usize) -> Result<(Vec<f64>, Vec<f64>), BoxError> {
     let (db, pool, config) = bench.database(Mode::Kept).await?;
@@ -1346,6 +1422,30 @@ pub(crate) async fn bench(options: Options) -> Result<Figures, BoxError> {
         }
     }
     if !node_counts.is_empty() || limits {
+        println!();
+    }
+
+    if part("pool") {
+        let cycles = if options.quick { 4_000 } else { 10_000 };
+        let rounds = pool_guard(&mut bench, rounds, cycles).await?;
+        // Medians over the rounds, by pool and tasks: (per cycle, per acquire).
+        let of = |pool: usize, tasks: usize| {
+            (
+                median(rounds.iter().map(|r| r[pool][tasks].0).collect()),
+                median(rounds.iter().map(|r| r[pool][tasks].1).collect()),
+            )
+        };
+        println!(
+            "POOL GUARD: acquire, SELECT 1, release, {cycles} cycles a round, medians of {} rounds; the node's pool (a check statement at release, bounded pings) / sqlx's defaults (pings at acquire and release)",
+            rounds.len()
+        );
+        for (tasks, label) in [(0, "1 task"), (1, "16 tasks on 10 connections")] {
+            let ((guarded, guarded_wait), (default, default_wait)) = (of(0, tasks), of(1, tasks));
+            println!(
+                "  {label}: {guarded:.1} / {default:.1} us per cycle (the guard: {:+.1} us per acquire); acquire call {guarded_wait:.1} / {default_wait:.1} us",
+                guarded - default
+            );
+        }
         println!();
     }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, Row};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, Postgres, Row, Transaction};
 use tokio::time::Instant;
 
 use crate::config::{DatabaseConfig, LeaderElectionConfig};
@@ -263,6 +263,20 @@ pub(crate) async fn connect_once(
 /// would hold its row locks - on a job being rescued, say - for as long as the process stays
 /// frozen; the server ends it after a lease instead. A statement of the session can set
 /// another value for its own work (`SET idle_in_transaction_session_timeout = ...`).
+///
+/// **The guard.** A connection goes back to the pool only when the server answered, within
+/// [`POOL_CHECK_BOUND`], that it is outside any transaction block ([`outside_transaction`],
+/// run as sqlx's `after_release` hook); otherwise it is closed and the pool opens another.
+/// sqlx 0.9 returns a connection inside a transaction it believes closed when a future is
+/// dropped while `Pool::begin`'s `BEGIN` travels (a handler's timeout, a lost leadership, a
+/// dropped request): every later user of it would run inside that transaction - enqueues
+/// acknowledged but never committed, row locks held for others. The same bound closes a
+/// connection whose last statement was abandoned by a timeout and never answered (a
+/// half-open session): sqlx's own release ping has no bound, and would hold the pool slot
+/// until TCP gives up (it still runs, right after the check was answered). Before a
+/// connection is handed out it is pinged with the same bound (sqlx's `before_acquire` hook, in
+/// place of its unbounded `test_before_acquire` ping), so that one the server ended while it
+/// sat idle (a restart, a failover) is replaced rather than handed out.
 pub(crate) fn pool(
     database: &DatabaseConfig,
     options: PgConnectOptions,
@@ -273,7 +287,7 @@ pub(crate) fn pool(
         "idle_in_transaction_session_timeout",
         idle_in_transaction.as_str(),
     )]);
-    PgPoolOptions::new()
+    guarded(PgPoolOptions::new())
         .max_connections(database.max_connections)
         .min_connections(0)
         // An idle node gives its pool connections back (leader duties run on the roles' lock
@@ -285,6 +299,73 @@ pub(crate) fn pool(
 
 /// How long a pool connection may stay idle before the pool closes it.
 const POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long the pool's checks wait for the server's answer before they close the connection
+/// (the pool then opens another): a healthy server answers in a millisecond; a connection that
+/// is half-open, or still busy with a statement its caller gave up on, does not.
+const POOL_CHECK_BOUND: Duration = Duration::from_secs(2);
+
+/// `options` with the node pool's guard (see [`pool`]).
+fn guarded(options: PgPoolOptions) -> PgPoolOptions {
+    options
+        .test_before_acquire(false)
+        .before_acquire(|conn, _| {
+            Box::pin(async move { bounded(conn.ping()).await.map(|()| true) })
+        })
+        .after_release(|conn, _| Box::pin(outside_transaction(conn)))
+}
+
+/// Whether `conn` is outside any transaction block, by the server's account (sqlx keeps the
+/// status of the server's last ReadyForQuery to itself). Over the simple-query protocol a
+/// statement's `statement_timestamp()` is the arrival of its message, and in autocommit its
+/// transaction starts then too: the two timestamps differ only when an earlier message opened
+/// a transaction block. Inside a failed block the statement fails, as it does when the answer
+/// takes longer than [`POOL_CHECK_BOUND`] (first the answers of statements still in flight).
+async fn outside_transaction(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    let row = bounded(
+        sqlx::raw_sql("SELECT transaction_timestamp() = statement_timestamp()").fetch_one(conn),
+    )
+    .await?;
+    let outside: bool = row.try_get(0)?;
+    if !outside {
+        tracing::warn!(target: "forge::pool",
+            "a pool connection came back inside a transaction (a BEGIN whose caller was dropped before its answer, or a BEGIN sent as a plain statement): closed, so that nobody else runs inside it");
+    }
+    Ok(outside)
+}
+
+/// `check` within [`POOL_CHECK_BOUND`].
+async fn bounded<T>(
+    check: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(POOL_CHECK_BOUND, check)
+        .await
+        .unwrap_or_else(|_| {
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "a pool connection did not answer its check within {POOL_CHECK_BOUND:?} (half-open, or still busy with an abandoned statement): closed"
+                ),
+            )))
+        })
+}
+
+/// [`PgPool::begin`] on a task of its own. The caller's future may be dropped at any moment -
+/// a timeout, a lost leadership, a dropped request - without cutting a `BEGIN` in flight: the
+/// task owns the transaction until it is handed back, and a transaction nobody takes back is
+/// rolled back and its connection returned, as any dropped transaction. (Cut mid-flight, sqlx
+/// 0.9 would return the connection inside a transaction it believes never began; the node
+/// pool's guard would then close it rather than reuse it.)
+pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    let pool = pool.clone();
+    tokio::spawn(async move { pool.begin().await })
+        .await
+        .unwrap_or_else(|err| {
+            Err(sqlx::Error::Io(std::io::Error::other(format!(
+                "the task beginning a transaction ended early: {err}"
+            ))))
+        })
+}
 
 /// Refuses transaction-mode poolers. Over a direct connection a session keeps one backend pid
 /// for its life, and two concurrent sessions never share a backend. Behind PgBouncer in

@@ -968,7 +968,7 @@ impl Cluster {
     /// The cluster's status, as every tool shows it ([`ClusterStatus`]): the leaders, the nodes
     /// and the queues with waiting jobs read in one snapshot, with the database's clock.
     pub async fn status(&self) -> Result<ClusterStatus> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::db::begin(&self.pool).await?;
         let status = read_status(&mut tx, &self.namespace, self.drift_after).await?;
         tx.commit().await?;
         Ok(status)

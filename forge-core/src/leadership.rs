@@ -206,9 +206,13 @@ impl Leadership {
     /// Begins a transaction on the node's pool in which this leadership is checked by
     /// PostgreSQL (see [`Leadership::fence`]). Commit it to apply the leader-only writes; when
     /// it fails with [`Error::Fenced`] this node is no longer the leader.
+    ///
+    /// The future may be dropped at any point (a cron's timeout, a lost leadership): the
+    /// `BEGIN` runs on a task of its own, so a transaction begun for a caller that is gone is
+    /// rolled back and its connection goes back to the pool outside any transaction.
     pub async fn fenced_transaction(&self) -> Result<Transaction<'static, Postgres>> {
         self.check_local()?;
-        let mut tx = self.tenure.who.pool.begin().await?;
+        let mut tx = crate::db::begin(&self.tenure.who.pool).await?;
         self.fence(&mut tx).await?;
         Ok(tx)
     }

@@ -42,7 +42,7 @@ pub use config::{
     AdminConfig, ClusterConfig, CoreConfig, DatabaseConfig, Env, LeaderElectionConfig,
     MembershipConfig, MetricsConfig, NodeConfig, ProcessEnv, no_env,
 };
-pub use db::not_postgres;
+pub use db::{begin, not_postgres};
 pub use election::{LeaderInfo, RoleState};
 pub use error::{Error, Result, redact_url};
 pub use fence::FenceToken;

@@ -183,7 +183,7 @@ impl Workload {
     }
 
     async fn set_paused(&self, name: &str, paused: bool, by: &str) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = forge_core::begin(&self.pool).await?;
         let known: bool = sqlx::query_scalar("SELECT forge.cron_set_paused($1, $2, $3, $4)")
             .bind(&self.namespace)
             .bind(name)
@@ -224,7 +224,7 @@ impl Workload {
     /// Makes a job available again now, with room for one more attempt (from dead,
     /// cancelled, completed, retryable or scheduled). Refused while it runs.
     pub async fn retry_job(&self, id: JobId, by: &str) -> Result<Change> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = forge_core::begin(&self.pool).await?;
         let Some((state, requested)) = self.state_of(&mut tx, id).await? else {
             return Ok(Change::NotFound);
         };
@@ -246,7 +246,7 @@ impl Workload {
     /// Cancels a job: at once when it waits; a running job's node is asked to stop it (and
     /// records it cancelled unless the attempt completes first). Refused when it finished.
     pub async fn cancel_job(&self, id: JobId, by: &str) -> Result<Change> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = forge_core::begin(&self.pool).await?;
         let Some((state, requested)) = self.state_of(&mut tx, id).await? else {
             return Ok(Change::NotFound);
         };
@@ -264,7 +264,7 @@ impl Workload {
 
     /// Deletes a job that is not running (cancel a running one first).
     pub async fn delete_job(&self, id: JobId, by: &str) -> Result<Change> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = forge_core::begin(&self.pool).await?;
         let Some((state, requested)) = self.state_of(&mut tx, id).await? else {
             return Ok(Change::NotFound);
         };
@@ -362,7 +362,7 @@ impl Workload {
     ) -> Result<Option<bool>> {
         crate::jobs::validate_queue(queue)
             .map_err(|message| forge_core::Error::InvalidInput { message })?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = forge_core::begin(&self.pool).await?;
         let (was, known): (bool, bool) = sqlx::query_as(
             "SELECT EXISTS (SELECT 1 FROM forge.queues WHERE namespace = $1 AND queue = $2),
                     forge.queue_known($1, $2)",
@@ -463,7 +463,7 @@ impl Workload {
         let mut total = 0u64;
         let mut after = 0i64;
         for batch in 1u64.. {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = forge_core::begin(&self.pool).await?;
             let ids: Vec<i64> = sqlx::query_scalar(
                 "SELECT id FROM forge.jobs
                   WHERE namespace = $1 AND state = ANY ($2)

@@ -6,6 +6,10 @@
 //! whose take-over fails is taken over later; `catch_up = "all"` runs ticks that came due
 //! during a long run; a node whose node session cannot be reopened but whose pool works stays
 //! a member, and a node cut off from PostgreSQL stops its attempts before they can be rescued.
+//! The node's pool hands out no connection inside a transaction that a `BEGIN` cut short left
+//! behind (a `begin()` cancelled mid-flight, a handler's dropped by its job's timeout), FORGE's
+//! own `BEGIN`s cannot be cut short at all, and a half-open pool session gives its slot back
+//! within seconds.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +37,7 @@ async fn jobs_node(config: forge::Config) -> Node {
         .auto_register(false)
         .job(plain)
         .job(Span)
+        .job(CutBegin)
         .start()
         .await
         .expect("node starts")
@@ -616,31 +621,181 @@ async fn a_node_cut_off_stops_its_attempts_before_they_can_be_rescued() {
     a.shutdown().await;
 }
 
+/// A node on `url` that works no queue and leads no role, with a pool of `connections`: its pool
+/// serves the test alone.
+async fn pool_node(url: &str, id: &str, connections: u32) -> Node {
+    let mut config = config(url, id);
+    config.node.roles = Some(vec![]);
+    config.node.queues = Some(vec![]);
+    config.database.max_connections = connections;
+    jobs_node(config).await
+}
+
+/// Fails unless `conn` runs autocommit statements each in its own transaction: two statements,
+/// two transaction ids. Inside a transaction left behind they share one.
+async fn assert_autocommit(conn: &mut PgConnection, context: &str) {
+    let mut xid = async || {
+        sqlx::query_scalar::<_, i64>("SELECT txid_current()")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap()
+    };
+    let (first, second) = (xid().await, xid().await);
+    assert_ne!(
+        first, second,
+        "{context}: autocommit statements ran inside a transaction left behind"
+    );
+}
+
+async fn backend_pid(conn: &mut PgConnection) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_begin_cancelled_in_flight_leaves_no_transaction_behind() {
-    // FORGE cancels handlers and leader tasks (timeouts, lost leaderships); one cancelled while
-    // its BEGIN travels must not leave the pooled session inside a transaction for the next
-    // user (vendor/README.md).
+    // A begin() on the node's pool whose future is dropped while its BEGIN travels (a handler's
+    // timeout, a lost leadership): the next user of the pool must not inherit the transaction.
     let db = fresh_db().await;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(db.url())
-        .await
-        .unwrap();
+    let node = pool_node(db.url(), "a", 1).await;
+    let pool = node.pool();
     let mut cancelled = 0;
     for i in 0..300u64 {
         let cut = Duration::from_micros((i % 30) * 20);
         if tokio::time::timeout(cut, pool.begin()).await.is_err() {
             cancelled += 1;
         }
-        // The next user of the connection, in autocommit: two statements, two transactions,
-        // two transaction ids - unless both run inside a transaction left behind.
-        let xid = || sqlx::query_scalar::<_, i64>("SELECT txid_current()").fetch_one(&pool);
-        let (first, second) = (xid().await.unwrap(), xid().await.unwrap());
-        assert_ne!(
-            first, second,
-            "after {cancelled} cancelled begins, statements ran inside a transaction left behind"
-        );
+        let mut conn = pool.acquire().await.unwrap();
+        assert_autocommit(&mut conn, &format!("after {cancelled} cancelled begins")).await;
     }
     assert!(cancelled > 0, "no begin was cut short");
+    node.shutdown().await;
+}
+
+/// Begins transactions on the node's pool, one after another, until its timeout drops it:
+/// sooner or later while a `BEGIN` travels.
+#[derive(Clone, Copy, Debug)]
+struct CutBegin;
+
+impl Job for CutBegin {
+    type Args = ();
+    const KIND: &'static str = "cut_begin";
+
+    fn options(&self) -> JobOptions {
+        JobOptions::new()
+            .timeout(Duration::from_millis(20))
+            .max_attempts(1)
+    }
+
+    async fn run(&self, ctx: JobContext, _: ()) -> Result<(), JobError> {
+        loop {
+            // Dropped at once: rolled back by sqlx on the connection's next use.
+            let _ = ctx.pool().begin().await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handlers_begin_cut_by_its_timeout_leaves_no_transaction_behind() {
+    let (db, pool) = setup().await;
+    let mut config = job_config(db.url(), "a");
+    config.jobs.queues = [("default".to_owned(), 1)].into_iter().collect();
+    let node = jobs_node(config).await;
+    for round in 1..=30 {
+        let id = node.jobs().enqueue(CutBegin, ()).await.unwrap().id();
+        let job = wait_state(&pool, id, JobState::Dead).await;
+        assert!(
+            job.errors[0].error.contains("timed out"),
+            "{:?}",
+            job.errors
+        );
+        // Every connection the pool holds idle now, each asked twice.
+        let mut held = Vec::new();
+        for _ in 0..node.pool().num_idle() {
+            held.push(node.pool().acquire().await.unwrap());
+        }
+        for conn in &mut held {
+            assert_autocommit(conn, &format!("after {round} jobs cut by their timeout")).await;
+        }
+    }
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_pool_session_gives_its_slot_back_within_seconds() {
+    let db = fresh_db().await;
+    let server = PgServer::shared().unwrap();
+    let proxy = PgProxy::start(server.host(), server.port()).unwrap();
+    let node = pool_node(&proxy.url_for(server, db.name()), "a", 1).await;
+    let pool = node.pool();
+    let mut conn = pool.acquire().await.unwrap();
+    let flows: Vec<u64> = proxy
+        .connections()
+        .into_iter()
+        .filter(|c| c.application_name == "forge:pool:a")
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(flows.len(), 1, "the pool's one session: {flows:?}");
+    // The session goes half-open mid-statement: the statement is abandoned by a timeout, and
+    // its connection goes back to the pool without an answer.
+    proxy.blackhole(Filter::Connection(flows[0]));
+    let answered = tokio::time::timeout(
+        Duration::from_millis(500),
+        sqlx::query("SELECT 1").execute(&mut *conn),
+    )
+    .await;
+    assert!(answered.is_err(), "a black-holed statement was answered");
+    drop(conn);
+    // The pool's only slot comes back within seconds: its next acquire is served (by a new
+    // session) within the acquire timeout (5 s), not after TCP gives up.
+    let began = Instant::now();
+    let mut next = pool
+        .acquire()
+        .await
+        .expect("the pool serves an acquire after a half-open session");
+    assert_autocommit(&mut next, "a new session").await;
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "the slot came back after {:?}",
+        began.elapsed()
+    );
+    drop(next);
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_transaction_dropped_while_it_begins_keeps_its_connection() {
+    // FORGE's own BEGINs (fenced transactions, status reads, operators' writes) run on a task
+    // of their own: a caller dropped mid-BEGIN costs no connection, and leaves no transaction.
+    let db = fresh_db().await;
+    let mut config = config(db.url(), "a");
+    config.node.roles = Some(vec!["scheduler".into()]);
+    config.node.queues = Some(vec![]);
+    config.database.max_connections = 1;
+    let node = jobs_node(config).await;
+    wait_single_leader(&[&node], &Role::SCHEDULER).await;
+    let leadership = node.leadership(&Role::SCHEDULER).unwrap();
+    let first = backend_pid(&mut node.pool().acquire().await.unwrap()).await;
+    let mut cancelled = 0;
+    for i in 0..300u64 {
+        let cut = Duration::from_micros((i % 30) * 20);
+        if tokio::time::timeout(cut, leadership.fenced_transaction())
+            .await
+            .is_err()
+        {
+            cancelled += 1;
+        }
+        let mut conn = node.pool().acquire().await.unwrap();
+        let context = format!("after {cancelled} cancelled fenced transactions");
+        assert_autocommit(&mut conn, &context).await;
+        assert_eq!(
+            backend_pid(&mut conn).await,
+            first,
+            "{context}: the connection was replaced"
+        );
+    }
+    assert!(cancelled > 0, "no fenced transaction was cut short");
+    node.shutdown().await;
 }

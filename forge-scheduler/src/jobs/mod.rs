@@ -586,7 +586,10 @@ impl JobContext {
         &self.node_id
     }
 
-    /// The node's pool.
+    /// The node's pool. It hands out no connection inside a transaction block: one that comes
+    /// back inside one - a `begin()` whose future was dropped while its `BEGIN` travelled, say
+    /// when this attempt timed out - is closed instead of reused, and so is one whose last
+    /// statement got no answer within two seconds of its release (a half-open session).
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }

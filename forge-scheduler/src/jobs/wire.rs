@@ -3,9 +3,13 @@
 //! into what the worker acts on. No worker state here: [`super::worker`] builds a [`Step`],
 //! runs it off its own task, and takes in the [`StepAnswer`]s and [`Reconciled`]s.
 
+use std::future::Future;
+use std::time::Duration;
+
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row};
+use tokio::time::{Instant, timeout_at};
 
 use super::JobState;
 use super::shared::{Outcome, StepRow};
@@ -64,23 +68,27 @@ impl Step {
         self.limit == 0 && self.ids.is_empty() && self.started.is_empty()
     }
 
-    /// Reconciles (if asked), then records and claims; returns the connection when it is
-    /// still good.
+    /// Reconciles (if asked), then records and claims, all within `bound`; returns the
+    /// connection when it is still good. A connection whose statement failed or got no answer
+    /// in time (a half-open session, a server stalled) is closed, never given back to the pool
+    /// with its statement still in flight.
     pub(super) async fn run(
         self,
         conn: Option<PoolConnection<Postgres>>,
         pool: &sqlx::PgPool,
         reconcile: Option<Held>,
+        bound: Duration,
     ) -> Answer {
+        let deadline = Instant::now() + bound;
         let mut conn = match conn {
             Some(conn) => conn,
-            None => match pool.acquire().await {
+            None => match within(deadline, pool.acquire()).await {
                 Ok(conn) => conn,
                 Err(err) => return (None, Err(err), None),
             },
         };
         let reconciled = match reconcile {
-            Some(held) => match self.reconcile(&mut conn, held).await {
+            Some(held) => match within(deadline, self.reconcile(&mut conn, held)).await {
                 Ok(rows) => Some(rows),
                 Err(err) => {
                     conn.close_on_drop();
@@ -92,9 +100,8 @@ impl Step {
         let result = if self.is_empty() {
             Ok(Vec::new())
         } else {
-            self.step(&mut conn).await
+            within(deadline, self.step(&mut conn)).await
         };
-        // A connection that failed a statement may be broken: let the pool replace it.
         let conn = if result.is_ok() {
             Some(conn)
         } else {
@@ -152,6 +159,19 @@ impl Step {
         .fetch_all(&mut **conn)
         .await
     }
+}
+
+/// `work` if it ends by `deadline`; else the error of a round trip that got no answer.
+async fn within<T>(
+    deadline: Instant,
+    work: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    timeout_at(deadline, work).await.unwrap_or_else(|_| {
+        Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the job round trip got no answer in time (is the connection half-open?)",
+        )))
+    })
 }
 
 /// One row of `forge.jobs_step`'s answer.

@@ -8,7 +8,8 @@
 //! for a second after (no per-statement acquire and health check), and keeps running attempts
 //! and listening meanwhile, so the database's latency overlaps with the work. A busy worker
 //! needs about one statement per batch of jobs, and an idle one none at all. Every round trip
-//! is bounded by a timeout: a half-open connection fails it instead of stalling the worker.
+//! is bounded by a timeout: a half-open connection fails it, and is closed, instead of stalling
+//! the worker.
 //!
 //! **The floor.** A queue worker claims after the claim-order position of the last job it
 //! claimed ([`Floor`]), so it does not walk the index entries of the jobs it claimed before
@@ -40,7 +41,7 @@ use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgRow;
 use tokio::sync::broadcast;
-use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{debug, warn};
 
 use super::attempt::{Attempts, Claimed, KindMetrics, Origin, Record, count, unusable};
@@ -617,18 +618,7 @@ impl Worker {
         let bound = self.shared.statement_bound;
         Some(Box::pin(async move {
             let began = Instant::now();
-            let trip = timeout(bound, step.run(conn, &pool, reconcile)).await;
-            let (reconciled, result, conn) = match trip {
-                Ok(done) => done,
-                Err(_) => (
-                    None,
-                    Err(sqlx::Error::Io(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "the job round trip got no answer in time (is the connection half-open?)",
-                    ))),
-                    None,
-                ),
-            };
+            let (reconciled, result, conn) = step.run(conn, &pool, reconcile, bound).await;
             RoundTrip {
                 lane,
                 records,

@@ -1,3 +1,0 @@
-mod date;
-mod datetime;
-mod time;
