@@ -43,6 +43,7 @@
 //! # Ok(()) }
 //! ```
 
+mod clock;
 mod component;
 mod ledger;
 mod supervisor;
@@ -413,12 +414,15 @@ impl CronContext {
         &self.name
     }
 
-    /// The instant the tick was scheduled for (UTC).
+    /// The instant the tick was scheduled for (UTC). The database's clock decides when it is
+    /// due.
     pub fn scheduled_at(&self) -> DateTime<Utc> {
         self.scheduled_at
     }
 
-    /// When this run started.
+    /// When this run started, by the database's clock as the leader follows it (read on the
+    /// role's lock session, carried on the monotonic clock; not this node's wall clock), so
+    /// that `fired_at - scheduled_at` is how late it started.
     pub fn fired_at(&self) -> DateTime<Utc> {
         self.fired_at
     }
