@@ -1,17 +1,21 @@
-//! Crons led by a node whose wall clock is wrong by minutes: a probe node process under
-//! libfaketime (its wall clock skewed, its monotonic clock true) against a PostgreSQL whose clock
-//! is right. The database's clock decides when a tick is due: the leader loses no tick at the
-//! start of its tenure, fires each tick at its instant by that clock, and its handler sees that
-//! clock's time, whatever the node's own clock says.
+//! Crons when clocks disagree. The database's clock decides when a tick is due:
+//!
+//! * a leader whose wall clock is wrong by minutes - a probe node process under libfaketime (its
+//!   wall clock skewed, its monotonic clock true) - loses no tick at the start of its tenure,
+//!   fires each tick at its instant by the database's clock, and its handler sees that clock's
+//!   time, whatever the node's own clock says;
+//! * when the database's clock steps forward during a tenure, the ticks it stepped over follow
+//!   the catch-up policy, and the next ticks fire on time by the new clock.
 //!
 //! libfaketime is Debian's package `libfaketime`: in CI (`CI=true` or `FORGE_REQUIRE_TOOLS`) a
-//! missing one fails these tests; elsewhere they check nothing and say so on stderr.
+//! missing one fails the tests that need it; elsewhere they check nothing and say so on stderr.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use forge::Schedule;
+use forge::crons::{CatchUp, CronJob};
+use forge::{CronContext, CronError, Node, Schedule};
 use forge_testkit::probe::ProbeLine;
 use forge_testkit::wait_until;
 use sqlx::PgPool;
@@ -207,4 +211,110 @@ fn libfaketime() -> Option<PathBuf> {
         .chain(["/usr/lib/faketime".into(), "/usr/local/lib/faketime".into()])
         .map(|dir| dir.join("libfaketime.so.1"))
         .find(|library| library.is_file())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticks_a_forward_step_of_the_databases_clock_steps_over_follow_catch_up() {
+    let db = fresh_db().await;
+    let pool = db.pool().await.unwrap();
+    // This host's clock cannot be stepped, so the database's clock is, for the node's sessions
+    // only: their search_path finds `skewed.clock_timestamp()`, pg_catalog's plus
+    // `skewed.step`, before pg_catalog's (FORGE's functions call `clock_timestamp()`).
+    sqlx::raw_sql(
+        "CREATE SCHEMA skewed;
+         CREATE TABLE skewed.step (ahead interval NOT NULL);
+         INSERT INTO skewed.step VALUES (interval '0');
+         CREATE FUNCTION skewed.clock_timestamp() RETURNS timestamptz LANGUAGE sql VOLATILE
+           AS $$ SELECT pg_catalog.clock_timestamp() + (SELECT ahead FROM skewed.step) $$;
+         CREATE TABLE stepped_runs (scheduled_at timestamptz NOT NULL, at timestamptz NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let separator = if db.url().contains('?') { '&' } else { '?' };
+    let url = format!(
+        "{}{separator}options[search_path]=skewed,pg_catalog,public",
+        db.url()
+    );
+    let cron = CronJob::new(
+        "stepped",
+        Schedule::parse("* * * * * *").unwrap(),
+        record_stepped,
+    )
+    .catch_up(CatchUp::Skip);
+    let node = Node::builder(config(&url, "a"))
+        .auto_register(false)
+        .cron(cron)
+        .start()
+        .await
+        .expect("node starts");
+    wait_stepped_runs(&pool, DateTime::UNIX_EPOCH, 2).await;
+    let (before, after): (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
+        "UPDATE skewed.step SET ahead = interval '5 minutes'
+         RETURNING pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() + ahead",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let runs = wait_stepped_runs(&pool, after + TimeDelta::seconds(1), 3).await;
+    for (scheduled_at, at) in &runs {
+        let late = *at - *scheduled_at;
+        assert!(
+            late >= TimeDelta::zero() && late <= ON_TIME,
+            "after the step, the tick at {scheduled_at} ran {} ms after its instant by the new clock: {runs:?}",
+            late.num_milliseconds()
+        );
+    }
+    // Under catch_up = "skip", the ticks stepped over are missed but for those within
+    // misfire_threshold (1 s) of the new time: none is claimed, none runs.
+    let stepped_over: Vec<(DateTime<Utc>, String)> = sqlx::query_as(
+        "SELECT scheduled_at, state FROM forge.cron_ticks
+          WHERE cron = 'stepped' AND scheduled_at > $1 AND scheduled_at < $2 ORDER BY 1",
+    )
+    .bind(before + TimeDelta::seconds(3))
+    .bind(after - TimeDelta::seconds(3))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        stepped_over.is_empty(),
+        "{} ticks stepped over were claimed (catch_up = skip): {:?}",
+        stepped_over.len(),
+        &stepped_over[..stepped_over.len().min(5)]
+    );
+    node.shutdown().await;
+}
+
+/// Records a run of `stepped` with the node's (stepped) database clock.
+async fn record_stepped(ctx: CronContext) -> Result<(), CronError> {
+    sqlx::query("INSERT INTO stepped_runs VALUES ($1, skewed.clock_timestamp())")
+        .bind(ctx.scheduled_at())
+        .execute(ctx.pool())
+        .await?;
+    Ok(())
+}
+
+/// Waits for `at_least` runs of `stepped` with ticks after `since`: (scheduled_at, at).
+async fn wait_stepped_runs(
+    pool: &PgPool,
+    since: DateTime<Utc>,
+    at_least: usize,
+) -> Vec<(DateTime<Utc>, DateTime<Utc>)> {
+    wait_until(
+        &format!("{at_least} runs of `stepped` after {since}"),
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let runs: Vec<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+                "SELECT scheduled_at, at FROM stepped_runs WHERE scheduled_at > $1 ORDER BY 1",
+            )
+            .bind(since)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+            (runs.len() >= at_least).then_some(runs)
+        },
+    )
+    .await
+    .unwrap()
 }

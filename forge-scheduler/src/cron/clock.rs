@@ -3,7 +3,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use forge_core::{Leadership, Result};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -132,13 +132,23 @@ impl DbClock {
 
     /// The database's time now, as far as this leader can tell.
     pub(super) fn now(&self) -> DateTime<Utc> {
-        let offset = self
-            .estimate
+        let now = self
+            .offset_micros()
+            .saturating_add(micros(self.base.elapsed()));
+        DateTime::from_timestamp_micros(now).unwrap_or(DateTime::<Utc>::MAX_UTC)
+    }
+
+    /// The database's clock minus this node's monotonic clock (from an origin of its own): it
+    /// grows by the step when the database's clock is stepped forward.
+    pub(super) fn offset(&self) -> TimeDelta {
+        TimeDelta::microseconds(self.offset_micros())
+    }
+
+    fn offset_micros(&self) -> i64 {
+        self.estimate
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .offset;
-        DateTime::from_timestamp_micros(offset.saturating_add(micros(self.base.elapsed())))
-            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+            .offset
     }
 
     /// Sleeps until the database's clock reaches `at`, on the monotonic clock, sleeping again

@@ -82,7 +82,8 @@ forge_core::sql_enum! {
 }
 
 /// What to do with ticks that were due while the cron's role had no leader (or its leader
-/// lacked the cron).
+/// lacked the cron), and with ticks a forward step of the database's clock stepped over during
+/// a tenure (the database's clock decides when a tick is due).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CatchUp {
     /// Run none of them. A tick at most `[cron] misfire_threshold` late (default 1 s) still

@@ -366,18 +366,26 @@ async fn run_cron(
     // The backlog ends, and the loop starts, at the database's time.
     let start = clock.now();
     let from = resume.frontier.or(resume.first_seen).unwrap_or(start);
-    for tick in backlog(&cron, &leadership, from, start, &settings) {
-        if !runs.fire(tick, true).await {
-            return runs.drain().await;
-        }
+    if !runs
+        .catch_up(backlog(
+            &cron,
+            &leadership,
+            (from, start),
+            &settings,
+            NO_LEADER,
+        ))
+        .await
+    {
+        return runs.drain().await;
     }
     let mut cursor = start.max(from);
+    let mut offset = clock.offset();
+    let threshold = to_delta(settings.misfire_threshold);
     loop {
         let Some(tick) = cron.schedule.next_after(cursor) else {
             info!(target: "forge::cron", cron = %cron.name, "the schedule has no further ticks");
             break;
         };
-        cursor = tick;
         // Wait until the tick is to be claimed, running manual ticks asked for meanwhile.
         let claim_at = tick - runs.claim_ahead;
         let due = loop {
@@ -400,26 +408,50 @@ async fn run_cron(
                 },
             }
         };
+        if !due {
+            break;
+        }
+        // The database's clock stepped forward past this tick (seen since the previous one):
+        // the ticks it stepped over follow the catch-up policy, as those due while no leader
+        // was. (A loop held back by runs is not stepped over: its ticks are backlog, below.)
+        let now = clock.now();
+        let leapt = clock.offset() - offset;
+        offset = clock.offset();
+        if leapt > threshold && now - tick > threshold {
+            let stepped = backlog(&cron, &leadership, (cursor, now), &settings, STEPPED);
+            if !runs.catch_up(stepped).await {
+                break;
+            }
+            cursor = now;
+            continue;
+        }
+        cursor = tick;
         // Behind: the following tick is due already. Then this one is backlog, not overlap.
         let behind = cron
             .schedule
             .next_after(tick)
             .is_some_and(|next| next <= clock.now());
-        if !due || !runs.fire(tick, behind).await {
+        if !runs.fire(tick, behind).await {
             break;
         }
     }
     runs.drain().await
 }
 
-/// The ticks due between the frontier and the tenure's start (`now`, by the database's clock)
-/// that the catch-up policy runs, oldest first. Counts and reports the others as missed.
+/// Why [`backlog`] did not run ticks: no leader when they were due.
+const NO_LEADER: &str = "ticks were due while the role had no leader and are not run";
+/// Why [`backlog`] did not run ticks: the database's clock stepped over them.
+const STEPPED: &str = "the database's clock stepped forward over ticks that are not run";
+
+/// The ticks due in `(from, now]` - from the frontier to the tenure's start, or stepped over
+/// by the database's clock - that the catch-up policy runs, oldest first. Counts the others
+/// as missed and reports them with `why`.
 fn backlog(
     cron: &CronJob,
     leadership: &Leadership,
-    from: DateTime<Utc>,
-    now: DateTime<Utc>,
+    (from, now): (DateTime<Utc>, DateTime<Utc>),
     settings: &Settings,
+    why: &str,
 ) -> Vec<DateTime<Utc>> {
     if from >= now {
         return Vec::new();
@@ -451,7 +483,7 @@ fn backlog(
             .counter(&CRON_MISSED, &metric_labels(cron, settings.per_cron))
             .increment(missed);
         warn!(target: "forge::cron", cron = %cron.name, role = %cron.role, missed, catch_up = cron.catch_up.as_str(),
-              "ticks were due while the role had no leader and are not run");
+              "{why}");
     }
     due
 }
@@ -533,6 +565,17 @@ impl Runs {
                 Slot::Run { backlog: false }
             }
         }
+    }
+
+    /// Claims and runs the ticks the catch-up policy kept, one after another. Returns false
+    /// when this tenure can no longer act.
+    async fn catch_up(&mut self, ticks: Vec<DateTime<Utc>>) -> bool {
+        for tick in ticks {
+            if !self.fire(tick, true).await {
+                return false;
+            }
+        }
+        true
     }
 
     /// Claims and runs one tick. Returns false when this tenure can no longer act.
