@@ -181,22 +181,23 @@ struct Run {
 
 /// The runs of ticks after `since`, by instant.
 async fn runs_since(pool: &PgPool, since: DateTime<Utc>) -> Vec<Run> {
-    let rows: Vec<(DateTime<Utc>, i32, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+    use sqlx::Row;
+    sqlx::query(
         "SELECT scheduled_at, attempt, fired_at, at FROM forge_probe_ticks
           WHERE scheduled_at > $1 ORDER BY scheduled_at, attempt",
     )
     .bind(since)
     .fetch_all(pool)
     .await
-    .unwrap();
-    rows.into_iter()
-        .map(|(scheduled_at, attempt, fired_at, written_at)| Run {
-            scheduled_at,
-            attempt,
-            fired_at,
-            written_at,
-        })
-        .collect()
+    .unwrap()
+    .iter()
+    .map(|row| Run {
+        scheduled_at: row.get("scheduled_at"),
+        attempt: row.get("attempt"),
+        fired_at: row.get("fired_at"),
+        written_at: row.get("at"),
+    })
+    .collect()
 }
 
 /// Debian's libfaketime preload library (`/usr/lib/<multiarch>/faketime/libfaketime.so.1`), or
