@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::ledger;
+use super::ledger::{self, Reading};
 
 /// The database's wall clock as one tenure of a role's leader follows it: the clock that
 /// decides when a tick is due, as the ledger's instants, the claim's `early` and the gate do.
@@ -53,19 +53,10 @@ struct Estimate {
     made: i64,
 }
 
-/// One reading of the database's clock: its answer, and when the statement was sent and its
-/// answer received, by this node's monotonic clock.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Reading {
-    pub(super) time: DateTime<Utc>,
-    pub(super) sent: Instant,
-    pub(super) received: Instant,
-}
-
 impl DbClock {
-    /// How often [`DbClock::follow`] reads the database's clock while nothing else does (the
-    /// gates of a tenure whose crons are rare, or claimed at their instant): a step of the
-    /// database's clock is followed within this.
+    /// How often [`DbClock::follow`] reads the database's clock besides the gates (which a
+    /// tenure whose crons are rare, or claimed at their instant, seldom or never passes): a
+    /// step of the database's clock is followed within this.
     pub(super) const REFRESH: Duration = Duration::from_secs(30);
 
     /// Readings at tenure start, the most precise kept: the first statement of a session can

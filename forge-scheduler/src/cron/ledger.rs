@@ -13,7 +13,6 @@ use sqlx::{Postgres, Row, Transaction};
 use tokio::time::Instant;
 use tracing::info;
 
-use super::clock::Reading;
 use super::{CronJob, TickState};
 
 forge_core::sql_enum! {
@@ -149,6 +148,15 @@ pub(super) async fn gate(leadership: &Leadership) -> Result<Option<Reading>> {
         sent,
         received,
     }))
+}
+
+/// One reading of the database's clock (for `DbClock`): its answer, and when the statement
+/// was sent and its answer received, by this node's monotonic clock.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Reading {
+    pub(super) time: DateTime<Utc>,
+    pub(super) sent: Instant,
+    pub(super) received: Instant,
 }
 
 /// Reads the database's clock on the role's lock session, timed from when the session is
