@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 #[non_exhaustive]
 pub struct CronConfig {
     /// A tick that is at most this late still fires under `catch_up = "skip"` (a tick due
-    /// during a fast failover is late, not missed).
+    /// during a fast failover is late, not missed). Late by the database's clock, which
+    /// decides when a tick is due: a forward step of it longer than this during a tenure hands
+    /// the ticks it stepped over to the catch-up policy.
     #[serde(with = "duration")]
     pub misfire_threshold: Duration,
     /// How long before its instant the leader claims a scheduled tick, so that the claim's

@@ -63,8 +63,8 @@ pub struct TickView {
     pub epoch: i64,
     /// When it was claimed (ahead of its instant, by `[cron] claim_ahead`, when on time).
     pub claimed_at: DateTime<Utc>,
-    /// When its handler started, by the clock of the leader that ran it (`None`: it did not
-    /// start: skipped, abandoned, or not yet).
+    /// When its handler started, by the database's clock as the leader that ran it followed it
+    /// (`None`: it did not start: skipped, abandoned, or not yet).
     pub started_at: Option<DateTime<Utc>>,
     /// When its outcome was recorded.
     pub finished_at: Option<DateTime<Utc>>,

@@ -7,7 +7,7 @@ use forge_core::metrics::MetricDef;
 /// `forge_cron_lag_seconds{cron, role}`
 pub(crate) const CRON_LAG: MetricDef = MetricDef::histogram(
     "forge_cron_lag_seconds",
-    "How late a cron run started: actual start minus scheduled instant",
+    "How late a cron run started: actual start minus scheduled instant, by the database's clock as the leader follows it",
 );
 /// `forge_cron_runs_total{cron, role, outcome}`
 pub(crate) const CRON_RUNS: MetricDef = MetricDef::counter(

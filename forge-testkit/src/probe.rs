@@ -19,7 +19,8 @@
 //! `t` is microseconds since the Unix epoch, so lines of processes on one machine compare.
 //!
 //! With `FORGE_PROBE_CRON` set to a cron expression, the probe also runs a cron named
-//! `probe_tick` (role `scheduler`, `catch_up = all`) whose handler inserts
+//! `probe_tick` (role `scheduler`, `catch_up = all`, or as `FORGE_PROBE_CATCH_UP` says:
+//! `skip`, `latest` or `all`) whose handler inserts
 //! `(scheduled_at, attempt, node, epoch)` into `forge_probe_ticks` and completes the tick in
 //! the same fenced transaction, and prints `FORGE-PROBE TICK scheduled=<unix micros> attempt=<n> epoch=<e> node=... t=...`.
 //!
@@ -220,10 +221,19 @@ pub async fn run(config: Config) -> ExitCode {
     }
     let mut builder = Node::builder(config).auto_register(false);
     if let Ok(expression) = std::env::var("FORGE_PROBE_CRON") {
+        let catch_up = match std::env::var("FORGE_PROBE_CATCH_UP").as_deref() {
+            Err(_) | Ok("all") => CatchUp::All,
+            Ok("latest") => CatchUp::Latest,
+            Ok("skip") => CatchUp::Skip,
+            Ok(other) => {
+                eprintln!("error: FORGE_PROBE_CATCH_UP: `{other}` is not skip, latest or all");
+                return ExitCode::FAILURE;
+            }
+        };
         match Schedule::parse(&expression) {
             Ok(schedule) => {
                 builder = builder
-                    .cron(CronJob::new("probe_tick", schedule, probe_tick).catch_up(CatchUp::All));
+                    .cron(CronJob::new("probe_tick", schedule, probe_tick).catch_up(catch_up));
             }
             Err(err) => {
                 eprintln!("error: FORGE_PROBE_CRON: {err}");

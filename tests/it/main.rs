@@ -27,6 +27,8 @@
 //!   SIGKILLed with and without a follower, and handing over before the instant.
 //! * `readme`: every Rust snippet of the README is compiled (in `examples/readme/`, word for
 //!   word), every TOML snippet loads.
+//! * `skew`: crons led by a node process whose wall clock runs 5 minutes ahead or behind
+//!   (libfaketime): every tick runs, on time by the database's clock.
 //! * `schema`: the function files (applied once, again when changed, never over a newer
 //!   release's; one function each, every body compiles), stale functions with migrations off,
 //!   a database from before the pre-1.0 squash.
@@ -50,6 +52,7 @@ mod processes;
 mod readme;
 mod routing;
 mod schema;
+mod skew;
 mod stalls;
 mod support;
 mod ui;

@@ -189,7 +189,8 @@ impl Probe {
         Probe::spawn(db, dir, id, roles, Some(cron), &[]).await
     }
 
-    async fn spawn(
+    /// A probe with `cron` (if any) and more environment variables.
+    pub(crate) async fn spawn(
         db: &TestDatabase,
         dir: &std::path::Path,
         id: &str,

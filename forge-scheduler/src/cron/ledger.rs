@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use forge_core::{Error, Leadership, Result};
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
+use tokio::time::Instant;
 use tracing::info;
 
 use super::{CronJob, TickState};
@@ -129,15 +130,48 @@ pub(super) async fn claim_many(
 }
 
 /// The gate before claimed ticks start: the database's time if this tenure is the role's
-/// current one, read on its lock session; `None` if it is not. Ticks whose instant is at or
-/// before the answer may start (a newer tenure's `acquired_at` is after it).
-pub(super) async fn gate(leadership: &Leadership) -> Result<Option<DateTime<Utc>>> {
+/// current one, read on its lock session (a reading of its clock); `None` if it is not. Ticks
+/// whose instant is at or before the answer may start (a newer tenure's `acquired_at` is after
+/// it).
+pub(super) async fn gate(leadership: &Leadership) -> Result<Option<Reading>> {
     let token = leadership.fence_token();
+    let mut session = leadership.session().await?;
+    let sent = Instant::now();
     let row = token
         .bind(sqlx::query("SELECT forge.tick_gate($1, $2, $3, $4)"))
-        .fetch_one(&mut *leadership.session().await?)
+        .fetch_one(&mut *session)
         .await?;
-    Ok(row.try_get(0)?)
+    let received = Instant::now();
+    let time: Option<DateTime<Utc>> = row.try_get(0)?;
+    Ok(time.map(|time| Reading {
+        time,
+        sent,
+        received,
+    }))
+}
+
+/// One reading of the database's clock (for `DbClock`): its answer, and when the statement
+/// was sent and its answer received, by this node's monotonic clock.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Reading {
+    pub(super) time: DateTime<Utc>,
+    pub(super) sent: Instant,
+    pub(super) received: Instant,
+}
+
+/// Reads the database's clock on the role's lock session, timed from when the session is
+/// this statement's (not while it waits for the session).
+pub(super) async fn read_clock(leadership: &Leadership) -> Result<Reading> {
+    let mut session = leadership.session().await?;
+    let sent = Instant::now();
+    let time = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&mut *session)
+        .await?;
+    Ok(Reading {
+        time,
+        sent,
+        received: Instant::now(),
+    })
 }
 
 /// Deletes this tenure's claim of a tick it will not start (it hands over before the
@@ -196,7 +230,7 @@ pub(super) struct FinishRequest {
     pub(super) tick: DateTime<Utc>,
     pub(super) state: TickState,
     pub(super) error: Option<String>,
-    /// When the handler started (this node's clock).
+    /// When the handler started, by the database's clock as the leader follows it.
     pub(super) started: DateTime<Utc>,
     /// How long it ran, in milliseconds (this node's monotonic clock).
     pub(super) took_ms: f64,

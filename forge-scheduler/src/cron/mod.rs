@@ -43,6 +43,7 @@
 //! # Ok(()) }
 //! ```
 
+mod clock;
 mod component;
 mod ledger;
 mod supervisor;
@@ -81,7 +82,8 @@ forge_core::sql_enum! {
 }
 
 /// What to do with ticks that were due while the cron's role had no leader (or its leader
-/// lacked the cron).
+/// lacked the cron), and with ticks a forward step of the database's clock stepped over during
+/// a tenure (the database's clock decides when a tick is due).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CatchUp {
     /// Run none of them. A tick at most `[cron] misfire_threshold` late (default 1 s) still
@@ -413,12 +415,15 @@ impl CronContext {
         &self.name
     }
 
-    /// The instant the tick was scheduled for (UTC).
+    /// The instant the tick was scheduled for (UTC). The database's clock decides when it is
+    /// due.
     pub fn scheduled_at(&self) -> DateTime<Utc> {
         self.scheduled_at
     }
 
-    /// When this run started.
+    /// When this run started, by the database's clock as the leader follows it (read on the
+    /// role's lock session, carried on the monotonic clock; not this node's wall clock), so
+    /// that `fired_at - scheduled_at` is how late it started.
     pub fn fired_at(&self) -> DateTime<Utc> {
         self.fired_at
     }

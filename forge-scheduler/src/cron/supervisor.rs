@@ -1,13 +1,22 @@
 //! The cron runtime: one supervisor per role (a leader task), one loop per cron.
 //!
 //! ```text
-//! tenure starts ──► load: register crons, frontier per cron, interrupted ticks, unknown crons
+//! tenure starts ──► read the database's clock (`DbClock`), load: register crons, frontier per
+//!                   cron, interrupted ticks, unknown crons
 //!                   ├─► interrupted ticks: rerun (attempt + 1) or abandon
 //!                   ├─► backlog: ticks due between the frontier and the tenure's start, per the
 //!                   │   catch-up policy, one after another
 //!                   └─► loop: next tick ─► sleep until `claim_ahead` before it ─► claim
 //!                       (fenced) ─► sleep until due ─► gate ─► run ─► finish
 //! ```
+//!
+//! Clocks. The database's wall clock decides when a tick is due (the ledger's instants, the
+//! claim's `early`, the gate): every decision of this module about time - the backlog's end at
+//! tenure start, the sleep until a tick is to be claimed and until it is due, `behind`, the
+//! overlap decision, the misfire threshold, a run's `fired_at` and lag - is taken by the
+//! tenure's [`DbClock`], the leader's estimate of that clock, never by the node's own wall clock.
+//! Sleeps run on tokio's monotonic timers. How long a run took is measured on the monotonic
+//! clock.
 //!
 //! Claiming ahead. A scheduled tick is claimed `[cron] claim_ahead` before its instant, so that
 //! the claim's durable commit is not on the firing path; at the instant, the gate (one read on
@@ -28,7 +37,7 @@
 //! recorded is retried the same way, so a succeeded tick is not rerun by a later tenure.
 //! A claim the fence refuses while this node still believes it leads is retried after a
 //! short pause (the lease was being renewed), not taken as the end of the tenure. A tick the
-//! database says is not due yet (this node's clock runs ahead) is claimed when it is.
+//! database says is not due yet (the estimate of its clock ran ahead) is claimed when it is.
 
 use std::fmt;
 use std::panic::AssertUnwindSafe;
@@ -44,6 +53,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 
+use super::clock::DbClock;
 use super::ledger::{self, Board, Claim, ClaimRequest, Finish, FinishRequest, Resume};
 use super::{CatchUp, CronContext, CronJob, Interrupted, Overlap, TickState};
 use crate::metrics::{CRON_DURATION, CRON_LAG, CRON_MISSED, CRON_RUNS, CRON_UNKNOWN, Series};
@@ -75,14 +85,18 @@ pub(super) async fn supervise(
     settings: Arc<Settings>,
 ) {
     let mut delay = Duration::from_millis(100);
-    let mut resume = loop {
-        match ledger::load(&crons, &leadership).await {
-            Ok((resume, unknown)) => {
+    let (clock, mut resume) = loop {
+        let loaded = async {
+            let clock = DbClock::read(&leadership).await?;
+            Ok::<_, forge_core::Error>((clock, ledger::load(&crons, &leadership).await?))
+        };
+        match loaded.await {
+            Ok((clock, (resume, unknown))) => {
                 // The registry service is the board's one writer (a read of ours could be
                 // older than its latest and undo it): ask it to read the board again.
                 settings.refresh_board.notify_one();
                 report_unknown(&leadership, &unknown);
-                break resume;
+                break (Arc::new(clock), resume);
             }
             Err(err) => {
                 warn!(target: "forge::cron", role = %leadership.role(), epoch = %leadership.epoch(), error = %err,
@@ -97,6 +111,10 @@ pub(super) async fn supervise(
     };
     info!(target: "forge::cron", role = %leadership.role(), epoch = %leadership.epoch(), crons = crons.len(),
           "running crons");
+    let following = tokio::spawn({
+        let (clock, leadership) = (clock.clone(), leadership.clone());
+        async move { clock.follow(&leadership).await }
+    });
     let (claimer, claims) = mpsc::unbounded_channel();
     let (gater, gates) = mpsc::unbounded_channel();
     let (finisher, outcomes) = mpsc::unbounded_channel();
@@ -105,6 +123,7 @@ pub(super) async fn supervise(
         gater,
         finisher,
         gate_passed: Arc::new(GatePassed::new(settings.claim_ahead)),
+        clock: clock.clone(),
     };
     let gate_passed = batchers.gate_passed.clone();
     let mut loops = JoinSet::new();
@@ -130,18 +149,19 @@ pub(super) async fn supervise(
         leadership.clone(),
         gates,
         move |l, ticks: Vec<DateTime<Utc>>| {
-            let passed = gate_passed.clone();
+            let (passed, clock) = (gate_passed.clone(), clock.clone());
             async move {
                 // Asks queued while the previous answer travelled are answered by it when it
                 // covers their instants (see `GatePassed`).
                 if let Some(at) = ticks.iter().max().and_then(|t| passed.covers(*t)) {
                     return Ok(vec![Some(at); ticks.len()]);
                 }
-                let now = ledger::gate(&l).await?;
-                if let Some(now) = now {
-                    passed.record(now);
+                let reading = ledger::gate(&l).await?;
+                if let Some(reading) = &reading {
+                    clock.observe(reading);
+                    passed.record(reading.time);
                 }
-                Ok(vec![now; ticks.len()])
+                Ok(vec![reading.map(|r| r.time); ticks.len()])
             }
         },
     ));
@@ -152,6 +172,7 @@ pub(super) async fn supervise(
     let _ = claiming.await;
     let _ = gating.await;
     let _ = finishing.await;
+    following.abort();
 }
 
 /// A request to one of the tenure's batchers (the claimer, the finisher), and where its
@@ -166,7 +187,8 @@ type Claimer = mpsc::UnboundedSender<Ask<ClaimRequest, Claim>>;
 type Gater = mpsc::UnboundedSender<Ask<DateTime<Utc>, Option<DateTime<Utc>>>>;
 type Finisher = mpsc::UnboundedSender<Ask<FinishRequest, Finish>>;
 
-/// The tenure's batchers, as the cron loops reach them.
+/// What the cron loops of one tenure share: its batchers, the gate's latest answer and the
+/// database's clock.
 #[derive(Clone)]
 struct Batchers {
     /// Claims of scheduled ticks.
@@ -177,6 +199,8 @@ struct Batchers {
     finisher: Finisher,
     /// The latest time at which a gate found this tenure current.
     gate_passed: Arc<GatePassed>,
+    /// The database's clock, as this tenure follows it.
+    clock: Arc<DbClock>,
 }
 
 /// The latest database time at which the gate found this tenure the current one. A tick whose
@@ -334,24 +358,34 @@ async fn run_cron(
             cron.clone(),
             runs.metrics.clone(),
             leadership.clone(),
-            runs.batchers.finisher.clone(),
+            runs.batchers.clone(),
             resume.interrupted.clone(),
         ));
     }
-    let start = Utc::now();
+    let clock = runs.batchers.clock.clone();
+    // The backlog ends, and the loop starts, at the database's time.
+    let start = clock.now();
     let from = resume.frontier.or(resume.first_seen).unwrap_or(start);
-    for tick in backlog(&cron, &leadership, from, start, &settings) {
-        if !runs.fire(tick, true).await {
-            return runs.drain().await;
-        }
+    if !runs
+        .catch_up(backlog(
+            &cron,
+            &leadership,
+            (from, start),
+            &settings,
+            NO_LEADER,
+        ))
+        .await
+    {
+        return runs.drain().await;
     }
     let mut cursor = start.max(from);
+    let mut offset = clock.offset();
+    let threshold = to_delta(settings.misfire_threshold);
     loop {
         let Some(tick) = cron.schedule.next_after(cursor) else {
             info!(target: "forge::cron", cron = %cron.name, "the schedule has no further ticks");
             break;
         };
-        cursor = tick;
         // Wait until the tick is to be claimed, running manual ticks asked for meanwhile.
         let claim_at = tick - runs.claim_ahead;
         let due = loop {
@@ -364,36 +398,60 @@ async fn run_cron(
             tokio::select! {
                 biased;
                 _ = leadership.stopping() => break false,
-                _ = sleep_until_utc(claim_at) => break true,
+                _ = clock.sleep_until(claim_at) => break true,
                 changed = board.changed() => if changed.is_err() {
                     // The board's sender lives as long as the node: not reached.
                     break tokio::select! {
                         _ = leadership.stopping() => false,
-                        _ = sleep_until_utc(claim_at) => true,
+                        _ = clock.sleep_until(claim_at) => true,
                     };
                 },
             }
         };
+        if !due {
+            break;
+        }
+        // The database's clock stepped forward past this tick (seen since the previous one):
+        // the ticks it stepped over follow the catch-up policy, as those due while no leader
+        // was. (A loop held back by runs is not stepped over: its ticks are backlog, below.)
+        let now = clock.now();
+        let leapt = clock.offset() - offset;
+        offset = clock.offset();
+        if leapt > threshold && now - tick > threshold {
+            let stepped = backlog(&cron, &leadership, (cursor, now), &settings, STEPPED);
+            if !runs.catch_up(stepped).await {
+                break;
+            }
+            cursor = now;
+            continue;
+        }
+        cursor = tick;
         // Behind: the following tick is due already. Then this one is backlog, not overlap.
         let behind = cron
             .schedule
             .next_after(tick)
-            .is_some_and(|next| next <= Utc::now());
-        if !due || !runs.fire(tick, behind).await {
+            .is_some_and(|next| next <= clock.now());
+        if !runs.fire(tick, behind).await {
             break;
         }
     }
     runs.drain().await
 }
 
-/// The ticks due between the frontier and the tenure's start that the catch-up policy runs,
-/// oldest first. Counts and reports the others as missed.
+/// Why [`backlog`] did not run ticks: no leader when they were due.
+const NO_LEADER: &str = "ticks were due while the role had no leader and are not run";
+/// Why [`backlog`] did not run ticks: the database's clock stepped over them.
+const STEPPED: &str = "the database's clock stepped forward over ticks that are not run";
+
+/// The ticks due in `(from, now]` - from the frontier to the tenure's start, or stepped over
+/// by the database's clock - that the catch-up policy runs, oldest first. Counts the others
+/// as missed and reports them with `why`.
 fn backlog(
     cron: &CronJob,
     leadership: &Leadership,
-    from: DateTime<Utc>,
-    now: DateTime<Utc>,
+    (from, now): (DateTime<Utc>, DateTime<Utc>),
     settings: &Settings,
+    why: &str,
 ) -> Vec<DateTime<Utc>> {
     if from >= now {
         return Vec::new();
@@ -425,7 +483,7 @@ fn backlog(
             .counter(&CRON_MISSED, &metric_labels(cron, settings.per_cron))
             .increment(missed);
         warn!(target: "forge::cron", cron = %cron.name, role = %cron.role, missed, catch_up = cron.catch_up.as_str(),
-              "ticks were due while the role had no leader and are not run");
+              "{why}");
     }
     due
 }
@@ -509,13 +567,24 @@ impl Runs {
         }
     }
 
+    /// Claims and runs the ticks the catch-up policy kept, one after another. Returns false
+    /// when this tenure can no longer act.
+    async fn catch_up(&mut self, ticks: Vec<DateTime<Utc>>) -> bool {
+        for tick in ticks {
+            if !self.fire(tick, true).await {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Claims and runs one tick. Returns false when this tenure can no longer act.
     async fn fire(&mut self, tick: DateTime<Utc>, backlog: bool) -> bool {
         if !self.leadership.is_valid() || self.leadership.is_draining() {
             return false;
         }
         let mut slot = self.slot(backlog).await;
-        if matches!(slot, Slot::Skip(STILL_GOING)) && tick > Utc::now() {
+        if matches!(slot, Slot::Skip(STILL_GOING)) && tick > self.batchers.clock.now() {
             // Before the instant (claiming ahead) the run going may yet end in time: decide at
             // the instant, as overlap = "skip" promises.
             if !self.until(tick).await {
@@ -551,12 +620,13 @@ impl Runs {
         true
     }
 
-    /// Sleeps until `at`, unless the leadership winds down first (then false).
+    /// Sleeps until the database's clock reaches `at`, unless the leadership winds down first
+    /// (then false).
     async fn until(&self, at: DateTime<Utc>) -> bool {
         tokio::select! {
             biased;
             _ = self.leadership.stopping() => false,
-            _ = sleep_until_utc(at) => true,
+            _ = self.batchers.clock.sleep_until(at) => true,
         }
     }
 
@@ -586,7 +656,7 @@ impl Runs {
                 Ok(Ok(Some(now))) => {
                     let wait = (tick - now).to_std().unwrap_or_default();
                     debug!(target: "forge::cron", cron = %self.cron.name, %tick, wait_ms = wait.as_millis() as u64,
-                           "the database says the tick is not due yet (this node's clock runs ahead)");
+                           "the database says the tick is not due yet (the estimate of its clock ran ahead)");
                     if !self.pause(wait.max(Duration::from_millis(1))).await {
                         self.unclaim(tick).await;
                         return false;
@@ -700,7 +770,7 @@ impl Runs {
                 }
                 Ok(Ok(Claim::Early(wait))) => {
                     debug!(target: "forge::cron", cron = %self.cron.name, %tick, wait_ms = wait.as_millis() as u64,
-                           "the database says the tick is not due yet (this node's clock runs ahead)");
+                           "the database says the tick is not due yet (the estimate of its clock ran ahead)");
                     if !self.pause(wait).await {
                         return None;
                     }
@@ -755,8 +825,9 @@ impl Runs {
         let cron = self.cron.clone();
         let metrics = self.metrics.clone();
         let leadership = self.leadership.clone();
-        let finisher = self.batchers.finisher.clone();
-        let run = async move { run_tick(cron, metrics, leadership, finisher, tick, attempt).await };
+        let batchers = self.batchers.clone();
+        let run =
+            async move { run_tick(cron, metrics, leadership, &batchers, tick, attempt).await };
         if backlog {
             self.backlog.spawn(run);
         } else {
@@ -773,7 +844,7 @@ async fn recover(
     cron: CronJob,
     metrics: Arc<CronMetrics>,
     leadership: Leadership,
-    finisher: Finisher,
+    batchers: Batchers,
     interrupted: Vec<(DateTime<Utc>, i32, i64)>,
 ) {
     for (tick, attempt, epoch) in interrupted {
@@ -815,7 +886,7 @@ async fn recover(
                     cron.clone(),
                     metrics.clone(),
                     leadership.clone(),
-                    finisher.clone(),
+                    &batchers,
                     tick,
                     attempt as u32,
                 )
@@ -834,12 +905,14 @@ async fn recover(
 
 /// Runs a claimed tick's handler and records the outcome, in the run's span: the cron's
 /// name, the tick's instant, the attempt, the role and the tenure's epoch (the handler's own
-/// log lines carry them).
+/// log lines carry them). The run's start (`fired_at`, `started_at`) and lag are by the
+/// database's clock as the tenure follows it, so that they compare with the tick's instant;
+/// its duration is by the monotonic clock.
 async fn run_tick(
     cron: CronJob,
     metrics: Arc<CronMetrics>,
     leadership: Leadership,
-    finisher: Finisher,
+    batchers: &Batchers,
     tick: DateTime<Utc>,
     attempt: u32,
 ) {
@@ -859,7 +932,7 @@ async fn run_tick(
             debug!(target: "forge::cron", cron = %cron.name, %tick, "not starting: this leadership is past its deadline");
             return;
         }
-        let fired_at = Utc::now();
+        let fired_at = batchers.clock.now();
         let lag = (fired_at - tick).to_std().unwrap_or_default();
         metrics.lag.record(lag.as_secs_f64());
         let cancel = CancellationToken::new();
@@ -898,7 +971,7 @@ async fn run_tick(
             started: fired_at,
             took_ms: took * 1000.0,
         };
-        record(&cron, &leadership, &finisher, tick, state, error, ran).await;
+        record(&cron, &leadership, &batchers.finisher, tick, state, error, ran).await;
     }
     .instrument(span)
     .await
@@ -1014,19 +1087,6 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "(no message)".to_owned())
-}
-
-/// Sleeps until a wall-clock instant. Timers run on the monotonic clock, so long sleeps are
-/// cut into pieces of at most 30 s and the wall clock is re-read: a stepped system clock
-/// (NTP) shifts the tick by at most that much re-check.
-async fn sleep_until_utc(at: DateTime<Utc>) {
-    loop {
-        let remaining = (at - Utc::now()).to_std().unwrap_or_default();
-        if remaining.is_zero() {
-            return;
-        }
-        tokio::time::sleep(remaining.min(Duration::from_secs(30))).await;
-    }
 }
 
 fn to_delta(d: Duration) -> TimeDelta {
