@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use crate::support::*;
 
-const EFFECTS_TABLE: &str = "CREATE TABLE tick_effects (
+pub(crate) const EFFECTS_TABLE: &str = "CREATE TABLE tick_effects (
     cron         text        NOT NULL,
     scheduled_at timestamptz NOT NULL,
     attempt      integer     NOT NULL,
@@ -72,7 +72,7 @@ async fn write_effect_in(
 /// A per-second cron writing effects (completing its tick in the effect's transaction or
 /// not). With `hang`, the first run on this node commits and then never returns, so that the
 /// node can lose its leadership between the commit and the recorded outcome.
-fn effect_cron(name: &str, complete: bool, hang: Option<Arc<Notify>>) -> CronJob {
+pub(crate) fn effect_cron(name: &str, complete: bool, hang: Option<Arc<Notify>>) -> CronJob {
     let hung = Arc::new(AtomicBool::new(false));
     CronJob::new(
         name,

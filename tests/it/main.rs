@@ -27,6 +27,8 @@
 //!   SIGKILLed with and without a follower, and handing over before the instant.
 //! * `readme`: every Rust snippet of the README is compiled (in `examples/readme/`, word for
 //!   word), every TOML snippet loads.
+//! * `clocks`: steps of the database's wall clock (PostgreSQL under libfaketime): no healthy
+//!   leader deposed, no live node marked down, no rescue delayed, a frozen leader still replaced.
 //! * `schema`: the function files (applied once, again when changed, never over a newer
 //!   release's; one function each, every body compiles), stale functions with migrations off,
 //!   a database from before the pre-1.0 squash.
@@ -37,6 +39,7 @@ mod alerts;
 mod bad_input;
 mod claim_ahead;
 mod cli;
+mod clocks;
 mod cron;
 mod dashboard;
 mod election;
