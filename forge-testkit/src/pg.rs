@@ -222,7 +222,7 @@ impl PgServer {
         let env = PgEnv::detect()?;
         let mut cluster = Cluster::guarded(env, "forge-pg", None)?;
         if options.steppable_clock {
-            cluster.clock = Some(clock::SteppedClock::new(&cluster.dir)?);
+            cluster.clock = Some(Box::new(clock::SteppedClock::new(&cluster.dir)?));
         }
         cluster.init(&options)?;
         cluster.start_on_free_port()?;
@@ -630,7 +630,7 @@ struct Cluster {
     /// `PgServer::start_standby`).
     walreceiver_name: Option<String>,
     /// The wall clock a test steps (`PgOptions::steppable_clock`).
-    clock: Option<clock::SteppedClock>,
+    clock: Option<Box<clock::SteppedClock>>,
 }
 
 /// Why a start failed.
