@@ -42,11 +42,7 @@
 -- replaced within its lease whatever transactions it left open. Safe: such a transaction
 -- commits before the new tenure or not at all, and now it does not. A busy one not yet seen
 -- through a lease of waits (a commit in progress) is waited for.
---
--- The session also records, at its first call, the next transaction id to be assigned
--- (forge.lock_session_horizon): a transaction with that id or a later one got it after this
--- session's first call. On the scheduler leader's session, forge.nodes_watch reads it to know, without a
--- clock, that a node heartbeated after the session opened, so while the server stayed up.
+
 DROP FUNCTION IF EXISTS forge.campaign(text, text, bigint, text, bigint, boolean, integer);
 CREATE OR REPLACE FUNCTION forge.campaign(
     p_namespace    text,
@@ -102,10 +98,6 @@ DECLARE
     waited      boolean := false;
     gap_from    text;
 BEGIN
-    IF coalesce(current_setting('forge.lock_session_horizon', true), '') = '' THEN
-        PERFORM set_config('forge.lock_session_horizon',
-                           pg_snapshot_xmax(pg_current_snapshot())::text, false);
-    END IF;
     got := pg_try_advisory_lock(p_key);
     IF got THEN
         granted_at := clock_timestamp();

@@ -14,12 +14,11 @@
 --
 -- Gone: its node session ended while this server stayed up, and nothing of it is left. The node
 -- session is not alive (its pid with the same backend_start); the node's last heartbeat was
--- written by a transaction that got its id after this lock session's first campaign call
--- (forge.lock_session_horizon; nodes_watch runs on that session, which a restart of the server
--- would have ended) - so the session ended while the server stayed up, not in a crash restart
--- or a failover that every node reconnects from; and no other session of the node is left
--- (forge.node_backends: its pool, its lock sessions; a node whose handlers still run holds pool
--- sessions). session_lost_at records when the watch first saw it gone (a report).
+-- written on this run of the server (forge.server_run, a value) - so its sessions ended while
+-- the server stayed up, not in a restart, a crash restart or a failover that every node
+-- reconnects from; and no other session of the node is left (forge.node_backends: its pool, its
+-- lock sessions; a node whose handlers still run holds pool sessions). session_lost_at records
+-- when the watch first saw it gone (a report).
 --
 -- A node marked down has its remaining sessions ended before the notification that starts the
 -- rescue: row locks a frozen process's open transactions hold would otherwise stall the rescue
@@ -43,7 +42,7 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_horizon xid8 := nullif(current_setting('forge.lock_session_horizon', true), '')::xid8;
+    v_server  text := forge.server_run();
     v_now     timestamptz := clock_timestamp();
     n         record;
     v_gone    boolean;
@@ -63,7 +62,7 @@ BEGIN
     LOOP
         -- pg_stat_get_activity(NULL) would list every backend: a row without a session is
         -- not alive. A session of another database user shows no backend_start; count it alive.
-        v_gone := v_horizon IS NOT NULL AND n.heartbeat_xid >= v_horizon
+        v_gone := n.heartbeat_server = v_server
                   AND NOT (n.session_pid IS NOT NULL
                            AND EXISTS (SELECT 1 FROM pg_stat_get_activity(n.session_pid) a
                                         WHERE a.backend_start IS NULL
@@ -84,7 +83,7 @@ BEGIN
                SET down_at = v_now,
                    down_reason = CASE v_why
                        WHEN 'session_ended' THEN 'its node session ended (process killed or crashed) and it did not reconnect'
-                       ELSE format('no heartbeat seen for %s s by the scheduler leader',
+                       ELSE format('no heartbeat for %s s (seen by the scheduler leader)',
                                    round(n.silent_ms / 1000.0, 1)) END
              WHERE nd.namespace = p_namespace AND nd.node_id = n.node_id;
             -- Whatever the node left open goes now, with its row locks. (The sessions first,

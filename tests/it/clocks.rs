@@ -14,13 +14,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use forge::{Config, Node, Role};
+use forge::jobs::{JobId, JobState};
+use forge::{Config, Node};
 use forge_testkit::{PgOptions, PgServer, TestDatabase, faketime_library, wait_until};
 use sqlx::PgPool;
 use tokio::time::Instant;
 
 use crate::exactly_once::{EFFECTS_TABLE, effect_cron};
-use crate::jobs::{Behave, RUNS_TABLE_SQL, plain};
+use crate::jobs::{Behave, RUNS_TABLE_SQL, inserted, plain, wait_state};
 use crate::support::*;
 
 const LEASE: Duration = Duration::from_secs(3);
@@ -31,6 +32,8 @@ const DOWN_AFTER: Duration = Duration::from_secs(4);
 const STEP: Duration = Duration::from_secs(90);
 /// What a loaded test machine may add to a stated bound.
 const SLACK: Duration = Duration::from_millis(1500);
+/// The in-process nodes of [`busy_cluster`].
+const NODES: [&str; 3] = ["a", "b", "c"];
 
 /// A private cluster whose clock the test steps; `None` (with a notice) where libfaketime is
 /// missing, except in CI, where the test fails instead.
@@ -52,19 +55,26 @@ async fn steppable_server() -> Option<PgServer> {
     Some(server)
 }
 
-/// A database with FORGE's schema, the cron's `tick_effects` and the jobs' `job_runs`.
+/// A database with the cron's `tick_effects` and the jobs' `job_runs` (the first node to start
+/// applies FORGE's schema).
 async fn setup(server: &PgServer) -> (TestDatabase, PgPool) {
     let db = server.create_database().await.unwrap();
     let pool = db.pool().await.unwrap();
     sqlx::raw_sql(RUNS_TABLE_SQL).execute(&pool).await.unwrap();
     sqlx::query(EFFECTS_TABLE).execute(&pool).await.unwrap();
-    let migrator = Node::builder(clock_config(db.url(), "migrator"))
-        .auto_register(false)
-        .start()
-        .await
-        .unwrap();
-    migrator.shutdown().await;
     (db, pool)
+}
+
+/// Three busy nodes on a database of `server`, once every role is led with two standbys
+/// waiting: the database, its pool, the nodes and each role's (leader, epoch).
+async fn busy_cluster(server: &PgServer) -> (TestDatabase, PgPool, Vec<Node>, Leaders) {
+    let (db, pool) = setup(server).await;
+    let mut nodes = Vec::new();
+    for id in NODES {
+        nodes.push(busy_node(db.url(), id).await);
+    }
+    let leaders = settled(&pool, 2).await;
+    (db, pool, nodes, leaders)
 }
 
 /// The soak's timings; no placement moves (their handoffs would be new tenures of their own).
@@ -128,9 +138,12 @@ async fn events_after(
     .unwrap()
 }
 
+/// Each role's (leader, epoch).
+type Leaders = BTreeMap<String, (String, i64)>;
+
 /// Each role's (node, epoch), once every built-in role is led and has `standbys` sessions
 /// waiting inside its lock.
-async fn settled(pool: &PgPool, standbys: i64) -> BTreeMap<String, (String, i64)> {
+async fn settled(pool: &PgPool, standbys: i64) -> Leaders {
     wait_until(
         &format!("every role led, with {standbys} standbys waiting"),
         SOON,
@@ -215,39 +228,16 @@ async fn job_reruns(pool: &PgPool) -> Vec<(i64, i64, i64)> {
 }
 
 /// Enqueues `n` plain jobs that take `ms` each.
-async fn enqueue(pool: &PgPool, n: usize, ms: u64, tag: &str) {
+async fn enqueue(pool: &PgPool, n: usize, ms: u64, tag: &str) -> Vec<JobId> {
+    let mut ids = Vec::new();
     for i in 0..n {
-        client(pool)
-            .enqueue(
-                plain,
-                Behave {
-                    sleep_ms: ms,
-                    ..Behave::tag(format!("{tag}-{i}"))
-                },
-            )
-            .await
-            .unwrap();
+        let behave = Behave {
+            sleep_ms: ms,
+            ..Behave::tag(format!("{tag}-{i}"))
+        };
+        ids.push(inserted(client(pool).enqueue(plain, behave).await.unwrap()));
     }
-}
-
-/// Waits until every job enqueued so far completed.
-async fn jobs_done(pool: &PgPool) {
-    wait_until(
-        "every job completed",
-        SOON + SOON,
-        Duration::from_millis(50),
-        || async {
-            let left: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM forge.jobs WHERE state NOT IN ('completed')",
-            )
-            .fetch_one(pool)
-            .await
-            .unwrap();
-            (left == 0).then_some(())
-        },
-    )
-    .await
-    .unwrap();
+    ids
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,27 +288,23 @@ async fn a_step_of_the_database_clock_deposes_no_leader_and_marks_no_node_down()
     let Some(server) = steppable_server().await else {
         return;
     };
-    let (db, pool) = setup(&server).await;
-    let ids = ["a", "b", "c"];
-    let mut nodes = Vec::new();
-    for id in ids {
-        nodes.push(busy_node(db.url(), id).await);
-    }
-    let leaders = settled(&pool, 2).await;
+    let (_db, pool, nodes, leaders) = busy_cluster(&server).await;
     let sessions = lock_sessions(&pool).await;
     let since = last_event(&pool).await;
     // Jobs running across the step.
-    enqueue(&pool, 6, 3000, "across").await;
-    heartbeats(&pool, &ids, 2).await;
+    let mut jobs = enqueue(&pool, 6, 3000, "across").await;
+    heartbeats(&pool, &NODES, 2).await;
 
     server.step_clock_ahead(STEP).unwrap();
     // Beyond the standbys' next waits, and the 6 s after which a lock wait that does not
     // return used to cost the session.
-    heartbeats(&pool, &ids, 16).await;
-    enqueue(&pool, 6, 1500, "back").await;
+    heartbeats(&pool, &NODES, 16).await;
+    jobs.extend(enqueue(&pool, 6, 1500, "back").await);
     server.step_clock_to_true_time().unwrap();
-    heartbeats(&pool, &ids, 16).await;
-    jobs_done(&pool).await;
+    heartbeats(&pool, &NODES, 16).await;
+    for job in jobs {
+        wait_state(&pool, job, JobState::Completed).await;
+    }
 
     let changes = [
         "leader_elected",
@@ -350,13 +336,7 @@ async fn a_step_right_before_a_new_scheduler_leader_looks_marks_no_live_node_dow
     let Some(server) = steppable_server().await else {
         return;
     };
-    let (db, pool) = setup(&server).await;
-    let ids = ["a", "b", "c"];
-    let mut nodes = Vec::new();
-    for id in ids {
-        nodes.push(busy_node(db.url(), id).await);
-    }
-    let leaders = settled(&pool, 2).await;
+    let (_db, pool, nodes, leaders) = busy_cluster(&server).await;
     let since = last_event(&pool).await;
     let (leader, epoch) = leaders["scheduler"].clone();
 
@@ -375,9 +355,9 @@ async fn a_step_right_before_a_new_scheduler_leader_looks_marks_no_live_node_dow
     assert_eq!(ended, 1);
     successor(&pool, "scheduler", epoch, SOON).await;
     // Beyond down_after of the new leader's watching.
-    heartbeats(&pool, &ids, 12).await;
+    heartbeats(&pool, &NODES, 12).await;
     server.step_clock_to_true_time().unwrap();
-    heartbeats(&pool, &ids, 12).await;
+    heartbeats(&pool, &NODES, 12).await;
 
     assert_eq!(
         events_after(
@@ -451,13 +431,9 @@ async fn a_backward_step_delays_no_rescue_of_a_frozen_or_killed_node() {
     std::fs::write(dir.0.join("forge.toml"), clock_toml(db.url())).unwrap();
     let mut config = clock_config(db.url(), "watcher");
     config.node.roles = Some(vec!["scheduler".into()]);
+    // (Its work for the role: the built-in membership watch.)
     let watcher = Node::builder(config)
         .auto_register(false)
-        .leader_task(
-            Role::SCHEDULER,
-            "idle",
-            |l| async move { l.stopping().await },
-        )
         .start()
         .await
         .unwrap();
