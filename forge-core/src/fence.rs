@@ -3,7 +3,7 @@
 //!
 //! A write is fenced when its transaction first runs `forge.fence(namespace, role, epoch,
 //! tenure)`. The function raises SQLSTATE `FG001` unless that tenure is the role's current,
-//! unreleased, unexpired one *and* its lock session is alive on this very server, and it holds
+//! unreleased one *and* its lock session is alive on this very server (no clock is read), and it holds
 //! `FOR KEY SHARE` on the role's row until the transaction ends. A newer leader's epoch bump
 //! takes `FOR UPDATE` on the same row, so every fenced write either commits before a newer
 //! tenure exists or is refused. Statements that fence inside SQL functions (the job claims of
@@ -49,8 +49,9 @@ impl FenceToken {
     /// current leadership, and holds it (`FOR KEY SHARE` on the role's row) until the
     /// transaction ends. Outside a transaction the check protects nothing.
     ///
-    /// Fails with [`Error::Fenced`] when a newer leadership exists, the lease expired or was
-    /// released, or the tenure's lock session is gone from this server.
+    /// Fails with [`Error::Fenced`] when a newer leadership exists, the tenure was released, or
+    /// its lock session is gone from this server (ended by the server or a follower once the
+    /// leader stopped renewing).
     pub async fn check(&self, conn: &mut PgConnection) -> Result<()> {
         self.bind(sqlx::query("SELECT forge.fence($1, $2, $3, $4)"))
             .execute(&mut *conn)

@@ -22,7 +22,8 @@ crate::sql_enum! {
         LeaderElected = "leader_elected",
         /// A leader handed a role over gracefully.
         LeaderReleased = "leader_released",
-        /// A follower ended the session of a leader whose lease had expired.
+        /// A follower ended the session of a leader whose renewal it saw unchanged for a lease
+        /// (`detail.silent_ms`), or a new leader ended a deposed tenure's stuck transactions.
         LeaderFenced = "leader_fenced",
         /// A leader lost its leadership without handing over, as it saw it (`detail.reason`:
         /// deadline, deposed, renewal_failed); recorded best effort once it reaches the database.
@@ -153,18 +154,19 @@ pub struct LeaderView {
     pub acquired_at: DateTime<Utc>,
     /// Its last renewal.
     pub renewed_at: DateTime<Utc>,
-    /// When the lease runs out without renewal.
+    /// When the lease runs out without renewal, by the database's clock (a report: a lease is
+    /// judged on the observers' own clocks).
     pub lease_until: DateTime<Utc>,
     /// Set when the leader handed the role over and nobody took it yet.
     pub released_at: Option<DateTime<Utc>>,
-    /// Milliseconds of lease left (negative: expired).
+    /// Milliseconds of lease left by the database's clock (negative: past `lease_until`).
     #[serde(serialize_with = "crate::inspect::rounded::figure")]
     pub lease_remaining_ms: f64,
     /// Whether this tenure is current (`forge.tenure_current`, the rule the fence enforces:
-    /// unreleased, lease unexpired, its lock session alive): the role is led by `node_id`.
+    /// unreleased, its lock session alive): the role is led by `node_id`.
     pub led: bool,
-    /// Led, released (handed over, nobody took it yet) or lost (its lock session ended or its
-    /// lease ran out, and no one leads yet).
+    /// Led, released (handed over, nobody took it yet) or lost (its lock session ended, and no
+    /// one leads yet).
     pub state: LeadershipState,
 }
 
@@ -183,7 +185,8 @@ pub enum LeadershipState {
     Led,
     /// Its leader handed it over and no one took it yet.
     Released,
-    /// Its leader's lock session ended or its lease ran out, and no one took it yet.
+    /// Its leader's lock session ended (a crash, or ended once it stopped renewing), and no one
+    /// took it yet.
     Lost,
 }
 
@@ -775,7 +778,7 @@ pub enum StepDown {
         /// Its node.
         node_id: String,
     },
-    /// The role has no live leader (never led, released, or its lease ran out).
+    /// The role has no live leader (never led, released, or its lock session ended).
     NoLeader,
 }
 

@@ -36,6 +36,10 @@ use crate::metrics::{Metrics, defs};
 use crate::role::{LockKey, LockNamespace, NodeId};
 use crate::util::Backoff;
 
+mod sightings;
+
+use sightings::{Judged, Seen, Sightings, Thresholds};
+
 /// The notification channel on which leadership changes are announced.
 pub(crate) const LEADER_CHANNEL: &str = "forge_leader";
 
@@ -46,10 +50,11 @@ pub const NODES_CHANNEL: &str = "forge_nodes";
 
 /// How long this node may still count its running jobs as its own.
 ///
-/// The scheduler leader marks a node down - and rescues its jobs elsewhere - only after
-/// `down_after` without a heartbeat, measured from when the last heartbeat reached the server
-/// (or from the leader's own start). So a node whose last heartbeat that landed was *sent* at
-/// `t` holds its jobs at least until `t + down_after`; it stops trusting that a margin before
+/// The scheduler leader marks a node down - and rescues its jobs elsewhere - only after it has
+/// seen the node's last heartbeat unchanged for `down_after` on its own monotonic clock (a new
+/// leader has seen nothing yet), and it sees a heartbeat only after it landed. So a node whose
+/// last heartbeat that landed was *sent* at `t` holds its jobs at least until `t + down_after`,
+/// whatever any wall clock does; it stops trusting that a margin before
 /// (`[cluster.membership] heartbeat_interval`, at most a quarter of `down_after`), as a leader
 /// stops trusting its lease. Job workers stop their attempts when this runs out (a node cut
 /// off from PostgreSQL), so a live node's attempt never runs beside its rescued successor.
@@ -82,8 +87,8 @@ impl Standing {
     }
 
     /// PostgreSQL was seen not running at `at` (refused, starting up, shutting down): the
-    /// scheduler leader's clock for missing heartbeats counts from its own start after the
-    /// server's, so it cannot mark this node down before `at + down_after`.
+    /// scheduler leader after it is a new tenure, which watches from nothing, so it cannot mark
+    /// this node down before `at + down_after`.
     pub(crate) fn server_down(&self, at: Instant) {
         self.landed(at);
     }
@@ -698,36 +703,28 @@ enum Served {
     Lost,
 }
 
-/// The scheduler leader's membership duty: every heartbeat interval, mark drifted and down
-/// nodes (`forge.nodes_watch`, fenced by this tenure).
+/// The scheduler leader's membership duty: every heartbeat interval, a look at every node
+/// (`forge.nodes_watch`, fenced by this tenure, on its lock session), which applies the verdicts
+/// this leader reached from its earlier looks, on its own monotonic clock ([`Sightings`]):
+/// drifted and down nodes.
 pub(crate) async fn watch(leadership: Leadership, config: MembershipConfig) {
-    let ms = |d: Duration| d.as_millis().min(i64::MAX as u128) as i64;
     // A node whose session ended gets one heartbeat interval (at least a second) to come back
     // before it counts as down: a terminated session reconnects in milliseconds.
-    let grace = config.heartbeat_interval.max(Duration::from_secs(1));
+    let limits = Thresholds {
+        drift_after: config.drift_after,
+        down_after: config.down_after,
+        grace: config.heartbeat_interval.max(Duration::from_secs(1)),
+    };
+    let mut sightings = Sightings::default();
     loop {
-        let token = leadership.fence_token();
-        let changes = async {
-            let mut session = leadership.session().await?;
-            let rows = token
-                .bind(sqlx::query(
-                    "SELECT node_id, change, reason FROM forge.nodes_watch($1, $2, $3, $4, $5, $6, $7)",
-                ))
-                .bind(ms(config.drift_after))
-                .bind(ms(config.down_after))
-                .bind(ms(grace))
-                .fetch_all(&mut *session)
-                .await?;
-            rows.iter()
-                .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
-                .collect::<Result<Vec<(String, String, String)>>>()
-        };
-        let changes = tokio::select! {
-            changes = timeout(config.heartbeat_interval.max(Duration::from_secs(5)), changes) => changes,
+        let verdicts = sightings.verdicts(Instant::now(), limits);
+        let look = tokio::select! {
+            look = timeout(config.heartbeat_interval.max(Duration::from_secs(5)), look(&leadership, &verdicts)) => look,
             _ = leadership.stopping() => return,
         };
-        match changes {
-            Ok(Ok(changes)) => {
+        match look {
+            Ok(Ok((rows, changes))) => {
+                sightings.saw(&rows, Instant::now());
                 for (node, change, reason) in changes {
                     warn!(target: "forge::node", node = %node, change = %change, reason = %reason,
                           by = %leadership.node_id(), "membership changed");
@@ -744,6 +741,49 @@ pub(crate) async fn watch(leadership: Leadership, config: MembershipConfig) {
             _ = leadership.stopping() => return,
         }
     }
+}
+
+/// A look's changes: (node, change, reason).
+type Changes = Vec<(String, String, String)>;
+
+/// One look: `forge.nodes_watch` with `verdicts`, on the leader's lock session. What it saw of
+/// each node, and what it changed.
+async fn look(leadership: &Leadership, verdicts: &[Judged]) -> Result<(Vec<Seen>, Changes)> {
+    let ms = |d: Duration| d.as_millis().min(i64::MAX as u128) as i64;
+    let nodes: Vec<&str> = verdicts.iter().map(|j| j.node.as_str()).collect();
+    let beats: Vec<DateTime<Utc>> = verdicts.iter().map(|j| j.beat).collect();
+    let kinds: Vec<&str> = verdicts.iter().map(|j| j.verdict.as_str()).collect();
+    let silent: Vec<i64> = verdicts.iter().map(|j| ms(j.silent)).collect();
+    let mut session = leadership.session().await?;
+    let rows = leadership
+        .fence_token()
+        .bind(sqlx::query(
+            "SELECT node_id, heartbeat_at, gone, drifted, change, reason
+               FROM forge.nodes_watch($1, $2, $3, $4, $5, $6, $7, $8)",
+        ))
+        .bind(&nodes)
+        .bind(&beats)
+        .bind(&kinds)
+        .bind(&silent)
+        .fetch_all(&mut *session)
+        .await?;
+    let mut seen = Vec::with_capacity(rows.len());
+    let mut changes = Vec::new();
+    for row in &rows {
+        let node: String = row.try_get("node_id")?;
+        let change: Option<String> = row.try_get("change")?;
+        if let Some(change) = &change {
+            changes.push((node.clone(), change.clone(), row.try_get("reason")?));
+        }
+        seen.push(Seen {
+            node,
+            beat: row.try_get("heartbeat_at")?,
+            gone: row.try_get("gone")?,
+            drifted: row.try_get("drifted")?,
+            down: change.as_deref() == Some("down"),
+        });
+    }
+    Ok((seen, changes))
 }
 
 /// Whether a failure to reach PostgreSQL shows the server itself not running: the connection

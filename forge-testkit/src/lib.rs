@@ -33,6 +33,11 @@
 //!   [`PgServer::pause_wal_receiver`] / [`PgServer::resume_wal_receiver`]
 //!   freeze and thaw its WAL receiver: while it is frozen, commits on the
 //!   primary wait and reads do not.
+//! * Clock steps: a cluster started with
+//!   [`PgOptions::steppable_clock`] runs under libfaketime, and
+//!   [`PgServer::step_clock_ahead`] / [`PgServer::step_clock_back`] /
+//!   [`PgServer::step_clock_to_true_time`] step its wall clock while it runs
+//!   (its monotonic clock stays true, as in an NTP step).
 //! * [`wait_until`] / [`wait_for`]: poll a condition with a deadline, with an
 //!   error saying what was awaited. Tests never sleep to synchronise.
 //!
@@ -49,6 +54,7 @@
 //!
 //! Environment variables: `DATABASE_URL`, `FORGE_PG_BIN`,
 //! `FORGE_PG_OS_USER`, `FORGE_PG_TMPDIR` (where clusters live),
+//! `FORGE_FAKETIME_LIB` (libfaketime's `libfaketime.so.1`, when not in the usual place),
 //! `FORGE_TEST_ECHO=1` (echo node output to stderr),
 //! `FORGE_KEEP_TEST_DATABASES=1` (keep test databases on an external server).
 //!
@@ -96,7 +102,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use error::Error;
-pub use pg::{Lsn, PgOptions, PgServer, TestDatabase, client_program};
+pub use pg::{Lsn, PgOptions, PgServer, TestDatabase, client_program, faketime_library};
 pub use pooler::TxPooler;
 pub use process::NodeProcess;
 pub use proxy::{Filter, PgProxy, ProxyConnection, ProxyConnectionState};

@@ -19,8 +19,10 @@ use sqlx::{Connection as _, PgConnection, PgPool};
 use crate::Error;
 use crate::sys;
 
+mod clock;
 mod standby;
 
+pub use clock::faketime_library;
 pub use standby::Lsn;
 
 /// How many times a throwaway cluster is started on a fresh port when the
@@ -59,6 +61,11 @@ pub struct PgOptions {
     /// Further `postgresql.conf` settings, `(name, value)`; values are quoted
     /// for you. Applied last, so they override the settings above.
     pub extra_settings: Vec<(String, String)>,
+    /// `true`: the server runs under libfaketime, so that a test can step its wall clock while
+    /// it runs ([`PgServer::step_clock_ahead`], [`PgServer::step_clock_back`],
+    /// [`PgServer::step_clock_to_true_time`]); starting fails, saying what to install, where
+    /// libfaketime is missing ([`faketime_library`]). Default `false`.
+    pub steppable_clock: bool,
 }
 
 impl Default for PgOptions {
@@ -67,6 +74,7 @@ impl Default for PgOptions {
             durable: false,
             max_connections: 300,
             extra_settings: Vec::new(),
+            steppable_clock: false,
         }
     }
 }
@@ -81,6 +89,12 @@ impl PgOptions {
     /// Sets [`max_connections`](PgOptions::max_connections).
     pub fn max_connections(mut self, max_connections: u32) -> Self {
         self.max_connections = max_connections;
+        self
+    }
+
+    /// Sets [`steppable_clock`](PgOptions::steppable_clock).
+    pub fn steppable_clock(mut self) -> Self {
+        self.steppable_clock = true;
         self
     }
 
@@ -207,6 +221,9 @@ impl PgServer {
     pub fn start_with(options: PgOptions) -> Result<PgServer, Error> {
         let env = PgEnv::detect()?;
         let mut cluster = Cluster::guarded(env, "forge-pg", None)?;
+        if options.steppable_clock {
+            cluster.clock = Some(Box::new(clock::SteppedClock::new(&cluster.dir)?));
+        }
         cluster.init(&options)?;
         cluster.start_on_free_port()?;
         Ok(PgServer {
@@ -612,6 +629,8 @@ struct Cluster {
     /// A standby's WAL receiver `application_name` (`None` unless made by
     /// `PgServer::start_standby`).
     walreceiver_name: Option<String>,
+    /// The wall clock a test steps (`PgOptions::steppable_clock`).
+    clock: Option<Box<clock::SteppedClock>>,
 }
 
 /// Why a start failed.
@@ -649,6 +668,7 @@ impl Cluster {
             ctl: Mutex::new(()),
             reaper: Mutex::new(Some(reaper)),
             walreceiver_name,
+            clock: None,
         })
     }
 
@@ -718,6 +738,9 @@ impl Cluster {
             .args(["-w", "-t", PG_CTL_TIMEOUT_SECS, "-o"])
             .arg(format!("-p {port}"))
             .arg("start");
+        if let Some(clock) = &self.clock {
+            cmd.envs(clock.env());
+        }
         let out = match cmd.output() {
             Ok(out) => out,
             Err(e) => {

@@ -14,30 +14,48 @@
 -- recorded (with failover, gap_ms and gap_from) and a notification sent on channel
 -- forge_leader.
 --
--- Not granted: the function reports the current leadership and who holds the key, and
--- terminates the holder if it is the recorded FORGE leader and its lease has expired (the
--- fallback for when idle_session_timeout did not end a frozen leader).
+-- Not granted: the function reports the current leadership (with its renewal, renewed_at) and who
+-- holds the key. A follower that has seen that renewal unchanged for a lease on its own monotonic
+-- clock names the tenure and the renewal it saw (p_end_*; such a call does not wait): the holder
+-- is terminated if it is still that tenure's lock session and no renewal landed since (the row
+-- is locked against one meanwhile). That leader has stopped trusting itself by then: it trusts
+-- its lease until a renewal's send time + lease - margin, on its own monotonic clock, and the
+-- follower saw that renewal after it was sent. No wall clock decides it: the fallback for when
+-- the server did not end a frozen leader (idle_session_timeout is a deadline on the server's
+-- wall clock, so a step of that clock moves it; PostgreSQL 13 has none).
 --
 -- A waiter granted the lock of a role whose graceful handoff named another node (a placement
 -- move, until handoff_until) passes the lock on instead: the named node takes it.
 --
+-- Lock waits are bounded by the session's lock_timeout, a deadline on the server's wall clock
+-- (PostgreSQL's timers are), which a step of that clock can make late: the caller then cuts the
+-- wait short (pg_cancel_backend, by its own clock), and a cancelled wait counts as a timed-out
+-- one.
+--
 -- Any error after the lock was granted leaves the session-level lock held: the caller must then
--- close the session.
+-- close the session, or unlock (pg_advisory_unlock_all) before it campaigns again on it.
 --
 -- The bump's FOR UPDATE waits for deposed tenures' fenced transactions (FOR KEY SHARE). One
--- still open after lock_timeout that is idle (its process frozen or paused inside it), or open
--- for longer than a lease (stuck), has its session ended (forge.fenced_sessions finds them) and
--- a leader_fenced event records it: a frozen leader is replaced within its lease whatever
--- transactions it left open. Safe: such a transaction commits before the new tenure or not at
--- all, and now it does not. A busy, younger one (a commit in progress) is waited for.
+-- still open after lock_timeout that is idle (its process frozen or paused inside it), or seen
+-- open, the same transaction, through waits adding up to a lease (stuck), has its session ended
+-- (forge.fenced_sessions finds them) and a leader_fenced event records it: a frozen leader is
+-- replaced within its lease whatever transactions it left open. Safe: such a transaction
+-- commits before the new tenure or not at all, and now it does not. A busy one not yet seen
+-- through a lease of waits (a commit in progress) is waited for.
+
+DROP FUNCTION IF EXISTS forge.campaign(text, text, bigint, text, bigint, boolean, integer);
 CREATE OR REPLACE FUNCTION forge.campaign(
-    p_namespace text,
-    p_role      text,
-    p_key       bigint,
-    p_node      text,
-    p_lease_ms  bigint,
-    p_wait      boolean,
-    p_standbys  integer
+    p_namespace    text,
+    p_role         text,
+    p_key          bigint,
+    p_node         text,
+    p_lease_ms     bigint,
+    p_wait         boolean,
+    p_standbys     integer,
+    p_end_epoch    bigint,
+    p_end_tenure   bigint,
+    p_end_renewed  timestamptz,
+    p_silent_ms    bigint
 ) RETURNS TABLE (
     acquired           boolean,
     epoch              bigint,
@@ -46,6 +64,7 @@ CREATE OR REPLACE FUNCTION forge.campaign(
     leader_node        text,
     leader_since       timestamptz,
     lease_until        timestamptz,
+    renewed_at         timestamptz,
     released           boolean,
     failover           boolean,
     my_pid             integer,
@@ -57,23 +76,27 @@ CREATE OR REPLACE FUNCTION forge.campaign(
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    got        boolean;
-    found_prev boolean;
-    prev       forge.leaders%ROWTYPE;
-    new_epoch  bigint;
-    new_tenure bigint := (random() * 9e18)::bigint;
-    my_start   timestamptz := (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a);
-    at_time    timestamptz;
-    lease      interval := make_interval(secs => p_lease_ms / 1000.0);
-    h_pid      integer;
-    h_app      text;
-    fenced     integer;
-    stand_by   boolean := p_wait;
-    ended      integer[];
-    tries      integer := 0;
-    granted_at timestamptz;
-    waited     boolean := false;
-    gap_from   text;
+    got         boolean;
+    found_prev  boolean;
+    prev        forge.leaders%ROWTYPE;
+    new_epoch   bigint;
+    new_tenure  bigint := (random() * 9e18)::bigint;
+    my_start    timestamptz := (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a);
+    at_time     timestamptz;
+    lease       interval := make_interval(secs => p_lease_ms / 1000.0);
+    h_pid       integer;
+    h_app       text;
+    fenced      integer;
+    stand_by    boolean := p_wait;
+    ended       integer[];
+    tries       integer := 0;
+    lease_waits integer := ceil(p_lease_ms / greatest(1000 * extract(epoch FROM
+                                current_setting('lock_timeout')::interval), 1));
+    stuck_pids  integer[] := '{}';
+    stuck_since timestamptz[] := '{}';
+    granted_at  timestamptz;
+    waited      boolean := false;
+    gap_from    text;
 BEGIN
     got := pg_try_advisory_lock(p_key);
     IF got THEN
@@ -91,7 +114,7 @@ BEGIN
             -- Granted while waiting: the holder's lock session ended (or it unlocked) now.
             granted_at := clock_timestamp();
             waited := true;
-        EXCEPTION WHEN lock_not_available THEN
+        EXCEPTION WHEN lock_not_available OR query_canceled THEN
             got := false;
         END;
     END IF;
@@ -99,12 +122,14 @@ BEGIN
     IF got THEN
         -- FOR UPDATE waits for deposed leaders' fenced transactions (FOR KEY SHARE) to finish.
         -- One still open after lock_timeout that is idle (its process frozen or paused inside
-        -- it) or that has been open for longer than a lease (stuck on something else) will
-        -- not finish soon: its session is ended and the bump goes ahead, rather than leaving
-        -- the role without a leader until the transaction ends by itself. Ending it is safe: it
-        -- was going to commit before the new tenure or not at all, and now it does not. One
-        -- that is busy and younger (a commit in progress) is waited for. Fenced transactions
-        -- are found by the shared advisory lock forge.fence_holds takes.
+        -- it), or the same transaction still open after waits adding up to a lease (stuck on
+        -- something else), will not finish soon: its session is ended and the bump goes ahead,
+        -- rather than leaving the role without a leader until the transaction ends by itself.
+        -- Ending it is safe: it was going to commit before the new tenure or not at all, and
+        -- now it does not. A busy one not yet seen through a lease of waits (a commit in
+        -- progress) is waited for. Fenced transactions are found by the shared advisory lock
+        -- forge.fence_holds takes. (The waits count, not the transactions' xact_start against
+        -- this server's clock: a step of that clock would make every one look stuck.)
         LOOP
             BEGIN
                 SELECT * INTO prev FROM forge.leaders l
@@ -112,12 +137,11 @@ BEGIN
                    FOR UPDATE;
                 found_prev := FOUND;
                 EXIT;
-            EXCEPTION WHEN lock_not_available THEN
+            EXCEPTION WHEN lock_not_available OR query_canceled THEN
                 tries := tries + 1;
                 -- (Up to two leases of waits: by then every transaction of the earlier tenure
-                -- is older than a lease, and so ended.)
-                IF tries > 2 + 2 * p_lease_ms / greatest(1000 * extract(epoch FROM
-                               current_setting('lock_timeout')::interval), 1) THEN
+                -- has been seen through a lease of them, and so ended.)
+                IF tries > 2 + 2 * lease_waits THEN
                     RAISE;
                 END IF;
                 -- (The sessions first, then the terminations: a function call in a WHERE
@@ -126,7 +150,16 @@ BEGIN
                   FROM forge.fenced_sessions(p_namespace, p_role) s
                  WHERE s.pid <> pg_backend_pid()
                    AND (s.state LIKE 'idle in transaction%' OR s.state IS NULL
-                        OR s.xact_start < clock_timestamp() - lease);
+                        OR (tries > lease_waits
+                            AND (s.pid, s.xact_start) IN (SELECT * FROM unnest(stuck_pids, stuck_since))));
+                IF tries = 1 THEN
+                    -- The transactions open at the first wait: those still open, the same
+                    -- ones, after a lease of waits are stuck.
+                    SELECT coalesce(array_agg(s.pid), '{}'), coalesce(array_agg(s.xact_start), '{}')
+                      INTO stuck_pids, stuck_since
+                      FROM forge.fenced_sessions(p_namespace, p_role) s
+                     WHERE s.pid <> pg_backend_pid() AND NOT (s.pid = ANY (ended));
+                END IF;
                 PERFORM pg_terminate_backend(e, 1000) FROM unnest(ended) AS e;
                 IF cardinality(ended) > 0 THEN
                     INSERT INTO forge.events (namespace, kind, node_id, role, detail)
@@ -142,8 +175,8 @@ BEGIN
             -- the lock on (this node waits again, behind it). Reported as not granted.
             PERFORM pg_advisory_unlock(p_key);
             RETURN QUERY SELECT false, prev.epoch, NULL::bigint, NULL::timestamptz, prev.node_id,
-                                prev.acquired_at, prev.lease_until, true, false, pg_backend_pid(),
-                                NULL::integer, NULL::text, NULL::integer, false;
+                                prev.acquired_at, prev.lease_until, prev.renewed_at, true, false,
+                                pg_backend_pid(), NULL::integer, NULL::text, NULL::integer, false;
             RETURN;
         END IF;
         at_time := clock_timestamp();
@@ -172,7 +205,8 @@ BEGIN
         -- terminated session) - the takeover itself. Any other failover (the lock was free when
         -- asked, so the session ended at some unknown earlier instant; or the previous lease had
         -- run out: a frozen or cut-off leader stopped leading before): the previous leader's
-        -- last renewal, an upper bound.
+        -- last renewal, an upper bound. (A report, on this server's clock, which a step of that
+        -- clock distorts; nothing is decided by it.)
         IF found_prev THEN
             gap_from := CASE
                 WHEN prev.released_at IS NOT NULL THEN 'release'
@@ -202,8 +236,8 @@ BEGIN
         PERFORM set_config('statement_timeout', greatest(p_lease_ms / 6, 100)::text, false);
         PERFORM set_config('lock_timeout', greatest(p_lease_ms / 6, 100)::text, false);
         RETURN QUERY SELECT true, new_epoch, new_tenure, my_start, p_node, at_time, at_time + lease,
-                            false, found_prev AND prev.released_at IS NULL, pg_backend_pid(),
-                            NULL::integer, NULL::text, NULL::integer, false;
+                            at_time, false, found_prev AND prev.released_at IS NULL,
+                            pg_backend_pid(), NULL::integer, NULL::text, NULL::integer, false;
         RETURN;
     END IF;
 
@@ -221,22 +255,41 @@ BEGIN
     SELECT * INTO prev FROM forge.leaders l WHERE l.namespace = p_namespace AND l.role = p_role;
     found_prev := FOUND;
 
-    IF found_prev AND h_pid IS NOT NULL AND prev.backend_pid = h_pid
-       AND prev.released_at IS NULL AND prev.lease_until < clock_timestamp() THEN
-        -- The recorded leader holds the key past its lease: it is frozen or cut off. It has
-        -- already stopped trusting its leadership (its local deadline ends before the lease),
-        -- so ending its session is safe.
-        IF pg_terminate_backend(h_pid) THEN
-            fenced := h_pid;
-            INSERT INTO forge.events (namespace, kind, node_id, role, epoch, detail)
-            VALUES (p_namespace, 'leader_fenced', prev.node_id, p_role, prev.epoch,
-                    jsonb_build_object('terminated_pid', h_pid, 'by_node', p_node,
-                                       'lease_until', prev.lease_until));
-        END IF;
+    IF p_end_tenure IS NOT NULL AND found_prev AND h_pid IS NOT NULL
+       AND prev.backend_pid = h_pid AND prev.released_at IS NULL
+       AND prev.epoch = p_end_epoch AND prev.tenure = p_end_tenure
+       AND prev.renewed_at = p_end_renewed THEN
+        -- The caller saw this renewal unchanged for a lease: the holder is frozen or cut off,
+        -- and has stopped trusting its leadership. The row is locked first, so that a renewal
+        -- either landed before (renewed_at moved: nothing is ended) or comes after and finds
+        -- its session ended. (A row held past lock_timeout by a renewal or a bump: not silent.)
+        BEGIN
+            SELECT * INTO prev FROM forge.leaders l
+             WHERE l.namespace = p_namespace AND l.role = p_role
+               FOR NO KEY UPDATE;
+            IF prev.backend_pid = h_pid AND prev.released_at IS NULL
+               AND prev.epoch = p_end_epoch AND prev.tenure = p_end_tenure
+               AND prev.renewed_at = p_end_renewed
+               AND EXISTS (SELECT 1 FROM pg_stat_get_activity(h_pid) a
+                            WHERE a.backend_start IS NULL OR a.backend_start = prev.backend_start) THEN
+                IF pg_terminate_backend(h_pid) THEN
+                    fenced := h_pid;
+                    INSERT INTO forge.events (namespace, kind, node_id, role, epoch, detail)
+                    VALUES (p_namespace, 'leader_fenced', prev.node_id, p_role, prev.epoch,
+                            jsonb_build_object('terminated_pid', h_pid, 'by_node', p_node,
+                                               'renewed_at', prev.renewed_at,
+                                               'silent_ms', p_silent_ms,
+                                               'why', 'no renewal seen for a lease'));
+                END IF;
+            END IF;
+        EXCEPTION WHEN lock_not_available OR query_canceled THEN
+            NULL;
+        END;
     END IF;
 
-    RETURN QUERY SELECT false, prev.epoch, NULL::bigint, NULL::timestamptz, prev.node_id,
-                        prev.acquired_at, prev.lease_until, prev.released_at IS NOT NULL, false,
-                        pg_backend_pid(), h_pid, h_app, fenced, p_wait AND NOT stand_by;
+    RETURN QUERY SELECT false, prev.epoch, prev.tenure, NULL::timestamptz, prev.node_id,
+                        prev.acquired_at, prev.lease_until, prev.renewed_at,
+                        prev.released_at IS NOT NULL, false, pg_backend_pid(), h_pid, h_app, fenced,
+                        p_wait AND NOT stand_by;
 END;
 $$;

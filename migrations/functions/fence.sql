@@ -19,7 +19,6 @@ BEGIN
                 WHEN l.epoch <> p_epoch OR l.tenure <> p_tenure
                     THEN format('the current leadership is epoch %s on node %s', l.epoch, l.node_id)
                 WHEN l.released_at IS NOT NULL THEN 'the leadership was handed over'
-                WHEN l.lease_until <= clock_timestamp() THEN 'the lease has expired'
                 ELSE 'the lock session of the leadership is gone from this server' END;
     END IF;
 END;

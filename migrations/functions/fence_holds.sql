@@ -1,5 +1,5 @@
 -- The fence. forge.fence_holds answers whether (epoch, tenure) is the role's tenure and it is
--- current (forge.tenure_current: unreleased, unexpired, its lock session alive), and holds
+-- current (forge.tenure_current: unreleased, its lock session alive), and holds
 -- FOR KEY SHARE on the role's row until the transaction ends: a newer leader's bump
 -- (FOR UPDATE) waits for it, so every write in the transaction either commits before a newer
 -- tenure exists or is refused. The transaction also commits synchronously and cannot idle for

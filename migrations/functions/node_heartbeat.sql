@@ -2,6 +2,10 @@
 -- the row is not this incarnation's any more or the node was marked down (the node then
 -- rejoins: its running jobs were rescued).
 --
+-- What the scheduler leader's watch reads of it (forge.nodes_watch): heartbeat_at as a value
+-- that every heartbeat changes (never as a time: the leader measures silence on its own clock)
+-- and heartbeat_server, the run of the server it was written on (forge.server_run).
+--
 -- Only the counters that changed are sent: a node's tally has a few keys per queue and per
 -- role (cron series are counted by role; by cron, 10,000 crons made 40,000 keys, a megabyte
 -- of JSON to parse and store every few seconds if sent whole). p_all = false merges the changed counters into the stored object
@@ -38,7 +42,8 @@ BEGIN
     END IF;
     -- Nothing changed: the stored object is left as it is (not even rewritten).
     UPDATE forge.nodes n
-       SET heartbeat_at = clock_timestamp(), leads = p_leads, drifted_at = NULL,
+       SET heartbeat_at = clock_timestamp(), heartbeat_server = forge.server_run(),
+           leads = p_leads, drifted_at = NULL,
            server_started_at = pg_postmaster_start_time(),
            tally = CASE WHEN p_all THEN p_tally
                         WHEN p_tally = '{}'::jsonb THEN n.tally

@@ -31,16 +31,17 @@ DECLARE
 BEGIN
     SELECT * INTO prev FROM forge.nodes n
      WHERE n.namespace = p_namespace AND n.node_id = p_node FOR UPDATE;
-    INSERT INTO forge.nodes AS n (namespace, node_id, started_at, heartbeat_at, queues, incarnation,
-                                  hostname, pid, version, roles, work_roles, prefers, admin_url,
-                                  session_pid, session_start, server_started_at)
-    VALUES (p_namespace, p_node, at_time, at_time, p_queues, p_incarnation, p_hostname, p_pid,
-            p_version, p_roles, p_work_roles, p_prefers, p_admin_url, pg_backend_pid(), my_start,
-            pg_postmaster_start_time())
+    INSERT INTO forge.nodes AS n (namespace, node_id, started_at, heartbeat_at, heartbeat_server,
+                                  queues, incarnation, hostname, pid, version, roles, work_roles,
+                                  prefers, admin_url, session_pid, session_start, server_started_at)
+    VALUES (p_namespace, p_node, at_time, at_time, forge.server_run(), p_queues, p_incarnation,
+            p_hostname, p_pid, p_version, p_roles, p_work_roles, p_prefers, p_admin_url,
+            pg_backend_pid(), my_start, pg_postmaster_start_time())
     ON CONFLICT (namespace, node_id) DO UPDATE
        SET started_at = CASE WHEN n.incarnation IS DISTINCT FROM p_incarnation
                              THEN at_time ELSE n.started_at END,
-           heartbeat_at = at_time, stopped_at = NULL, queues = excluded.queues,
+           heartbeat_at = at_time, heartbeat_server = excluded.heartbeat_server, stopped_at = NULL,
+           queues = excluded.queues,
            incarnation = excluded.incarnation, hostname = excluded.hostname, pid = excluded.pid,
            version = excluded.version, roles = excluded.roles, work_roles = excluded.work_roles,
            prefers = excluded.prefers,

@@ -39,8 +39,7 @@ BEGIN
         RETURN NULL;
     END IF;
     SELECT count(*) INTO v_leads FROM forge.leaders l
-     WHERE l.namespace = p_namespace AND l.node_id = p_node AND l.released_at IS NULL
-       AND l.lease_until > v_now;
+     WHERE l.namespace = p_namespace AND l.node_id = p_node AND forge.tenure_current(l);
     SELECT ceil(count(DISTINCT r)::numeric / greatest(count(DISTINCT n.node_id), 1))
       INTO v_share
       FROM forge.nodes n LEFT JOIN LATERAL unnest(n.roles) AS r ON true
@@ -61,7 +60,7 @@ BEGIN
     END IF;
     WITH led AS (
         SELECT l.node_id, count(*) AS n FROM forge.leaders l
-         WHERE l.namespace = p_namespace AND l.released_at IS NULL AND l.lease_until > v_now
+         WHERE l.namespace = p_namespace AND forge.tenure_current(l)
          GROUP BY l.node_id
     ), live AS (
         SELECT n.node_id, n.prefers FROM forge.nodes n
@@ -69,8 +68,8 @@ BEGIN
            AND n.drifted_at IS NULL AND cardinality(n.roles) > 0
     ), mine AS (
         SELECT l.role, l.lock_key, l.moved_at FROM forge.leaders l
-         WHERE l.namespace = p_namespace AND l.node_id = p_node AND l.released_at IS NULL
-           AND l.lease_until > v_now AND NOT (l.role = ANY (v_prefers))
+         WHERE l.namespace = p_namespace AND l.node_id = p_node AND forge.tenure_current(l)
+           AND NOT (l.role = ANY (v_prefers))
            AND (l.moved_at IS NULL
                 OR l.moved_at < v_now - p_cooldown_ms * interval '1 millisecond')
     ), waiting AS (

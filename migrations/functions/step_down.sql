@@ -18,8 +18,7 @@ DECLARE
 BEGIN
     SELECT l.epoch, l.node_id, forge.lock_waiters(l.lock_key) INTO v_epoch, v_node, v_standbys
       FROM forge.leaders l
-     WHERE l.namespace = p_namespace AND l.role = p_role AND l.released_at IS NULL
-       AND l.lease_until > clock_timestamp();
+     WHERE l.namespace = p_namespace AND l.role = p_role AND forge.tenure_current(l);
     IF NOT FOUND THEN
         RETURN;
     END IF;

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use crate::support::*;
 
-const EFFECTS_TABLE: &str = "CREATE TABLE tick_effects (
+pub(crate) const EFFECTS_TABLE: &str = "CREATE TABLE tick_effects (
     cron         text        NOT NULL,
     scheduled_at timestamptz NOT NULL,
     attempt      integer     NOT NULL,
@@ -72,7 +72,7 @@ async fn write_effect_in(
 /// A per-second cron writing effects (completing its tick in the effect's transaction or
 /// not). With `hang`, the first run on this node commits and then never returns, so that the
 /// node can lose its leadership between the commit and the recorded outcome.
-fn effect_cron(name: &str, complete: bool, hang: Option<Arc<Notify>>) -> CronJob {
+pub(crate) fn effect_cron(name: &str, complete: bool, hang: Option<Arc<Notify>>) -> CronJob {
     let hung = Arc::new(AtomicBool::new(false));
     CronJob::new(
         name,
@@ -737,12 +737,37 @@ async fn a_claim_refused_by_the_fence_while_still_leading_is_checked_again() {
     })
     .await
     .unwrap();
-    // The lease looks expired to PostgreSQL for a moment (a late renewal): claims are
-    // refused until the next renewal, while the node still trusts its leadership.
-    sqlx::query("UPDATE forge.leaders SET lease_until = clock_timestamp() - interval '1 s' WHERE role = 'scheduler'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    // The tenure stops being current for a moment (its row says released) while the node
+    // still trusts its leadership: claims are refused until it is current again.
+    let mark_released = |released: bool| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query("UPDATE forge.leaders SET released_at = CASE WHEN $1 THEN clock_timestamp() END WHERE role = 'scheduler'")
+                .bind(released)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    mark_released(true).await;
+    wait_until(
+        "claims to be refused for a second",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let behind: bool = sqlx::query_scalar(
+                "SELECT max(scheduled_at) < clock_timestamp() - interval '1 second'
+               FROM forge.cron_ticks WHERE cron = 'refused'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            behind.then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    mark_released(false).await;
     let after = Utc::now() + TimeDelta::seconds(2);
     let ticks: Vec<DateTime<Utc>> = wait_until(
         "runs after the refusal",

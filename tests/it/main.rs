@@ -29,6 +29,8 @@
 //!   word), every TOML snippet loads.
 //! * `skew`: crons led by a node process whose wall clock runs 5 minutes ahead or behind
 //!   (libfaketime): every tick runs, on time by the database's clock.
+//! * `clocks`: steps of the database's wall clock (PostgreSQL under libfaketime): no healthy
+//!   leader deposed, no live node marked down, no rescue delayed, a frozen leader still replaced.
 //! * `schema`: the function files (applied once, again when changed, never over a newer
 //!   release's; one function each, every body compiles), stale functions with migrations off,
 //!   a database from before the pre-1.0 squash.
@@ -39,6 +41,7 @@ mod alerts;
 mod bad_input;
 mod claim_ahead;
 mod cli;
+mod clocks;
 mod cron;
 mod dashboard;
 mod election;

@@ -1,6 +1,7 @@
 //! A campaign between tenures: connecting, waiting inside the lock (or outside it, as a
 //! reserve), and what a follower hears and observes of the leader.
 
+use super::observed::{EndHolder, Holder, ObservedLease};
 use super::*;
 
 impl Campaign {
@@ -31,7 +32,7 @@ impl Campaign {
         woken
     }
 
-    pub(super) fn call_args(&self) -> CallArgs {
+    pub(super) fn call_args(&self, wait: bool, end: Option<EndHolder>) -> CallArgs {
         CallArgs {
             namespace: self.namespace.clone(),
             role: self.role().clone(),
@@ -39,6 +40,8 @@ impl Campaign {
             node: self.node_id.clone(),
             lease_ms: self.election.lease_duration.as_millis() as i64,
             standbys: self.election.standbys.min(i32::MAX as u32) as i32,
+            wait,
+            end,
         }
     }
 
@@ -49,35 +52,65 @@ impl Campaign {
         metrics: &RoleMetrics,
     ) -> SessionEnd {
         let mut wait = false;
-        // The wait returns after lock_timeout at the latest; a much longer silence means the
-        // server or the network is gone.
-        let call_bound = self.election.lock_timeout + Duration::from_secs(5);
+        // The leader's renewals as this follower saw them, on its own clock.
+        let mut observed = ObservedLease::default();
+        let lock_timeout = self.election.lock_timeout;
+        // A lock wait returns after lock_timeout, by the server's timer: a deadline on the
+        // server's wall clock, so a step of that clock can make it late. A call still waiting
+        // this long after it was sent is cut short from here (the function takes the cut as a
+        // timed-out wait), so that this follower keeps its session and looks at the leader's
+        // renewals at its own pace, and a new leader's bump is not held up by a late wait.
+        // Much later still, the server or the network is gone.
+        let late = lock_timeout + (lock_timeout / 2).max(Duration::from_millis(200));
+        let call_bound = lock_timeout + Duration::from_secs(5);
         let mut idle_conn = Some(conn);
         loop {
             let Some(mut conn) = idle_conn.take() else {
                 return SessionEnd::Broken;
             };
             let sent_at = Instant::now();
-            let args = self.call_args();
+            let end = observed.silent_for(self.election.lease_duration, sent_at);
+            let args = self.call_args(wait, end);
             // The call owns the connection and hands it back, so that a shutdown can cancel
             // the wait and still use the session afterwards.
             let call = timeout(call_bound, async move {
-                let result = campaign_call(&mut conn, &args, wait).await;
+                let result = campaign_call(&mut conn, &args).await;
                 (conn, result)
             });
             tokio::pin!(call);
+            let mut cut = false;
             let outcome = loop {
                 tokio::select! {
                     result = &mut call => break result,
                     event = self.events.recv() => self.follower_event(event, metrics),
+                    _ = sleep_until(sent_at + late), if !cut => {
+                        cut = true;
+                        self.cut_late_wait(session_pid).await;
+                    }
                     _ = self.shutdown.cancelled() => {
                         return self.stop_waiting(call.as_mut(), session_pid).await;
                     }
                 }
             };
+            let received_at = Instant::now();
             wait = true;
             let (conn, row) = match outcome {
                 Ok((conn, Ok(row))) => (conn, row),
+                Ok((mut conn, Err(err))) if is_cancel(&err) => {
+                    // A cut (or an operator's cancel) that landed outside a lock wait: the
+                    // session is fine. A lock granted before it, without its bump, is given
+                    // back (the next waiter takes it); then this follower waits again.
+                    match timeout(Duration::from_secs(2), give_back(&mut conn)).await {
+                        Ok(Ok(())) => {
+                            idle_conn = Some(conn);
+                            continue;
+                        }
+                        _ => {
+                            self.session_broken("a cancelled lock wait left the session unusable");
+                            return SessionEnd::Broken;
+                        }
+                    }
+                }
                 Ok((conn, Err(err))) => {
                     self.session_broken(&err.to_string());
                     close(conn).await;
@@ -106,11 +139,53 @@ impl Campaign {
                 return self.lead(conn, row, sent_at, metrics).await;
             }
             self.observe_follower(&row, metrics);
+            // Once a silent holder was ended, the next call waits for its lock.
+            let holder = row
+                .fenced_pid
+                .is_none()
+                .then(|| self.watched_holder(&row))
+                .flatten();
+            observed.saw(holder, received_at);
             if row.reserve {
                 close(conn).await;
                 return SessionEnd::Reserve;
             }
             idle_conn = Some(conn);
+        }
+    }
+
+    /// The holder a not-granted call showed, to watch for silence: an unreleased FORGE leader
+    /// of this role holding the lock.
+    fn watched_holder(&self, row: &CampaignRow) -> Option<Holder> {
+        if row.released != Some(false) || self.foreign_holder(row).is_some() {
+            return None;
+        }
+        row.holder_pid?;
+        Some(Holder {
+            epoch: row.epoch?,
+            tenure: row.tenure?,
+            renewed_at: row.renewed_at?,
+        })
+    }
+
+    /// Cuts short a campaign call's lock wait that outlived lock_timeout by much (the server's
+    /// timers run late), if its session waits for a lock: `forge.campaign` takes the cancel as a
+    /// timed-out wait.
+    async fn cut_late_wait(&self, pid: i32) {
+        let cancelled = timeout(
+            Duration::from_secs(2),
+            sqlx::query_scalar::<_, bool>(
+                "SELECT pg_cancel_backend($1)
+                  WHERE EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = $1 AND NOT l.granted)",
+            )
+            .bind(pid)
+            .fetch_optional(&self.pool),
+        )
+        .await;
+        if let Ok(Ok(Some(true))) = cancelled {
+            info!(target: "forge::leader", role = %self.role(), node = %self.node_id,
+                  lock_timeout = ?self.election.lock_timeout,
+                  "a lock wait outlived lock_timeout (the server's timers run late: was its clock stepped back?); cut it short");
         }
     }
 
@@ -174,7 +249,7 @@ impl Campaign {
         if let Some(fenced) = row.fenced_pid {
             warn!(target: "forge::leader", role = %self.role(), node = %self.node_id,
                   epoch = row.epoch, leader = row.leader_node.as_deref().unwrap_or("?"), pid = fenced,
-                  "terminated the session of a leader whose lease had expired");
+                  "ended the session of a leader that stopped renewing (no renewal seen for a lease)");
         }
         if let Some(err) = self.foreign_holder(row) {
             error!(target: "forge::leader", role = %self.role(), node = %self.node_id, error = %err, "cannot campaign");
@@ -224,6 +299,20 @@ impl Campaign {
             },
         )
     }
+}
+
+/// Whether a statement was cancelled (SQLSTATE 57014, `query_canceled`).
+fn is_cancel(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some("57014"))
+}
+
+/// Gives back the role's lock if a cancelled campaign call was granted it before the cancel
+/// (the lock is the session's; its bump was rolled back). The lock session holds no other.
+async fn give_back(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_unlock_all()")
+        .execute(conn)
+        .await
+        .map(drop)
 }
 
 impl Heard {

@@ -3,8 +3,8 @@
 //! ```text
 //!            connect ok                 granted (epoch bumped)
 //! Connecting ─────────► Follower ─────────────────────────► Leader
-//!     ▲                   │  ▲ wait timed out: report         │
-//!     │  session error    │  └─ holder, fence expired holder  │ renewal error / 0 rows /
+//!     ▲                   │  ▲ wait timed out: report holder, │
+//!     │  session error    │  └─ end it if silent for a lease  │ renewal error / 0 rows /
 //!     └───────────────────┴───────────────────────────────────┘ deadline / newer epoch seen
 //!                                shutdown: drain (still renewing), release, close → Stopped
 //! ```
@@ -42,6 +42,7 @@ use crate::util::Backoff;
 
 mod follower;
 mod leader;
+mod observed;
 mod wire;
 
 pub(crate) use leader::LossReason;

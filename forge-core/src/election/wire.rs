@@ -1,6 +1,7 @@
 //! The campaign's wire format: the arguments of `forge.campaign` and the row it answers,
 //! decoded, and the `application_name` other nodes read.
 
+use super::observed::EndHolder;
 use super::*;
 
 /// One row of `forge.campaign(...)`.
@@ -10,6 +11,8 @@ pub(super) struct CampaignRow {
     pub(super) tenure: Option<i64>,
     pub(super) leader_node: Option<String>,
     pub(super) leader_since: Option<DateTime<Utc>>,
+    /// The leader's last renewal (a value every renewal changes; compared, never used as a time).
+    pub(super) renewed_at: Option<DateTime<Utc>>,
     pub(super) released: Option<bool>,
     pub(super) failover: bool,
     pub(super) my_pid: i32,
@@ -28,6 +31,7 @@ impl CampaignRow {
             tenure: row.try_get("tenure")?,
             leader_node: row.try_get("leader_node")?,
             leader_since: row.try_get("leader_since")?,
+            renewed_at: row.try_get("renewed_at")?,
             released: row.try_get("released")?,
             failover: row.try_get::<Option<bool>, _>("failover")?.unwrap_or(false),
             my_pid: row.try_get("my_pid")?,
@@ -47,24 +51,34 @@ pub(super) struct CallArgs {
     pub(super) node: NodeId,
     pub(super) lease_ms: i64,
     pub(super) standbys: i32,
+    /// Wait inside the lock (not when ending a silent holder: the call comes back at once, and
+    /// the next one waits for the ended session's lock).
+    pub(super) wait: bool,
+    /// The silent holder to end, if any.
+    pub(super) end: Option<EndHolder>,
 }
 
 /// Calls `forge.campaign` once.
 pub(super) async fn campaign_call(
     conn: &mut PgConnection,
     args: &CallArgs,
-    wait: bool,
 ) -> Result<CampaignRow, sqlx::Error> {
-    let row = sqlx::query("SELECT * FROM forge.campaign($1, $2, $3, $4, $5, $6, $7)")
-        .bind(&args.namespace)
-        .bind(&args.role)
-        .bind(args.key.0)
-        .bind(&args.node)
-        .bind(args.lease_ms)
-        .bind(wait)
-        .bind(args.standbys)
-        .fetch_one(&mut *conn)
-        .await?;
+    let end = args.end.as_ref();
+    let row =
+        sqlx::query("SELECT * FROM forge.campaign($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+            .bind(&args.namespace)
+            .bind(&args.role)
+            .bind(args.key.0)
+            .bind(&args.node)
+            .bind(args.lease_ms)
+            .bind(args.wait && end.is_none())
+            .bind(args.standbys)
+            .bind(end.map(|e| e.epoch))
+            .bind(end.map(|e| e.tenure))
+            .bind(end.map(|e| e.renewed_at))
+            .bind(end.map(|e| e.silent_ms))
+            .fetch_one(&mut *conn)
+            .await?;
     CampaignRow::from_row(&row)
 }
 

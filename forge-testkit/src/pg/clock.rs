@@ -1,0 +1,168 @@
+//! A throwaway cluster whose wall clock a test can step while it runs (an NTP step, a VM
+//! resumed, a snapshot restored): PostgreSQL started under libfaketime.
+//!
+//! The server runs with `LD_PRELOAD` = libfaketime, its fake time read from a file in the
+//! cluster's directory at every clock read (`FAKETIME_TIMESTAMP_FILE`, `FAKETIME_NO_CACHE`), so a
+//! step reaches every backend at once. Only the wall clock moves: `CLOCK_MONOTONIC` stays true
+//! (`FAKETIME_DONT_FAKE_MONOTONIC`), as in a real step, and so do file timestamps
+//! (`NO_FAKE_STAT`).
+//!
+//! One way this differs from a real step, and what a test sees of it: libfaketime answers the
+//! *true* time to clock reads made while the process is inside a wait it intercepts (`epoll_wait`,
+//! `poll`, ...). PostgreSQL's timeouts (`lock_timeout`, `statement_timeout`,
+//! `idle_session_timeout`, `idle_in_transaction_session_timeout`) are deadlines on the wall
+//! clock, checked by a `SIGALRM` handler that mostly runs inside such a wait: so while the clock
+//! is stepped ahead, a timeout armed meanwhile fires late by the size of the step - what a real
+//! *backward* step does to them. A real forward step can instead make a timeout armed before it
+//! fire early, when another alarm arrives while the session idles; libfaketime cannot show that.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use super::PgServer;
+use crate::Error;
+
+/// The Debian package that ships the library, for messages.
+const PACKAGE: &str = "libfaketime";
+
+/// Where libfaketime's preload library is, if it is installed: `FORGE_FAKETIME_LIB`, else the
+/// usual places (Debian/Ubuntu `/usr/lib/<arch>/faketime/`, Fedora `/usr/lib64/faketime/`, a
+/// source install under `/usr/local/lib/faketime/`).
+pub fn faketime_library() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("FORGE_FAKETIME_LIB").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(path)).filter(|p| p.is_file());
+    }
+    let mut candidates: Vec<PathBuf> = [
+        "/usr/lib/faketime",
+        "/usr/lib64/faketime",
+        "/usr/local/lib/faketime",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    if let Ok(entries) = fs::read_dir("/usr/lib") {
+        candidates.extend(entries.flatten().map(|e| e.path().join("faketime")));
+    }
+    candidates
+        .into_iter()
+        .map(|dir| dir.join("libfaketime.so.1"))
+        .find(|lib| lib.is_file())
+}
+
+/// The stepped clock of one cluster: the library, the file libfaketime reads, and the offset
+/// written there.
+pub(super) struct SteppedClock {
+    library: PathBuf,
+    file: PathBuf,
+    offset_ms: Mutex<i64>,
+}
+
+impl SteppedClock {
+    /// A clock at true time for the cluster in `dir`; fails, saying what to install, when
+    /// libfaketime is missing.
+    pub(super) fn new(dir: &Path) -> Result<SteppedClock, Error> {
+        let library = faketime_library().ok_or_else(|| {
+            Error::Config(format!(
+                "a cluster with a steppable clock runs PostgreSQL under libfaketime, which was not \
+                 found: install it (Debian/Ubuntu: `apt-get install {PACKAGE}`) or set \
+                 FORGE_FAKETIME_LIB to its libfaketime.so.1"
+            ))
+        })?;
+        let clock = SteppedClock {
+            library,
+            file: dir.join("faketime"),
+            offset_ms: Mutex::new(0),
+        };
+        clock.write(0)?;
+        Ok(clock)
+    }
+
+    /// The environment the server is started with.
+    pub(super) fn env(&self) -> Vec<(&'static str, std::ffi::OsString)> {
+        vec![
+            ("LD_PRELOAD", self.library.clone().into_os_string()),
+            (
+                "FAKETIME_TIMESTAMP_FILE",
+                self.file.clone().into_os_string(),
+            ),
+            ("FAKETIME_NO_CACHE", "1".into()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
+            ("FAKETIME_DONT_RESET", "1".into()),
+            ("NO_FAKE_STAT", "1".into()),
+        ]
+    }
+
+    fn offset_ms(&self) -> i64 {
+        *self
+            .offset_ms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Moves the clock by `delta_ms` (negative: back).
+    fn step(&self, delta_ms: i64) -> Result<(), Error> {
+        let mut offset = self
+            .offset_ms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.write(*offset + delta_ms)?;
+        *offset += delta_ms;
+        Ok(())
+    }
+
+    /// Writes the offset, atomically (a rename), so that no backend reads a half-written file.
+    fn write(&self, offset_ms: i64) -> Result<(), Error> {
+        let sign = if offset_ms < 0 { '-' } else { '+' };
+        let ms = offset_ms.unsigned_abs();
+        let text = format!("{sign}{}.{:03}\n", ms / 1000, ms % 1000);
+        let temp = self.file.with_extension("new");
+        fs::write(&temp, text)
+            .and_then(|()| fs::rename(&temp, &self.file))
+            .map_err(|e| Error::io(format!("writing {}", self.file.display()), e))
+    }
+}
+
+fn millis(by: Duration) -> i64 {
+    by.as_millis().min(i64::MAX as u128) as i64
+}
+
+impl PgServer {
+    /// Steps this server's wall clock ahead by `by`, at once, while it runs (see
+    /// [`PgOptions::steppable_clock`](crate::PgOptions::steppable_clock)). Steps add up.
+    pub fn step_clock_ahead(&self, by: Duration) -> Result<(), Error> {
+        self.stepped_clock("step the clock of")?.step(millis(by))
+    }
+
+    /// Steps this server's wall clock back by `by`, at once, while it runs. Steps add up.
+    pub fn step_clock_back(&self, by: Duration) -> Result<(), Error> {
+        self.stepped_clock("step the clock of")?.step(-millis(by))
+    }
+
+    /// Steps this server's wall clock back to the true time.
+    pub fn step_clock_to_true_time(&self) -> Result<(), Error> {
+        let clock = self.stepped_clock("step the clock of")?;
+        clock.step(-clock.offset_ms())
+    }
+
+    /// How far this server's wall clock is from the true time, in milliseconds (positive:
+    /// ahead); `None` when its clock cannot be stepped.
+    pub fn clock_offset_ms(&self) -> Option<i64> {
+        self.stepped_clock("read the clock of")
+            .ok()
+            .map(SteppedClock::offset_ms)
+    }
+
+    fn stepped_clock(&self, op: &str) -> Result<&SteppedClock, Error> {
+        match &self.kind {
+            super::Kind::Throwaway(super::Cluster {
+                clock: Some(clock), ..
+            }) => Ok(clock),
+            _ => Err(Error::Unsupported(format!(
+                "cannot {op} this server: only a throwaway cluster started with \
+                 PgOptions::default().steppable_clock() has a clock a test can step"
+            ))),
+        }
+    }
+}
