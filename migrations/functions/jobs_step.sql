@@ -43,8 +43,8 @@
 -- lock (a WAL record per job) and write only the versions they found (by ctid and by their
 -- creating transaction, which every later version of the row has another of), so a row
 -- written by someone else in between is left out of the write, and a second pass finds those
--- again, locked. Marking jobs started locks nothing; its update repeats its conditions
--- instead, which are all it needs.
+-- again, locked. Marking jobs started does the same: a first pass without a lock, whose update
+-- repeats its conditions, and a locked second pass for the rows written in between.
 --
 -- The refusal checks' EXISTS subqueries end in OFFSET 0, which keeps each a primary-key probe
 -- per reported job: without it the planner may turn one into a join or a hashed subplan that
@@ -114,19 +114,36 @@ BEGIN
             set_config('plan_cache_mode', 'force_generic_plan', true);
 
     IF cardinality(p_started) > 0 THEN
-        -- (Rows found by primary key, then written by ctid: see this file's header.)
-        SELECT array_agg(x.tid) INTO v_tids
-          FROM (SELECT s.id, 'running'::text AS running FROM unnest(p_started) AS s(id)
-                OFFSET 0) s
-         CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
-                              WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
-                                AND j.started_at IS NULL LIMIT 1) x;
-        -- (Not locked: a version written meanwhile is checked again by these conditions, in
-        -- a CASE that the planner never matches to jobs_running: see the header.)
-        UPDATE forge.jobs j SET started_at = clock_timestamp()
-         WHERE j.ctid = ANY (v_tids)
-           AND CASE WHEN j.node_id = p_node AND j.state = 'running' AND j.started_at IS NULL
-                    THEN true END;
+        -- (Rows found by primary key, then written by ctid: see this file's header.) The first
+        -- pass locks nothing; a row written by someone else between its lookup and its update (a
+        -- cancel request) is then left out of the update - its new version is not at the TID
+        -- found - and only then a second pass finds the rows again, locked, so that no mark is
+        -- lost: a job whose node dies after it started must count the attempt.
+        FOR v_pass IN 1..2 LOOP
+            IF v_pass = 1 THEN
+                SELECT array_agg(x.tid) INTO v_tids
+                  FROM (SELECT s.id, 'running'::text AS running FROM unnest(p_started) AS s(id)
+                        OFFSET 0) s
+                 CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+                                      WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
+                                        AND j.started_at IS NULL LIMIT 1) x;
+            ELSE
+                SELECT array_agg(x.tid) INTO v_tids
+                  FROM (SELECT s.id, 'running'::text AS running FROM unnest(p_started) AS s(id)
+                        OFFSET 0) s
+                 CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+                                      WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
+                                        AND j.started_at IS NULL LIMIT 1 FOR NO KEY UPDATE) x;
+            END IF;
+            -- (A version written meanwhile is checked again by these conditions, in a CASE that
+            -- the planner never matches to jobs_running: see the header.)
+            UPDATE forge.jobs j SET started_at = clock_timestamp()
+             WHERE j.ctid = ANY (v_tids)
+               AND CASE WHEN j.node_id = p_node AND j.state = 'running' AND j.started_at IS NULL
+                        THEN true END;
+            GET DIAGNOSTICS v_written = ROW_COUNT;
+            EXIT WHEN v_written = coalesce(cardinality(v_tids), 0);
+        END LOOP;
     END IF;
 
     IF cardinality(p_ids) > 0 AND p_states <@ ARRAY['completed'] THEN
@@ -276,15 +293,11 @@ BEGIN
         -- Nothing to claim, deposed, or the queue is paused.
         RETURN;
     END IF;
-    -- One claim of a queue (or a role's queue) at a time in the cluster. Claims running side
-    -- by side would each walk the rows the other just took: SKIP LOCKED skips the rows
-    -- locked now, but a row claimed and committed after this statement's snapshot is
-    -- re-checked (EvalPlanQual) and dropped one by one, which costs more than waiting a few
-    -- milliseconds for the other claim to commit. The claim below takes its snapshot after
-    -- this lock, so it sees the other's claim. (Two-int advisory keys: another key space
-    -- than the roles' bigint keys.)
-    PERFORM pg_advisory_xact_lock(hashtext('forge.jobs_claim'),
-                                  hashtext(p_namespace || ' ' || coalesce(p_queue, '@' || p_role)));
+    -- Claims of one queue on several nodes run side by side: SKIP LOCKED skips the rows another
+    -- claim has locked, and re-checks (EvalPlanQual) and drops those committed after this
+    -- statement's snapshot. (They used to take turns under an advisory lock, which spared that
+    -- re-check; but a claimant frozen with its answer unsent held it, and every node's claims of
+    -- the queue waited behind it until the frozen node was marked down.)
     -- Three branches, so that each matches its partial index (jobs_claim, jobs_claim_role) in
     -- plpgsql's cached generic plan. A queue worker may pass its floor: the claim order's
     -- position of the last job it claimed. The claim then starts after it, instead of walking

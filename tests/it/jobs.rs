@@ -1642,23 +1642,7 @@ async fn report_racing_a_write(
         vec![(id, 1, "completed")],
         keep,
     ));
-    wait_until(
-        "the report to wait for the other writer's row lock",
-        SOON,
-        Duration::from_millis(5),
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE '%jobs_step%'",
-            )
-            .fetch_one(pool)
-            .await
-            .unwrap();
-            (waiting > 0).then_some(())
-        },
-    )
-    .await
-    .unwrap();
+    wait_for_row_lock_wait(pool).await;
     writer.commit().await.unwrap();
     let rows = reported.await.unwrap();
     let state: Option<String> = sqlx::query_scalar("SELECT state FROM forge.jobs WHERE id = $1")
@@ -1719,6 +1703,140 @@ async fn a_report_that_waits_for_a_concurrent_cancel_request_is_recorded() {
         assert_eq!(rows, vec![], "recorded as asked; keep_completed = {keep}");
         let expected = keep.then_some("completed");
         assert_eq!(state.as_deref(), expected, "keep_completed = {keep}");
+    }
+}
+
+/// A started mark of a job claimed ahead that has to wait for another writer of its job's row -
+/// a cancel request - lands all the same: the attempt counts if its node dies. (Marks are
+/// written where their lookup found the rows; without a second, locked pass a row written in
+/// between was left out and the mark was lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_mark_that_waits_for_a_concurrent_cancel_request_lands() {
+    let (_db, pool) = setup().await;
+    let client = forge::jobs::Jobs::new(pool.clone(), &forge::LockNamespace::default());
+    let id = inserted(client.enqueue(plain, Behave::tag("m")).await.unwrap()).0;
+    let claimed: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT id, state FROM forge.jobs_step('forge', 'x', 'default', NULL, NULL, NULL,
+            ARRAY['plain'], 1, 0, '{}', '{}', '{}', '{}', '{}', '{}', 20, NULL, NULL, NULL, true)",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(claimed, vec![(id, "ahead".to_owned())]);
+
+    let mut writer = pool.begin().await.unwrap();
+    sqlx::query("UPDATE forge.jobs SET cancel_requested = true WHERE id = $1")
+        .bind(id)
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let marking = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            sqlx::query(
+                "SELECT * FROM forge.jobs_step('forge', 'x', 'default', NULL, NULL, NULL,
+                    ARRAY['plain'], 0, 0, $1, '{}', '{}', '{}', '{}', '{}', 20, NULL, NULL, NULL, true)",
+            )
+            .bind(vec![id])
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    });
+    wait_for_row_lock_wait(&pool).await;
+    writer.commit().await.unwrap();
+    marking.await.unwrap();
+    let started: bool =
+        sqlx::query_scalar("SELECT started_at IS NOT NULL FROM forge.jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(started, "the started mark was lost");
+}
+
+/// Waits until a `forge.jobs_step` call waits for another transaction's row lock.
+async fn wait_for_row_lock_wait(pool: &PgPool) {
+    wait_until(
+        "the round trip to wait for the other writer's row lock",
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%jobs_step%'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// Commits of claims of jobs tagged with a given tag, made to wait (as a commit waits for a
+/// stalled synchronous standby: the claim holds its rows and its worker's lane lock, invisible
+/// to others) until [`Stall::release`]: a deferred trigger on `forge.jobs` waits for an advisory
+/// lock that the stall's own connection holds.
+pub(crate) struct Stall {
+    conn: sqlx::PgConnection,
+}
+
+/// The advisory lock key a [`Stall`] holds.
+const STALL_KEY: i64 = 4242;
+
+/// Stalls the commits of claims of jobs tagged `tag` in the database at `url`.
+pub(crate) async fn stall_commits(url: &str, tag: &str) -> Stall {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION stall_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_advisory_xact_lock({STALL_KEY}); RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER stall_commit AFTER UPDATE ON forge.jobs
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+             WHEN (NEW.state = 'running' AND NEW.args ->> 'tag' = '{tag}')
+             EXECUTE FUNCTION stall_commit();
+         SELECT pg_advisory_lock({STALL_KEY});"
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    Stall { conn }
+}
+
+impl Stall {
+    /// Waits until a session named `application_name` waits for this stall.
+    pub(crate) async fn wait_until_waiting(&self, pool: &PgPool, application_name: &str) {
+        wait_until(
+            &format!("a commit of {application_name} to wait for the stall"),
+            SOON,
+            Duration::from_millis(5),
+            || async {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE application_name = $1 AND wait_event_type = 'Lock'
+                        AND wait_event = 'advisory'",
+                )
+                .bind(application_name)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+                (waiting > 0).then_some(())
+            },
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Lets every stalled commit, and every later one, go.
+    pub(crate) async fn release(mut self) {
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(STALL_KEY)
+            .execute(&mut self.conn)
+            .await
+            .unwrap();
     }
 }
 

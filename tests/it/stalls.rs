@@ -1,7 +1,8 @@
 //! Liveness under stalls: a frozen transaction, a stalled write or a step-down never strands
 //! work or a role. Rescue skips rows another transaction holds and a down node's sessions are
 //! ended; pool transactions left idle end after a lease; a claim that commits after its worker
-//! gave up is settled by the reconciliation, and a claim whose reply was lost costs no attempt;
+//! gave up is settled by the reconciliation, a claimant frozen inside its claim holds up no
+//! other claim, and a claim whose reply was lost costs no attempt;
 //! a successor ends the stuck fenced transactions of a frozen leader; an interrupted tick
 //! whose take-over fails is taken over later; `catch_up = "all"` runs ticks that came due
 //! during a long run; a node whose node session cannot be reopened but whose pool works stays
@@ -24,7 +25,7 @@ use forge_testkit::{Filter, PgProxy, PgServer, wait_until};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::time::Instant;
 
-use crate::jobs::{Behave, job_config, plain, setup, wait_state};
+use crate::jobs::{Behave, job_config, plain, setup, stall_commits, wait_state};
 use crate::support::*;
 
 /// Keeps a fault in place for `d`. (The length of the fault is the experiment.)
@@ -175,27 +176,19 @@ async fn a_pool_transaction_left_idle_is_ended_after_a_lease() {
 async fn a_claim_that_commits_after_its_worker_gave_up_on_it_is_settled() {
     let (db, pool) = setup().await;
     let node = jobs_node(job_config(db.url(), "a")).await;
-    // The queue's claim lock held elsewhere: the worker's claim stalls on the server past the
-    // worker's bound (5 s), as a commit waiting for a stalled synchronous standby would.
-    let mut stall = PgConnection::connect(db.url()).await.unwrap();
-    sqlx::query("SELECT pg_advisory_lock(hashtext('forge.jobs_claim'), hashtext('forge default'))")
-        .execute(&mut stall)
-        .await
-        .unwrap();
+    // The claim's commit waits on the server past the worker's bound (5 s), as a commit
+    // waiting for a stalled synchronous standby would.
+    let stall = stall_commits(db.url(), "stalled").await;
     let id = node
         .jobs()
         .enqueue(plain, Behave::tag("stalled"))
         .await
         .unwrap()
         .id();
+    stall.wait_until_waiting(&pool, "forge:pool:a").await;
     fault_window(Duration::from_millis(6500)).await;
     // Released: a claim the worker gave up on must not take the job now and strand it.
-    sqlx::query(
-        "SELECT pg_advisory_unlock(hashtext('forge.jobs_claim'), hashtext('forge default'))",
-    )
-    .execute(&mut stall)
-    .await
-    .unwrap();
+    stall.release().await;
     let job = wait_state(&pool, id, JobState::Completed).await;
     assert_eq!(job.node_id.as_deref(), Some("a"));
     assert!(
@@ -203,6 +196,40 @@ async fn a_claim_that_commits_after_its_worker_gave_up_on_it_is_settled() {
         "{:?}",
         job.errors
     );
+    node.shutdown().await;
+}
+
+/// A claimant frozen in the middle of a claim holds the queue's claim lock until it is marked
+/// down (its answer larger than the socket buffers, say; here a session that took the lock and
+/// does nothing): the other nodes' claims of that queue go on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimant_frozen_inside_its_claim_stops_no_other_claim() {
+    let (db, pool) = setup().await;
+    let node = jobs_node(job_config(db.url(), "a")).await;
+    let mut frozen = PgConnection::connect(db.url()).await.unwrap();
+    sqlx::raw_sql(
+        "BEGIN; SELECT pg_advisory_xact_lock(hashtext('forge.jobs_claim'), hashtext('forge default'))",
+    )
+    .execute(&mut frozen)
+    .await
+    .unwrap();
+    let id = node
+        .jobs()
+        .enqueue(plain, Behave::tag("behind a frozen claim"))
+        .await
+        .unwrap()
+        .id();
+    let job = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!((job.attempt, job.node_id.as_deref()), (1, Some("a")));
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+            AND classid = hashtext('forge.jobs_claim')::oid",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(held, 1, "the frozen claimant still holds the claim lock");
+    drop(frozen);
     node.shutdown().await;
 }
 
