@@ -26,9 +26,20 @@
 --   yet (such an attempt never counts when it is rescued); priority and run_at give the
 --   worker its floor for the next claim.
 --
+--   stale (claimed = false, id NULL): nothing was claimed, because the claim did not carry its
+--   lane's current identity (see below); the worker reconciles, which gives it the current one.
+--
 -- A role worker (p_role set; p_queue NULL: every queue of the role) claims its role's jobs;
 -- its claims are fenced: a deposed leader claims nothing (its outcomes are still recorded,
 -- guarded as above). A paused queue (forge.queues) is not claimed from.
+--
+-- A claim carries its worker's identity: its node's incarnation and its lane's generation
+-- (forge.job_lanes; the lane is the queue, or '@' || role). It claims only if that is the lane's
+-- current identity, checked under the lane lock that the round trip holds shared from its start,
+-- and that forge.jobs_lane_take holds exclusively while it advances the generation (the worker's
+-- reconciliation, a new incarnation's rescue). So a claim that reaches the server after its
+-- worker gave up on it and reconciled, or after its node restarted, takes nothing: it cannot
+-- strand jobs on a live node that does not know them. (A primary-key probe of forge.job_lanes.)
 --
 -- Rows found first, then written by ctid. Each write finds its rows first - the reported ones
 -- one by one by primary key (a LATERAL subquery with LIMIT 1 is never flattened into a join),
@@ -59,6 +70,9 @@
 -- dead, so every report walks the entries of every job the node ran since (121-264 buffers for
 -- 1-2 rows, measured; a drain beside 10,000,000 finished jobs fell to 9,400-34,500 jobs/s,
 -- 32,300-45,700 with primary-key lookups).
+DROP FUNCTION IF EXISTS forge.jobs_step(text, text, text, text, bigint, bigint, text[], integer,
+    integer, bigint[], bigint[], integer[], text[], bigint[], jsonb[], integer, smallint,
+    timestamptz, bigint, boolean);
 CREATE OR REPLACE FUNCTION forge.jobs_step(
     p_namespace text,
     p_node      text,
@@ -66,6 +80,8 @@ CREATE OR REPLACE FUNCTION forge.jobs_step(
     p_role      text,
     p_epoch     bigint,
     p_tenure    bigint,
+    p_incarnation bigint,
+    p_generation  bigint,
     p_kinds     text[],
     p_limit     integer,
     p_start     integer,
@@ -97,11 +113,12 @@ DECLARE
     v_creators xid[];
     v_start   tid[];
     v_start_all boolean;
+    v_lane    text := coalesce(p_queue, '@' || p_role);
 BEGIN
     -- The worker's lane lock, held shared until this round trip's transaction ends: the
     -- worker's reconciliation waits for it, or ends this session (forge.jobs_reconcile).
     PERFORM pg_advisory_xact_lock_shared(hashtext('forge.jobs_worker'),
-        hashtext(p_namespace || ' ' || p_node || ' ' || coalesce(p_queue, '@' || p_role)));
+        hashtext(p_namespace || ' ' || p_node || ' ' || v_lane));
     -- No sequential scans: every statement below has an index or TID plan that reads only the
     -- rows it needs, but the planner prefers a sequential scan while the statistics say the
     -- table is (nearly) empty - as they do after autovacuum analyzed an idle queue, until it
@@ -291,6 +308,15 @@ BEGIN
        OR (p_queue IS NOT NULL AND EXISTS (SELECT 1 FROM forge.queues q
                                             WHERE q.namespace = p_namespace AND q.queue = p_queue)) THEN
         -- Nothing to claim, deposed, or the queue is paused.
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM forge.job_lanes l
+                    WHERE l.namespace = p_namespace AND l.node_id = p_node AND l.lane = v_lane
+                      AND l.incarnation = p_incarnation AND l.generation = p_generation) THEN
+        -- Not the lane's identity (see the header): claim nothing.
+        RETURN QUERY SELECT NULL::bigint, false, NULL::text, NULL::jsonb, NULL::integer,
+                            NULL::integer, NULL::bigint, NULL::double precision, 'stale'::text,
+                            NULL::smallint, NULL::timestamptz;
         RETURN;
     END IF;
     -- Claims of one queue on several nodes run side by side: SKIP LOCKED skips the rows another

@@ -1467,8 +1467,32 @@ async fn with_completed_retention_zero_completed_jobs_are_deleted_and_the_rest_i
 /// A row of `forge.jobs_step`: (id, claimed, attempt, state).
 type StepRow = (i64, bool, Option<i32>, Option<String>);
 
-/// One `forge.jobs_step` call as node `node` on queue `default` (kind `plain`): reports
-/// `(id, attempt, outcome)`, then claims up to `limit` (all started); rows sorted by id.
+/// The incarnation of the nodes that [`take_lane`] registers.
+const INCARNATION: i64 = 1;
+
+/// Takes the lane of queue `default` on node `node` (registered as incarnation [`INCARNATION`]
+/// if it is not), as a worker does at its start; returns the generation its claims carry.
+async fn take_lane(pool: &PgPool, node: &str) -> i64 {
+    sqlx::query(
+        "INSERT INTO forge.nodes (namespace, node_id, started_at, heartbeat_at, incarnation)
+         VALUES ('forge', $1, now(), now(), $2) ON CONFLICT DO NOTHING",
+    )
+    .bind(node)
+    .bind(INCARNATION)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query_scalar("SELECT forge.jobs_lane_take('forge', $1, 'default', $2, 1000)")
+        .bind(node)
+        .bind(INCARNATION)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// One `forge.jobs_step` call as a worker of node `node` on queue `default` (kind `plain`) that
+/// has just taken its lane: reports `(id, attempt, outcome)`, then claims up to `limit` (all
+/// started); rows sorted by id.
 async fn step_as(
     pool: PgPool,
     node: &'static str,
@@ -1480,9 +1504,10 @@ async fn step_as(
     let attempts: Vec<i32> = reports.iter().map(|r| r.1).collect();
     let states: Vec<&str> = reports.iter().map(|r| r.2).collect();
     let n = reports.len();
+    let generation = take_lane(&pool, node).await;
     let mut rows: Vec<StepRow> = sqlx::query_as(
         "SELECT id, claimed, attempt, state FROM forge.jobs_step('forge', $1, 'default',
-            NULL, NULL, NULL, ARRAY['plain'], $2, $2, '{}', $3, $4, $5, $6, $7, 20,
+            NULL, NULL, NULL, $9, $10, ARRAY['plain'], $2, $2, '{}', $3, $4, $5, $6, $7, 20,
             NULL, NULL, NULL, $8)",
     )
     .bind(node)
@@ -1493,6 +1518,8 @@ async fn step_as(
     .bind(vec![Some(0_i64); n])
     .bind(vec![None::<serde_json::Value>; n])
     .bind(keep_completed)
+    .bind(INCARNATION)
+    .bind(generation)
     .fetch_all(&pool)
     .await
     .unwrap();
@@ -1566,6 +1593,7 @@ async fn round_trips_read_no_whole_table_when_the_statistics_say_it_is_empty() {
         .enqueue_many((0..300).map(|i| NewJob::new(plain, Behave::tag(format!("{i}")))))
         .await
         .unwrap();
+    let generation = take_lane(&pool, "x").await;
     // One session throughout, so that its own counts are flushed before each reading.
     let mut conn = pool.acquire().await.unwrap();
     let before = seq_scans(&mut conn).await;
@@ -1576,7 +1604,7 @@ async fn round_trips_read_no_whole_table_when_the_statistics_say_it_is_empty() {
         let n = ids.len();
         let claimed: Vec<(i64, i32)> = sqlx::query_as(
             "SELECT id, attempt FROM forge.jobs_step('forge', 'x', 'default', NULL, NULL, NULL,
-                ARRAY['plain'], 10, 10, '{}', $1, $2, $3, $4, $5, 20, NULL, NULL, NULL, true)
+                $6, $7, ARRAY['plain'], 10, 10, '{}', $1, $2, $3, $4, $5, 20, NULL, NULL, NULL, true)
               WHERE claimed",
         )
         .bind(&ids)
@@ -1584,6 +1612,8 @@ async fn round_trips_read_no_whole_table_when_the_statistics_say_it_is_empty() {
         .bind(vec!["completed"; n])
         .bind(vec![None::<i64>; n])
         .bind(vec![None::<serde_json::Value>; n])
+        .bind(INCARNATION)
+        .bind(generation)
         .fetch_all(&mut *conn)
         .await
         .unwrap();
@@ -1715,10 +1745,13 @@ async fn a_started_mark_that_waits_for_a_concurrent_cancel_request_lands() {
     let (_db, pool) = setup().await;
     let client = forge::jobs::Jobs::new(pool.clone(), &forge::LockNamespace::default());
     let id = inserted(client.enqueue(plain, Behave::tag("m")).await.unwrap()).0;
+    let generation = take_lane(&pool, "x").await;
     let claimed: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT id, state FROM forge.jobs_step('forge', 'x', 'default', NULL, NULL, NULL,
+        "SELECT id, state FROM forge.jobs_step('forge', 'x', 'default', NULL, NULL, NULL, $1, $2,
             ARRAY['plain'], 1, 0, '{}', '{}', '{}', '{}', '{}', '{}', 20, NULL, NULL, NULL, true)",
     )
+    .bind(INCARNATION)
+    .bind(generation)
     .fetch_all(&pool)
     .await
     .unwrap();
@@ -1734,10 +1767,12 @@ async fn a_started_mark_that_waits_for_a_concurrent_cancel_request_lands() {
         let pool = pool.clone();
         async move {
             sqlx::query(
-                "SELECT * FROM forge.jobs_step('forge', 'x', 'default', NULL, NULL, NULL,
+                "SELECT * FROM forge.jobs_step('forge', 'x', 'default', NULL, NULL, NULL, $2, $3,
                     ARRAY['plain'], 0, 0, $1, '{}', '{}', '{}', '{}', '{}', 20, NULL, NULL, NULL, true)",
             )
             .bind(vec![id])
+            .bind(INCARNATION)
+            .bind(generation)
             .execute(&pool)
             .await
             .unwrap();

@@ -7,6 +7,8 @@
 //! `job_runs` records every attempt that started (primary key (job, attempt)); the tests check
 //! that the attempts of each job are exactly 1..=attempt, that only jobs in flight on the lost
 //! node ran twice, and that a frozen node's late completion is refused.
+//!
+//! Also: a claim of a killed node that commits only after the node restarted strands nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -16,7 +18,10 @@ use forge_testkit::{NodeProcess, TestDatabase, wait_until};
 use sqlx::PgPool;
 use tokio::process::Command;
 
-use super::{Behave, EFFECTS_TABLE_SQL, Effect, effect, plain, setup, wait_state};
+use super::{
+    Behave, EFFECTS_TABLE_SQL, Effect, effect, plain, setup, stall_commits, wait_for_job,
+    wait_state,
+};
 use crate::support::*;
 
 /// The election timings of `config_toml`, and short job timings.
@@ -652,4 +657,59 @@ async fn with_completed_jobs_deleted_a_node_killed_mid_backlog_loses_none() {
         }
     }
     assert_eq!(rerun, held, "what n1 held when it died is what ran again");
+}
+
+/// A node killed while its claim's commit waits (as for a stalled synchronous standby: a pool
+/// session does not notice its client died) and restarted with the same id: the claim must
+/// not commit after the new process looked for its predecessor's jobs and strand its job on a
+/// live node that does not know it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_a_killed_node_that_would_commit_after_its_restart_strands_nothing() {
+    let (db, pool) = setup().await;
+    let dir = ScratchDir::new("jobs-late-claim");
+    // A maintenance pass far away: nothing but the node itself looks at its jobs.
+    let config = write_config(&db, &dir, "1h").await;
+    let mut n1 = JobNode::start(&config, "n1").await;
+    let jobs = client(&pool);
+    // A job n1 runs when it is killed: the new process rescues it, which shows it has looked.
+    let running = jobs
+        .enqueue(
+            plain,
+            Behave {
+                sleep_ms: 60_000,
+                sleep_attempts: 1,
+                ..Behave::tag("running")
+            },
+        )
+        .await
+        .unwrap()
+        .id();
+    wait_until(
+        "n1 to run the job",
+        SOON,
+        Duration::from_millis(5),
+        || async { (running_on(&pool, "n1").await == [running.0]).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let stall = stall_commits(db.url(), "stalled").await;
+    let id = jobs.enqueue(plain, Behave::tag("stalled")).await.unwrap().id();
+    stall.wait_until_waiting(&pool, "forge:pool:n1").await;
+    n1.process.kill().unwrap();
+    n1.process.wait_exit(SOON).await.unwrap();
+
+    let _n1 = JobNode::start(&config, "n1").await;
+    wait_for_job(&pool, running, "the restarted node to rescue its job", |job| {
+        job.errors.iter().any(|e| e.reason == "rescued")
+    })
+    .await;
+    // Whatever waits for the stall now commits.
+    stall.release().await;
+    let job = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!(job.node_id.as_deref(), Some("n1"));
+    assert_eq!(
+        (job.attempt, job.errors.len()),
+        (1, 0),
+        "the late claim took nothing: {job:?}"
+    );
 }
