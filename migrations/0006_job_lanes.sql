@@ -22,3 +22,9 @@ CREATE SEQUENCE forge.job_lane_generations;
 
 COMMENT ON TABLE forge.job_lanes IS
     'The identity a job worker''s claims must carry (the node''s incarnation, the lane''s generation), advanced by its reconciliations and by a new incarnation of its node; a claim with another identity takes nothing. Deleted with the node''s row.';
+
+-- Rescues of an attempt whose start was never recorded: a job claimed ahead of a free slot whose
+-- node died before the mark of its start landed - perhaps killed by the handler itself (a stack
+-- overflow, an out-of-memory kill, panic = "abort"). The first three such rescues of a job do not
+-- count as attempts; later ones do, so that such a job ends dead instead of killing nodes forever.
+ALTER TABLE forge.jobs ADD COLUMN unstarted_rescues integer NOT NULL DEFAULT 0;

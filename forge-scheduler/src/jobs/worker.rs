@@ -27,8 +27,8 @@
 //! starts them locally as slots free up: as many as `concurrency × round trip / attempt
 //! duration` (moving averages), at most `CLAIM_AHEAD_MAX × concurrency`, and none for jobs
 //! that take longer than a round trip. Claimed-ahead jobs are `running` in the database but
-//! not started (`started_at` is set when they start); a rescue does not count such an attempt,
-//! and on shutdown they are released at once.
+//! not started (`started_at` is set when they start); a rescue does not count such an attempt
+//! (three times per job: see `forge.jobs_rescue`), and on shutdown they are released at once.
 //!
 //! **Reconciliation.** A worker checks its running jobs against the database
 //! (`forge.jobs_reconcile`) when it starts, after a failed round trip, after a LISTEN outage,
@@ -748,6 +748,13 @@ impl Worker {
                 }
             }
         }
+        // In the claim's order (priority first): the claim answers them in the order of their
+        // rows in the table.
+        ahead.sort_by(|a, b| {
+            a.position
+                .partial_cmp(&b.position)
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
         for job in ahead {
             self.take(job, false);
         }
