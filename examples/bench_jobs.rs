@@ -901,9 +901,8 @@ async fn forge_alone(
     let loopers = db.pool().await?;
     let began = Instant::now();
     let mut loops = Vec::new();
-    for c in 0..connections {
+    for (c, generation) in generations.into_iter().enumerate() {
         let pool = loopers.clone();
-        let generation = generations[c];
         loops.push(tokio::spawn(async move {
             let mut conn = pool.acquire().await?;
             let node = format!("limit{c}");

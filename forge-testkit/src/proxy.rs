@@ -736,8 +736,18 @@ async fn forward_both_ways(link: &Link, client: &mut TcpStream, upstream: &mut T
     let (mut client_rx, mut client_tx) = client.split();
     let (mut upstream_rx, mut upstream_tx) = upstream.split();
     let hold = Some(link.hold.clone());
-    let to_upstream = pump(&mut client_rx, Some(&mut upstream_tx), link.mode.clone(), hold);
-    let to_client = pump(&mut upstream_rx, Some(&mut client_tx), link.mode.clone(), None);
+    let to_upstream = pump(
+        &mut client_rx,
+        Some(&mut upstream_tx),
+        link.mode.clone(),
+        hold,
+    );
+    let to_client = pump(
+        &mut upstream_rx,
+        Some(&mut client_tx),
+        link.mode.clone(),
+        None,
+    );
     tokio::pin!(to_upstream, to_client);
     let client_side_ended = tokio::select! {
         _ = &mut to_upstream => true,

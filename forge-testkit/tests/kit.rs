@@ -1062,7 +1062,10 @@ async fn pg_proxy_delay_delivers_a_request_late_even_after_its_client_left() {
     })
     .await
     .unwrap();
-    assert_eq!(proxy.delay(Filter::application_prefix("forge:nobody"), hold), 0);
+    assert_eq!(
+        proxy.delay(Filter::application_prefix("forge:nobody"), hold),
+        0
+    );
 }
 
 #[tokio::test]

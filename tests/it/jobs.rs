@@ -1792,21 +1792,29 @@ async fn a_started_mark_that_waits_for_a_concurrent_cancel_request_lands() {
 
 /// Waits until a `forge.jobs_step` call waits for another transaction's row lock.
 async fn wait_for_row_lock_wait(pool: &PgPool) {
-    wait_until(
+    wait_for_lock_waiter(
+        pool,
         "the round trip to wait for the other writer's row lock",
-        SOON,
-        Duration::from_millis(5),
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE '%jobs_step%'",
-            )
+        "query LIKE $1",
+        "%jobs_step%",
+    )
+    .await;
+}
+
+/// Waits until a session that `matches` (an SQL condition on `pg_stat_activity`, `$1` being
+/// `arg`) waits for a lock.
+async fn wait_for_lock_waiter(pool: &PgPool, what: &str, matches: &str, arg: &str) {
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND {matches}"
+    );
+    wait_until(what, SOON, Duration::from_millis(5), || async {
+        let waiting: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(arg)
             .fetch_one(pool)
             .await
             .unwrap();
-            (waiting > 0).then_some(())
-        },
-    )
+        (waiting > 0).then_some(())
+    })
     .await
     .unwrap();
 }
@@ -1844,25 +1852,13 @@ pub(crate) async fn stall_commits(url: &str, tag: &str) -> Stall {
 impl Stall {
     /// Waits until a session named `application_name` waits for this stall.
     pub(crate) async fn wait_until_waiting(&self, pool: &PgPool, application_name: &str) {
-        wait_until(
+        wait_for_lock_waiter(
+            pool,
             &format!("a commit of {application_name} to wait for the stall"),
-            SOON,
-            Duration::from_millis(5),
-            || async {
-                let waiting: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity
-                      WHERE application_name = $1 AND wait_event_type = 'Lock'
-                        AND wait_event = 'advisory'",
-                )
-                .bind(application_name)
-                .fetch_one(pool)
-                .await
-                .unwrap();
-                (waiting > 0).then_some(())
-            },
+            "application_name = $1 AND wait_event = 'advisory'",
+            application_name,
         )
-        .await
-        .unwrap();
+        .await;
     }
 
     /// Lets every stalled commit, and every later one, go.

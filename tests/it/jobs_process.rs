@@ -99,6 +99,26 @@ async fn running_on(pool: &PgPool, node: &str) -> Vec<i64> {
     .unwrap()
 }
 
+/// Enqueues a job that sleeps a minute on its first attempt, and waits until node n1 (the
+/// only node) runs it.
+async fn long_job_running_on_n1(pool: &PgPool, tag: &str) -> JobId {
+    let long = Behave {
+        sleep_ms: 60_000,
+        sleep_attempts: 1,
+        ..Behave::tag(tag)
+    };
+    let id = client(pool).enqueue(plain, long).await.unwrap().id();
+    wait_until(
+        "n1 to run the job",
+        SOON,
+        Duration::from_millis(5),
+        || async { (running_on(pool, "n1").await == [id.0]).then_some(()) },
+    )
+    .await
+    .unwrap();
+    id
+}
+
 /// Waits until the sessions of a killed node are gone from the server: a round trip it sent
 /// before it died still commits there, so what it held is known only after.
 async fn sessions_gone(pool: &PgPool, node: &str) {
@@ -401,26 +421,7 @@ async fn a_restarted_node_rescues_what_its_previous_run_left_running() {
     // A maintenance pass far away: only the restarted node itself can rescue in time.
     let config = write_config(&db, &dir, "1h").await;
     let mut n1 = JobNode::start(&config, "n1").await;
-    let id = client(&pool)
-        .enqueue(
-            plain,
-            Behave {
-                sleep_ms: 60_000,
-                sleep_attempts: 1,
-                ..Behave::tag("long")
-            },
-        )
-        .await
-        .unwrap()
-        .id();
-    wait_until(
-        "n1 to run the job",
-        SOON,
-        Duration::from_millis(5),
-        || async { (running_on(&pool, "n1").await == [id.0]).then_some(()) },
-    )
-    .await
-    .unwrap();
+    let id = long_job_running_on_n1(&pool, "long").await;
     n1.process.kill().unwrap();
     n1.process.wait_exit(SOON).await.unwrap();
     let config2 = dir.0.join("forge-2.toml");
@@ -674,36 +675,24 @@ async fn a_claim_of_a_killed_node_that_would_commit_after_its_restart_strands_no
     let mut n1 = JobNode::start(&config, "n1").await;
     let jobs = client(&pool);
     // A job n1 runs when it is killed: the new process rescues it, which shows it has looked.
-    let running = jobs
-        .enqueue(
-            plain,
-            Behave {
-                sleep_ms: 60_000,
-                sleep_attempts: 1,
-                ..Behave::tag("running")
-            },
-        )
+    let running = long_job_running_on_n1(&pool, "running").await;
+    let stall = stall_commits(db.url(), "stalled").await;
+    let id = jobs
+        .enqueue(plain, Behave::tag("stalled"))
         .await
         .unwrap()
         .id();
-    wait_until(
-        "n1 to run the job",
-        SOON,
-        Duration::from_millis(5),
-        || async { (running_on(&pool, "n1").await == [running.0]).then_some(()) },
-    )
-    .await
-    .unwrap();
-    let stall = stall_commits(db.url(), "stalled").await;
-    let id = jobs.enqueue(plain, Behave::tag("stalled")).await.unwrap().id();
     stall.wait_until_waiting(&pool, "forge:pool:n1").await;
     n1.process.kill().unwrap();
     n1.process.wait_exit(SOON).await.unwrap();
 
     let _n1 = JobNode::start(&config, "n1").await;
-    wait_for_job(&pool, running, "the restarted node to rescue its job", |job| {
-        job.errors.iter().any(|e| e.reason == "rescued")
-    })
+    wait_for_job(
+        &pool,
+        running,
+        "the restarted node to rescue its job",
+        |job| job.errors.iter().any(|e| e.reason == "rescued"),
+    )
     .await;
     // Whatever waits for the stall now commits.
     stall.release().await;

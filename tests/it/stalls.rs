@@ -273,7 +273,10 @@ async fn a_claim_that_reaches_the_server_after_its_worker_reconciled_takes_nothi
     )
     .await
     .unwrap();
-    assert!(sent.elapsed() < late, "b reconciled after the late claim landed");
+    assert!(
+        sent.elapsed() < late,
+        "b reconciled after the late claim landed"
+    );
     let job = client(&pool).get(first).await.unwrap().unwrap();
     assert_eq!(job.attempt, 1, "{job:?}");
     // Both slots busy: only the late claim could take a job enqueued now.

@@ -142,7 +142,9 @@ impl Shared {
     /// in flight on the server before it ends that trip's session: up to three waits and two
     /// session ends fit in one round trip's bound.
     pub(crate) fn lane_wait_ms(&self) -> i32 {
-        (self.statement_bound / 8).as_millis().clamp(1, i32::MAX as u128) as i32
+        (self.statement_bound / 8)
+            .as_millis()
+            .clamp(1, i32::MAX as u128) as i32
     }
 }
 
