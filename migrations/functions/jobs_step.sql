@@ -23,9 +23,8 @@
 --     state = 'refused' when nothing was recorded: the job is no longer running this attempt
 --             on this node (it was rescued while this node seemed gone).
 --   claims (claimed = true): state 'running', or 'ahead' for jobs claimed ahead, not started
---   yet (such an attempt never counts when it is rescued); priority and run_at give the
---   worker its floor for the next claim.
---
+--   yet (a rescue does not count such an attempt, three times per job: see forge.jobs_rescue);
+--   priority and run_at give the worker its floor for the next claim.
 --   stale (claimed = false, id NULL): nothing was claimed, because the claim did not carry its
 --   lane's current identity (see below); the worker reconciles, which gives it the current one.
 --
