@@ -40,6 +40,7 @@ async fn main() -> ExitCode {
         .job(quick_retry)
         .job(report)
         .job(effect)
+        .job(poison)
         .start()
         .await;
     let node = match node {

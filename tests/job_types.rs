@@ -184,6 +184,39 @@ behaving_job!(
     JobOptions::new().queue("mailers")
 );
 
+/// What a [`poison`] job does.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Poison {
+    /// Abort the process running it, as a stack overflow, an out-of-memory kill or
+    /// `panic = "abort"` would.
+    #[serde(default)]
+    pub(crate) abort: bool,
+    /// On attempt 1, sleep this long before finishing.
+    #[serde(default)]
+    pub(crate) sleep_ms: u64,
+}
+
+/// A job that touches no database, so that its attempts take far less than a round trip (its
+/// worker claims ahead of its slots): it returns at once, sleeps, or aborts its process.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct poison;
+
+impl Job for poison {
+    type Args = Poison;
+    const KIND: &'static str = "poison";
+
+    async fn run(&self, ctx: JobContext, args: Poison) -> Result<(), JobError> {
+        if args.abort {
+            std::process::abort();
+        }
+        if ctx.attempt() == 1 && args.sleep_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(args.sleep_ms)).await;
+        }
+        Ok(())
+    }
+}
+
 /// The table [`effect`] writes its effects in: no unique key, so that a repeated effect
 /// shows as a second row.
 pub(crate) const EFFECTS_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS job_effects (

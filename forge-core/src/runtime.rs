@@ -391,6 +391,7 @@ impl Assembly {
             pool.clone(),
         )?;
         let standing = membership.standing.clone();
+        let incarnation = membership.incarnation;
         let session = membership.join().await?;
         let leave = CancellationToken::new();
         let membership_task = tokio::spawn(membership.run(session, leave.clone()));
@@ -425,6 +426,7 @@ impl Assembly {
             shutdown: shutdown.clone(),
             events,
             standing,
+            incarnation,
         };
         for (name, service) in self.services {
             let service = service(context.clone());
@@ -612,6 +614,7 @@ pub struct NodeContext {
     shutdown: CancellationToken,
     events: broadcast::Sender<ListenerEvent>,
     standing: Standing,
+    incarnation: i64,
 }
 
 impl NodeContext {
@@ -626,6 +629,12 @@ impl NodeContext {
     /// This node's id.
     pub fn node_id(&self) -> &NodeId {
         &self.node_id
+    }
+
+    /// This process's incarnation of the node (`forge.nodes.incarnation`): drawn at random when
+    /// the node starts, the same through its rejoins, another after a restart.
+    pub fn incarnation(&self) -> i64 {
+        self.incarnation
     }
 
     /// The node's lock namespace (its FORGE cluster in the database).

@@ -1,8 +1,8 @@
 //! [`PgProxy`]: a TCP proxy for the PostgreSQL protocol that injects network
-//! faults between nodes and a server (silent partitions, resets, a moved
-//! database address).
+//! faults between nodes and a server (silent partitions, resets, late
+//! requests, a moved database address).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::io;
 use std::net::TcpListener as StdTcpListener;
@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
+use tokio::time::{Instant, sleep_until};
 
 use crate::pooler::{CANCEL_REQUEST, GSSENC_REQUEST, SSL_REQUEST, send_fatal};
 use crate::{Error, PgServer};
@@ -54,6 +55,11 @@ const CHUNK: usize = 16 * 1024;
 /// * [`sever`](PgProxy::sever): matching connections are reset at once
 ///   (both sides, TCP `RST`): the next read or write fails with an I/O
 ///   error. Affects only current connections.
+/// * [`delay`](PgProxy::delay): what matching open connections send to the
+///   server is held for a while before it is forwarded, in order, like
+///   packets retransmitted late: a request reaches the server after its
+///   client gave up on it. Answers are not delayed. A client that closes
+///   meanwhile still has its bytes delivered, then the server sees the close.
 /// * [`retarget`](PgProxy::retarget): new connections go to another server
 ///   (the database address moved to a promoted standby); existing ones stay
 ///   where they are.
@@ -307,6 +313,27 @@ impl PgProxy {
         severed
     }
 
+    /// Holds what the open connections matching `filter` send to the server
+    /// for `hold` before forwarding it: bytes read from the client at `t`
+    /// reach the server at `t + hold`, in order, whatever happens to the
+    /// client meanwhile (a client that closes has its bytes delivered first,
+    /// then its close). The server's answers are not delayed. Later
+    /// connections are not affected; `Duration::ZERO` ends the delay (bytes
+    /// held already keep their times). Returns how many connections are now
+    /// delayed. A black hole or a sever drops what is still held.
+    pub fn delay(&self, filter: Filter, hold: Duration) -> usize {
+        let state = self.shared.lock();
+        let mut delayed = 0;
+        for (id, link) in &state.links {
+            let alive = *link.mode.borrow() != Mode::Severed;
+            if alive && filter.matches(*id, link.params.as_ref()) {
+                link.hold.send_replace(hold);
+                delayed += 1;
+            }
+        }
+        delayed
+    }
+
     /// The live connections, oldest first (severed ones are left out: they
     /// are closing).
     pub fn connections(&self) -> Vec<ProxyConnection> {
@@ -429,6 +456,8 @@ struct LinkState {
     upstream: Option<String>,
     /// The connection's task watches this.
     mode: watch::Sender<Mode>,
+    /// How long what the client sends is held before it is forwarded.
+    hold: watch::Sender<Duration>,
 }
 
 impl Shared {
@@ -456,27 +485,35 @@ struct Link {
     shared: Arc<Shared>,
     id: u64,
     mode: watch::Receiver<Mode>,
+    hold: watch::Receiver<Duration>,
 }
 
 impl Link {
     /// Registers a new connection. A black hole matching connections not
     /// yet identified ([`Filter::All`]) swallows it from its first byte.
     fn register(shared: Arc<Shared>) -> Link {
-        let (id, mode) = {
+        let (id, mode, hold) = {
             let mut state = shared.lock();
             let id = state.next_id;
             state.next_id += 1;
             let silent = state.rules.iter().any(|rule| rule.matches(id, None));
             let (tx, rx) = watch::channel(if silent { Mode::BlackHoled } else { Mode::Open });
+            let (hold_tx, hold) = watch::channel(Duration::ZERO);
             let link = LinkState {
                 params: None,
                 upstream: None,
                 mode: tx,
+                hold: hold_tx,
             };
             state.links.insert(id, link);
-            (id, rx)
+            (id, rx, hold)
         };
-        Link { shared, id, mode }
+        Link {
+            shared,
+            id,
+            mode,
+            hold,
+        }
     }
 
     /// Records the startup parameters and decides, atomically with respect
@@ -698,12 +735,31 @@ async fn forward_session(
 async fn forward_both_ways(link: &Link, client: &mut TcpStream, upstream: &mut TcpStream) {
     let (mut client_rx, mut client_tx) = client.split();
     let (mut upstream_rx, mut upstream_tx) = upstream.split();
-    let to_upstream = pump(&mut client_rx, Some(&mut upstream_tx), link.mode.clone());
-    let to_client = pump(&mut upstream_rx, Some(&mut client_tx), link.mode.clone());
+    let hold = Some(link.hold.clone());
+    let to_upstream = pump(
+        &mut client_rx,
+        Some(&mut upstream_tx),
+        link.mode.clone(),
+        hold,
+    );
+    let to_client = pump(
+        &mut upstream_rx,
+        Some(&mut client_tx),
+        link.mode.clone(),
+        None,
+    );
     tokio::pin!(to_upstream, to_client);
     let client_side_ended = tokio::select! {
-        () = &mut to_upstream => true,
-        () = &mut to_client => false,
+        _ = &mut to_upstream => true,
+        ended = &mut to_client => {
+            // The client is gone while the server still talks: what it sent before
+            // may still be held (a delay); deliver that first.
+            if ended == Ended::WriteFailed {
+                to_upstream.await;
+                return;
+            }
+            false
+        }
     };
     // While forwarding, one side closing ends the connection (both sockets
     // close on return). A black-holed flow is half-open: the other side is
@@ -720,31 +776,71 @@ async fn forward_both_ways(link: &Link, client: &mut TcpStream, upstream: &mut T
 /// Reads and drops everything the client sends until it closes or the
 /// connection is severed (a black-holed connection that was never forwarded).
 async fn drain(link: &Link, client: &mut TcpStream) {
-    pump(client, None::<&mut TcpStream>, link.mode.clone()).await;
+    pump(client, None::<&mut TcpStream>, link.mode.clone(), None).await;
+}
+
+/// Why a [`pump`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The source closed (or failed), and nothing it sent is held any more.
+    SourceClosed,
+    /// Writing to the destination failed.
+    WriteFailed,
+    /// The connection was severed.
+    Severed,
 }
 
 /// Copies `src` to `dst` while the connection is open; drops what it reads
-/// once black-holed (or always, without `dst`). Returns on EOF or an error
-/// of either side, or when severed.
-async fn pump<R, W>(src: &mut R, mut dst: Option<&mut W>, mut mode: watch::Receiver<Mode>)
+/// once black-holed (or always, without `dst`). With `hold`, each chunk is
+/// forwarded that long after it was read, in order (held chunks keep going
+/// after `src` closes). Returns on EOF or an error of either side (once
+/// nothing is held), or when severed.
+async fn pump<R, W>(
+    src: &mut R,
+    mut dst: Option<&mut W>,
+    mut mode: watch::Receiver<Mode>,
+    hold: Option<watch::Receiver<Duration>>,
+) -> Ended
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut buf = vec![0u8; CHUNK];
+    let mut held: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
+    let mut reading = true;
     loop {
+        if !reading && held.is_empty() {
+            return Ended::SourceClosed;
+        }
+        let due = held.front().map(|(at, _)| *at);
         // Biased: a sever wins over data that arrived at the same time.
-        let read = tokio::select! {
+        let chunk = tokio::select! {
             biased;
-            _ = mode.wait_for(|m| *m == Mode::Severed) => return,
-            read = src.read(&mut buf) => read,
+            _ = mode.wait_for(|m| *m == Mode::Severed) => return Ended::Severed,
+            _ = async { sleep_until(due.expect("guarded")).await }, if due.is_some() => {
+                held.pop_front().map(|(_, chunk)| chunk)
+            }
+            read = src.read(&mut buf), if reading => match read {
+                Ok(0) | Err(_) => {
+                    reading = false;
+                    None
+                }
+                Ok(n) => {
+                    let hold = hold.as_ref().map_or(Duration::ZERO, |h| *h.borrow());
+                    if hold.is_zero() && held.is_empty() {
+                        Some(buf[..n].to_vec())
+                    } else {
+                        held.push_back((Instant::now() + hold, buf[..n].to_vec()));
+                        None
+                    }
+                }
+            },
         };
-        let n = match read {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let Some(chunk) = chunk else {
+            continue;
         };
-        // Checked after the read: bytes read after blackhole() returned are
-        // never forwarded.
+        // Checked when forwarding: bytes read (or held) after blackhole()
+        // returned are never forwarded.
         if *mode.borrow() != Mode::Open {
             continue;
         }
@@ -755,10 +851,10 @@ where
             biased;
             // Black-holed or severed mid-write: the rest is lost.
             _ = mode.wait_for(|m| *m != Mode::Open) => Ok(()),
-            written = dst.write_all(&buf[..n]) => written,
+            written = dst.write_all(&chunk) => written,
         };
         if written.is_err() {
-            return;
+            return Ended::WriteFailed;
         }
     }
 }

@@ -1015,6 +1015,59 @@ async fn pg_proxy_sever_resets_matching_connections() {
     assert_eq!(proxy.sever(&Filter::application_prefix("forge:nobody")), 0);
 }
 
+/// A delayed connection's request reaches the server late, after its client
+/// gave up on it and left; a neighbour's is not delayed.
+#[tokio::test]
+async fn pg_proxy_delay_delivers_a_request_late_even_after_its_client_left() {
+    let server = PgServer::shared().unwrap();
+    let db = server.create_database().await.unwrap();
+    let observer = db.pool().await.unwrap();
+    sqlx::raw_sql("CREATE TABLE late (x int)")
+        .execute(&observer)
+        .await
+        .unwrap();
+    let rows = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM late")
+            .fetch_one(&observer)
+            .await
+            .unwrap()
+    };
+    let proxy = PgProxy::start(server.host(), server.port()).unwrap();
+    let url = proxy.url_for(server, db.name());
+    let mut a = connect_as(&url, "forge:pool:node-a").await;
+    let mut b = connect_as(&url, "forge:pool:node-b").await;
+
+    let hold = Duration::from_secs(3);
+    assert_eq!(
+        proxy.delay(Filter::application_prefix("forge:pool:node-a"), hold),
+        1
+    );
+    let insert = sqlx::raw_sql("INSERT INTO late VALUES (1)").execute(&mut a);
+    assert!(
+        tokio::time::timeout(SILENCE, insert).await.is_err(),
+        "a delayed request was answered at once"
+    );
+    // The client gives up and leaves; its request is still on its way.
+    drop(a);
+    assert!(backend_pid(&mut b).await > 0, "a neighbour was delayed");
+    assert_eq!(rows().await, 0, "the request arrived before its time");
+    wait_until("the late request to be delivered", LONG, POLL, || async {
+        (rows().await == 1).then_some(())
+    })
+    .await
+    .unwrap();
+    wait_until("the server to see the client's close", LONG, POLL, || {
+        let observer = observer.clone();
+        async move { (sessions(&observer, "forge:pool:node-a", None).await == 0).then_some(()) }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        proxy.delay(Filter::application_prefix("forge:nobody"), hold),
+        0
+    );
+}
+
 #[tokio::test]
 async fn pg_proxy_retarget_moves_new_connections_only() {
     let first = PgServer::start().unwrap();

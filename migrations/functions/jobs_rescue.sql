@@ -1,10 +1,15 @@
 -- Gives running jobs back: retried at once (available), or dead when out of attempts, or
 -- cancelled when a cancel was requested. Guarded by (id, attempt, state = running), so a job
--- that finished or was re-claimed meanwhile is left alone. An attempt that started counts; one
--- that never started (claimed ahead, waiting for a slot) does not: max_attempts grows by one.
+-- that finished or was re-claimed meanwhile is left alone. An attempt that started counts.
 --
--- p_counted: whether each attempt counts (with started_at set); false for a claim whose
--- handler never ran (a lost reply, found by the worker's reconciliation). p_skip_locked: a row
+-- An attempt whose start was never recorded (started_at NULL: claimed ahead, waiting for a slot,
+-- or started by a node that died before the mark landed) does not count - max_attempts grows by
+-- one - three times per job (unstarted_rescues); from the fourth such rescue on it counts, so that
+-- a job whose handler kills its process at once (a stack overflow, an out-of-memory kill) ends
+-- dead after max_attempts instead of killing nodes forever.
+--
+-- p_counted: whether each attempt may count; false for a claim whose handler never ran (a lost
+-- reply, found by the worker's reconciliation), which never counts. p_skip_locked: a row
 -- another transaction holds is left as it is and returned with state 'locked' (the caller
 -- tries again later) instead of being waited for.
 DROP FUNCTION IF EXISTS forge.jobs_rescue(bigint[], integer[], text[], integer);
@@ -40,31 +45,41 @@ BEGIN
                SELECT 1 FROM forge.jobs j
                 WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = 'running');
     END IF;
+    -- (An attempt counts when l.counted AND (j.started_at IS NOT NULL OR j.unstarted_rescues >=
+    -- 3): spelled out in each column, so that it reads the row version the update writes.)
     WITH r AS (
         UPDATE forge.jobs j
            SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                            WHEN l.counted AND j.started_at IS NOT NULL
+                            WHEN l.counted AND (j.started_at IS NOT NULL OR j.unstarted_rescues >= 3)
                              AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts) THEN 'dead'
                             ELSE 'available' END,
-               max_attempts = CASE WHEN NOT l.counted OR j.started_at IS NULL
-                                   THEN coalesce(j.max_attempts, p_default_max_attempts) + 1
-                                   ELSE j.max_attempts END,
+               max_attempts = CASE WHEN l.counted AND (j.started_at IS NOT NULL OR j.unstarted_rescues >= 3)
+                                   THEN j.max_attempts
+                                   ELSE coalesce(j.max_attempts, p_default_max_attempts) + 1 END,
+               unstarted_rescues = j.unstarted_rescues
+                                   + CASE WHEN l.counted AND j.started_at IS NULL THEN 1 ELSE 0 END,
                finished_at = CASE WHEN j.cancel_requested
-                                    OR (l.counted AND j.started_at IS NOT NULL
+                                    OR (l.counted AND (j.started_at IS NOT NULL OR j.unstarted_rescues >= 3)
                                         AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts))
                                   THEN clock_timestamp() END,
                run_at = CASE WHEN j.cancel_requested
-                               OR (l.counted AND j.started_at IS NOT NULL
+                               OR (l.counted AND (j.started_at IS NOT NULL OR j.unstarted_rescues >= 3)
                                    AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts))
                              THEN j.run_at ELSE clock_timestamp() END,
                errors = j.errors || jsonb_build_array(jsonb_build_object(
                    'at', clock_timestamp(), 'attempt', j.attempt, 'node', j.node_id,
                    'reason', 'rescued',
-                   'error', l.reason || CASE WHEN j.started_at IS NULL
-                                             THEN ' (the attempt had not started; it does not count)'
-                                             WHEN NOT l.counted
-                                             THEN ' (its handler never ran; it does not count)'
-                                             ELSE '' END))
+                   'error', l.reason || CASE
+                       WHEN NOT l.counted
+                           THEN ' (its handler never ran; it does not count)'
+                       WHEN j.started_at IS NOT NULL THEN ''
+                       WHEN j.unstarted_rescues < 3
+                           THEN ' (its start was not recorded: the attempt had not started, or its'
+                                || ' node died before the mark landed; it does not count: '
+                                || (j.unstarted_rescues + 1) || ' of 3 such rescues)'
+                       ELSE ' (the node running it died ' || (j.unstarted_rescues + 1)
+                            || ' times before the handler''s start was recorded; it counts)'
+                       END))
           FROM unnest(p_ids, p_attempts, p_reasons, p_counted) AS l(id, attempt, reason, counted)
          WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = 'running'
            AND NOT (l.id = ANY (coalesce(v_locked, '{}')))

@@ -23,12 +23,22 @@
 --     state = 'refused' when nothing was recorded: the job is no longer running this attempt
 --             on this node (it was rescued while this node seemed gone).
 --   claims (claimed = true): state 'running', or 'ahead' for jobs claimed ahead, not started
---   yet (such an attempt never counts when it is rescued); priority and run_at give the
---   worker its floor for the next claim.
+--   yet (a rescue does not count such an attempt, three times per job: see forge.jobs_rescue);
+--   priority and run_at give the worker its floor for the next claim.
+--   stale (claimed = false, id NULL): nothing was claimed, because the claim did not carry its
+--   lane's current identity (see below); the worker reconciles, which gives it the current one.
 --
 -- A role worker (p_role set; p_queue NULL: every queue of the role) claims its role's jobs;
 -- its claims are fenced: a deposed leader claims nothing (its outcomes are still recorded,
 -- guarded as above). A paused queue (forge.queues) is not claimed from.
+--
+-- A claim carries its worker's identity: its node's incarnation and its lane's generation
+-- (forge.job_lanes; the lane is the queue, or '@' || role). It claims only if that is the lane's
+-- current identity, checked under the lane lock that the round trip holds shared from its start,
+-- and that forge.jobs_lane_take holds exclusively while it advances the generation (the worker's
+-- reconciliation, a new incarnation's rescue). So a claim that reaches the server after its
+-- worker gave up on it and reconciled, or after its node restarted, takes nothing: it cannot
+-- strand jobs on a live node that does not know them. (A primary-key probe of forge.job_lanes.)
 --
 -- Rows found first, then written by ctid. Each write finds its rows first - the reported ones
 -- one by one by primary key (a LATERAL subquery with LIMIT 1 is never flattened into a join),
@@ -43,8 +53,8 @@
 -- lock (a WAL record per job) and write only the versions they found (by ctid and by their
 -- creating transaction, which every later version of the row has another of), so a row
 -- written by someone else in between is left out of the write, and a second pass finds those
--- again, locked. Marking jobs started locks nothing; its update repeats its conditions
--- instead, which are all it needs.
+-- again, locked. Marking jobs started does the same: a first pass without a lock, whose update
+-- repeats its conditions, and a locked second pass for the rows written in between.
 --
 -- The refusal checks' EXISTS subqueries end in OFFSET 0, which keeps each a primary-key probe
 -- per reported job: without it the planner may turn one into a join or a hashed subplan that
@@ -59,6 +69,9 @@
 -- dead, so every report walks the entries of every job the node ran since (121-264 buffers for
 -- 1-2 rows, measured; a drain beside 10,000,000 finished jobs fell to 9,400-34,500 jobs/s,
 -- 32,300-45,700 with primary-key lookups).
+DROP FUNCTION IF EXISTS forge.jobs_step(text, text, text, text, bigint, bigint, text[], integer,
+    integer, bigint[], bigint[], integer[], text[], bigint[], jsonb[], integer, smallint,
+    timestamptz, bigint, boolean);
 CREATE OR REPLACE FUNCTION forge.jobs_step(
     p_namespace text,
     p_node      text,
@@ -66,6 +79,8 @@ CREATE OR REPLACE FUNCTION forge.jobs_step(
     p_role      text,
     p_epoch     bigint,
     p_tenure    bigint,
+    p_incarnation bigint,
+    p_generation  bigint,
     p_kinds     text[],
     p_limit     integer,
     p_start     integer,
@@ -97,11 +112,12 @@ DECLARE
     v_creators xid[];
     v_start   tid[];
     v_start_all boolean;
+    v_lane    text := coalesce(p_queue, '@' || p_role);
 BEGIN
     -- The worker's lane lock, held shared until this round trip's transaction ends: the
     -- worker's reconciliation waits for it, or ends this session (forge.jobs_reconcile).
     PERFORM pg_advisory_xact_lock_shared(hashtext('forge.jobs_worker'),
-        hashtext(p_namespace || ' ' || p_node || ' ' || coalesce(p_queue, '@' || p_role)));
+        hashtext(p_namespace || ' ' || p_node || ' ' || v_lane));
     -- No sequential scans: every statement below has an index or TID plan that reads only the
     -- rows it needs, but the planner prefers a sequential scan while the statistics say the
     -- table is (nearly) empty - as they do after autovacuum analyzed an idle queue, until it
@@ -114,19 +130,36 @@ BEGIN
             set_config('plan_cache_mode', 'force_generic_plan', true);
 
     IF cardinality(p_started) > 0 THEN
-        -- (Rows found by primary key, then written by ctid: see this file's header.)
-        SELECT array_agg(x.tid) INTO v_tids
-          FROM (SELECT s.id, 'running'::text AS running FROM unnest(p_started) AS s(id)
-                OFFSET 0) s
-         CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
-                              WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
-                                AND j.started_at IS NULL LIMIT 1) x;
-        -- (Not locked: a version written meanwhile is checked again by these conditions, in
-        -- a CASE that the planner never matches to jobs_running: see the header.)
-        UPDATE forge.jobs j SET started_at = clock_timestamp()
-         WHERE j.ctid = ANY (v_tids)
-           AND CASE WHEN j.node_id = p_node AND j.state = 'running' AND j.started_at IS NULL
-                    THEN true END;
+        -- (Rows found by primary key, then written by ctid: see this file's header.) The first
+        -- pass locks nothing; a row written by someone else between its lookup and its update (a
+        -- cancel request) is then left out of the update - its new version is not at the TID
+        -- found - and only then a second pass finds the rows again, locked, so that no mark is
+        -- lost: a job whose node dies after it started must count the attempt.
+        FOR v_pass IN 1..2 LOOP
+            IF v_pass = 1 THEN
+                SELECT array_agg(x.tid) INTO v_tids
+                  FROM (SELECT s.id, 'running'::text AS running FROM unnest(p_started) AS s(id)
+                        OFFSET 0) s
+                 CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+                                      WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
+                                        AND j.started_at IS NULL LIMIT 1) x;
+            ELSE
+                SELECT array_agg(x.tid) INTO v_tids
+                  FROM (SELECT s.id, 'running'::text AS running FROM unnest(p_started) AS s(id)
+                        OFFSET 0) s
+                 CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+                                      WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
+                                        AND j.started_at IS NULL LIMIT 1 FOR NO KEY UPDATE) x;
+            END IF;
+            -- (A version written meanwhile is checked again by these conditions, in a CASE that
+            -- the planner never matches to jobs_running: see the header.)
+            UPDATE forge.jobs j SET started_at = clock_timestamp()
+             WHERE j.ctid = ANY (v_tids)
+               AND CASE WHEN j.node_id = p_node AND j.state = 'running' AND j.started_at IS NULL
+                        THEN true END;
+            GET DIAGNOSTICS v_written = ROW_COUNT;
+            EXIT WHEN v_written = coalesce(cardinality(v_tids), 0);
+        END LOOP;
     END IF;
 
     IF cardinality(p_ids) > 0 AND p_states <@ ARRAY['completed'] THEN
@@ -276,15 +309,20 @@ BEGIN
         -- Nothing to claim, deposed, or the queue is paused.
         RETURN;
     END IF;
-    -- One claim of a queue (or a role's queue) at a time in the cluster. Claims running side
-    -- by side would each walk the rows the other just took: SKIP LOCKED skips the rows
-    -- locked now, but a row claimed and committed after this statement's snapshot is
-    -- re-checked (EvalPlanQual) and dropped one by one, which costs more than waiting a few
-    -- milliseconds for the other claim to commit. The claim below takes its snapshot after
-    -- this lock, so it sees the other's claim. (Two-int advisory keys: another key space
-    -- than the roles' bigint keys.)
-    PERFORM pg_advisory_xact_lock(hashtext('forge.jobs_claim'),
-                                  hashtext(p_namespace || ' ' || coalesce(p_queue, '@' || p_role)));
+    IF NOT EXISTS (SELECT 1 FROM forge.job_lanes l
+                    WHERE l.namespace = p_namespace AND l.node_id = p_node AND l.lane = v_lane
+                      AND l.incarnation = p_incarnation AND l.generation = p_generation) THEN
+        -- Not the lane's identity (see the header): claim nothing.
+        RETURN QUERY SELECT NULL::bigint, false, NULL::text, NULL::jsonb, NULL::integer,
+                            NULL::integer, NULL::bigint, NULL::double precision, 'stale'::text,
+                            NULL::smallint, NULL::timestamptz;
+        RETURN;
+    END IF;
+    -- Claims of one queue on several nodes run side by side: SKIP LOCKED skips the rows another
+    -- claim has locked, and re-checks (EvalPlanQual) and drops those committed after this
+    -- statement's snapshot. (They used to take turns under an advisory lock, which spared that
+    -- re-check; but a claimant frozen with its answer unsent held it, and every node's claims of
+    -- the queue waited behind it until the frozen node was marked down.)
     -- Three branches, so that each matches its partial index (jobs_claim, jobs_claim_role) in
     -- plpgsql's cached generic plan. A queue worker may pass its floor: the claim order's
     -- position of the last job it claimed. The claim then starts after it, instead of walking

@@ -1467,8 +1467,32 @@ async fn with_completed_retention_zero_completed_jobs_are_deleted_and_the_rest_i
 /// A row of `forge.jobs_step`: (id, claimed, attempt, state).
 type StepRow = (i64, bool, Option<i32>, Option<String>);
 
-/// One `forge.jobs_step` call as node `node` on queue `default` (kind `plain`): reports
-/// `(id, attempt, outcome)`, then claims up to `limit` (all started); rows sorted by id.
+/// The incarnation of the nodes that [`take_lane`] registers.
+const INCARNATION: i64 = 1;
+
+/// Takes the lane of queue `default` on node `node` (registered as incarnation [`INCARNATION`]
+/// if it is not), as a worker does at its start; returns the generation its claims carry.
+async fn take_lane(pool: &PgPool, node: &str) -> i64 {
+    sqlx::query(
+        "INSERT INTO forge.nodes (namespace, node_id, started_at, heartbeat_at, incarnation)
+         VALUES ('forge', $1, now(), now(), $2) ON CONFLICT DO NOTHING",
+    )
+    .bind(node)
+    .bind(INCARNATION)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query_scalar("SELECT forge.jobs_lane_take('forge', $1, 'default', $2, 1000)")
+        .bind(node)
+        .bind(INCARNATION)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// One `forge.jobs_step` call as a worker of node `node` on queue `default` (kind `plain`) that
+/// has just taken its lane: reports `(id, attempt, outcome)`, then claims up to `limit` (all
+/// started); rows sorted by id.
 async fn step_as(
     pool: PgPool,
     node: &'static str,
@@ -1480,9 +1504,10 @@ async fn step_as(
     let attempts: Vec<i32> = reports.iter().map(|r| r.1).collect();
     let states: Vec<&str> = reports.iter().map(|r| r.2).collect();
     let n = reports.len();
+    let generation = take_lane(&pool, node).await;
     let mut rows: Vec<StepRow> = sqlx::query_as(
         "SELECT id, claimed, attempt, state FROM forge.jobs_step('forge', $1, 'default',
-            NULL, NULL, NULL, ARRAY['plain'], $2, $2, '{}', $3, $4, $5, $6, $7, 20,
+            NULL, NULL, NULL, $9, $10, ARRAY['plain'], $2, $2, '{}', $3, $4, $5, $6, $7, 20,
             NULL, NULL, NULL, $8)",
     )
     .bind(node)
@@ -1493,6 +1518,8 @@ async fn step_as(
     .bind(vec![Some(0_i64); n])
     .bind(vec![None::<serde_json::Value>; n])
     .bind(keep_completed)
+    .bind(INCARNATION)
+    .bind(generation)
     .fetch_all(&pool)
     .await
     .unwrap();
@@ -1566,6 +1593,7 @@ async fn round_trips_read_no_whole_table_when_the_statistics_say_it_is_empty() {
         .enqueue_many((0..300).map(|i| NewJob::new(plain, Behave::tag(format!("{i}")))))
         .await
         .unwrap();
+    let generation = take_lane(&pool, "x").await;
     // One session throughout, so that its own counts are flushed before each reading.
     let mut conn = pool.acquire().await.unwrap();
     let before = seq_scans(&mut conn).await;
@@ -1576,7 +1604,7 @@ async fn round_trips_read_no_whole_table_when_the_statistics_say_it_is_empty() {
         let n = ids.len();
         let claimed: Vec<(i64, i32)> = sqlx::query_as(
             "SELECT id, attempt FROM forge.jobs_step('forge', 'x', 'default', NULL, NULL, NULL,
-                ARRAY['plain'], 10, 10, '{}', $1, $2, $3, $4, $5, 20, NULL, NULL, NULL, true)
+                $6, $7, ARRAY['plain'], 10, 10, '{}', $1, $2, $3, $4, $5, 20, NULL, NULL, NULL, true)
               WHERE claimed",
         )
         .bind(&ids)
@@ -1584,6 +1612,8 @@ async fn round_trips_read_no_whole_table_when_the_statistics_say_it_is_empty() {
         .bind(vec!["completed"; n])
         .bind(vec![None::<i64>; n])
         .bind(vec![None::<serde_json::Value>; n])
+        .bind(INCARNATION)
+        .bind(generation)
         .fetch_all(&mut *conn)
         .await
         .unwrap();
@@ -1642,23 +1672,7 @@ async fn report_racing_a_write(
         vec![(id, 1, "completed")],
         keep,
     ));
-    wait_until(
-        "the report to wait for the other writer's row lock",
-        SOON,
-        Duration::from_millis(5),
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE '%jobs_step%'",
-            )
-            .fetch_one(pool)
-            .await
-            .unwrap();
-            (waiting > 0).then_some(())
-        },
-    )
-    .await
-    .unwrap();
+    wait_for_row_lock_wait(pool).await;
     writer.commit().await.unwrap();
     let rows = reported.await.unwrap();
     let state: Option<String> = sqlx::query_scalar("SELECT state FROM forge.jobs WHERE id = $1")
@@ -1719,6 +1733,141 @@ async fn a_report_that_waits_for_a_concurrent_cancel_request_is_recorded() {
         assert_eq!(rows, vec![], "recorded as asked; keep_completed = {keep}");
         let expected = keep.then_some("completed");
         assert_eq!(state.as_deref(), expected, "keep_completed = {keep}");
+    }
+}
+
+/// A started mark of a job claimed ahead that has to wait for another writer of its job's row -
+/// a cancel request - lands all the same: the attempt counts if its node dies. (Marks are
+/// written where their lookup found the rows; without a second, locked pass a row written in
+/// between was left out and the mark was lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_mark_that_waits_for_a_concurrent_cancel_request_lands() {
+    let (_db, pool) = setup().await;
+    let client = forge::jobs::Jobs::new(pool.clone(), &forge::LockNamespace::default());
+    let id = inserted(client.enqueue(plain, Behave::tag("m")).await.unwrap()).0;
+    let generation = take_lane(&pool, "x").await;
+    let claimed: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT id, state FROM forge.jobs_step('forge', 'x', 'default', NULL, NULL, NULL, $1, $2,
+            ARRAY['plain'], 1, 0, '{}', '{}', '{}', '{}', '{}', '{}', 20, NULL, NULL, NULL, true)",
+    )
+    .bind(INCARNATION)
+    .bind(generation)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(claimed, vec![(id, "ahead".to_owned())]);
+
+    let mut writer = pool.begin().await.unwrap();
+    sqlx::query("UPDATE forge.jobs SET cancel_requested = true WHERE id = $1")
+        .bind(id)
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let marking = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            sqlx::query(
+                "SELECT * FROM forge.jobs_step('forge', 'x', 'default', NULL, NULL, NULL, $2, $3,
+                    ARRAY['plain'], 0, 0, $1, '{}', '{}', '{}', '{}', '{}', 20, NULL, NULL, NULL, true)",
+            )
+            .bind(vec![id])
+            .bind(INCARNATION)
+            .bind(generation)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    });
+    wait_for_row_lock_wait(&pool).await;
+    writer.commit().await.unwrap();
+    marking.await.unwrap();
+    let started: bool =
+        sqlx::query_scalar("SELECT started_at IS NOT NULL FROM forge.jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(started, "the started mark was lost");
+}
+
+/// Waits until a `forge.jobs_step` call waits for another transaction's row lock.
+async fn wait_for_row_lock_wait(pool: &PgPool) {
+    wait_for_lock_waiter(
+        pool,
+        "the round trip to wait for the other writer's row lock",
+        "query LIKE $1",
+        "%jobs_step%",
+    )
+    .await;
+}
+
+/// Waits until a session that `matches` (an SQL condition on `pg_stat_activity`, `$1` being
+/// `arg`) waits for a lock.
+async fn wait_for_lock_waiter(pool: &PgPool, what: &str, matches: &str, arg: &str) {
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND {matches}"
+    );
+    wait_until(what, SOON, Duration::from_millis(5), || async {
+        let waiting: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(arg)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        (waiting > 0).then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+/// Commits of claims of jobs tagged with a given tag, made to wait (as a commit waits for a
+/// stalled synchronous standby: the claim holds its rows and its worker's lane lock, invisible
+/// to others) until [`Stall::release`]: a deferred trigger on `forge.jobs` waits for an advisory
+/// lock that the stall's own connection holds.
+pub(crate) struct Stall {
+    conn: sqlx::PgConnection,
+}
+
+/// The advisory lock key a [`Stall`] holds.
+const STALL_KEY: i64 = 4242;
+
+/// Stalls the commits of claims of jobs tagged `tag` in the database at `url`.
+pub(crate) async fn stall_commits(url: &str, tag: &str) -> Stall {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION stall_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_advisory_xact_lock({STALL_KEY}); RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER stall_commit AFTER UPDATE ON forge.jobs
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+             WHEN (NEW.state = 'running' AND NEW.args ->> 'tag' = '{tag}')
+             EXECUTE FUNCTION stall_commit();
+         SELECT pg_advisory_lock({STALL_KEY});"
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    Stall { conn }
+}
+
+impl Stall {
+    /// Waits until a session named `application_name` waits for this stall.
+    pub(crate) async fn wait_until_waiting(&self, pool: &PgPool, application_name: &str) {
+        wait_for_lock_waiter(
+            pool,
+            &format!("a commit of {application_name} to wait for the stall"),
+            "application_name = $1 AND wait_event = 'advisory'",
+            application_name,
+        )
+        .await;
+    }
+
+    /// Lets every stalled commit, and every later one, go.
+    pub(crate) async fn release(mut self) {
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(STALL_KEY)
+            .execute(&mut self.conn)
+            .await
+            .unwrap();
     }
 }
 

@@ -7,16 +7,23 @@
 //! `job_runs` records every attempt that started (primary key (job, attempt)); the tests check
 //! that the attempts of each job are exactly 1..=attempt, that only jobs in flight on the lost
 //! node ran twice, and that a frozen node's late completion is refused.
+//!
+//! Also: a claim of a killed node that commits only after the node restarted strands nothing,
+//! and a job whose handler aborts its process before its start was recorded ends dead instead
+//! of killing nodes forever.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use forge::jobs::{JobId, JobState, NewJob};
-use forge_testkit::{NodeProcess, TestDatabase, wait_until};
+use forge_testkit::{Filter, NodeProcess, PgProxy, PgServer, TestDatabase, wait_until};
 use sqlx::PgPool;
 use tokio::process::Command;
 
-use super::{Behave, EFFECTS_TABLE_SQL, Effect, effect, plain, setup, wait_state};
+use super::{
+    Behave, EFFECTS_TABLE_SQL, Effect, Poison, effect, plain, poison, setup, stall_commits,
+    wait_for_job, wait_state,
+};
 use crate::support::*;
 
 /// The election timings of `config_toml`, and short job timings.
@@ -90,6 +97,26 @@ async fn running_on(pool: &PgPool, node: &str) -> Vec<i64> {
     .fetch_all(pool)
     .await
     .unwrap()
+}
+
+/// Enqueues a job that sleeps a minute on its first attempt, and waits until node n1 (the
+/// only node) runs it.
+async fn long_job_running_on_n1(pool: &PgPool, tag: &str) -> JobId {
+    let long = Behave {
+        sleep_ms: 60_000,
+        sleep_attempts: 1,
+        ..Behave::tag(tag)
+    };
+    let id = client(pool).enqueue(plain, long).await.unwrap().id();
+    wait_until(
+        "n1 to run the job",
+        SOON,
+        Duration::from_millis(5),
+        || async { (running_on(pool, "n1").await == [id.0]).then_some(()) },
+    )
+    .await
+    .unwrap();
+    id
 }
 
 /// Waits until the sessions of a killed node are gone from the server: a round trip it sent
@@ -394,26 +421,7 @@ async fn a_restarted_node_rescues_what_its_previous_run_left_running() {
     // A maintenance pass far away: only the restarted node itself can rescue in time.
     let config = write_config(&db, &dir, "1h").await;
     let mut n1 = JobNode::start(&config, "n1").await;
-    let id = client(&pool)
-        .enqueue(
-            plain,
-            Behave {
-                sleep_ms: 60_000,
-                sleep_attempts: 1,
-                ..Behave::tag("long")
-            },
-        )
-        .await
-        .unwrap()
-        .id();
-    wait_until(
-        "n1 to run the job",
-        SOON,
-        Duration::from_millis(5),
-        || async { (running_on(&pool, "n1").await == [id.0]).then_some(()) },
-    )
-    .await
-    .unwrap();
+    let id = long_job_running_on_n1(&pool, "long").await;
     n1.process.kill().unwrap();
     n1.process.wait_exit(SOON).await.unwrap();
     let config2 = dir.0.join("forge-2.toml");
@@ -652,4 +660,162 @@ async fn with_completed_jobs_deleted_a_node_killed_mid_backlog_loses_none() {
         }
     }
     assert_eq!(rerun, held, "what n1 held when it died is what ran again");
+}
+
+/// A node killed while its claim's commit waits (as for a stalled synchronous standby: a pool
+/// session does not notice its client died) and restarted with the same id: the claim must
+/// not commit after the new process looked for its predecessor's jobs and strand its job on a
+/// live node that does not know it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_a_killed_node_that_would_commit_after_its_restart_strands_nothing() {
+    let (db, pool) = setup().await;
+    let dir = ScratchDir::new("jobs-late-claim");
+    // A maintenance pass far away: nothing but the node itself looks at its jobs.
+    let config = write_config(&db, &dir, "1h").await;
+    let mut n1 = JobNode::start(&config, "n1").await;
+    let jobs = client(&pool);
+    // A job n1 runs when it is killed: the new process rescues it, which shows it has looked.
+    let running = long_job_running_on_n1(&pool, "running").await;
+    let stall = stall_commits(db.url(), "stalled").await;
+    let id = jobs
+        .enqueue(plain, Behave::tag("stalled"))
+        .await
+        .unwrap()
+        .id();
+    stall.wait_until_waiting(&pool, "forge:pool:n1").await;
+    n1.process.kill().unwrap();
+    n1.process.wait_exit(SOON).await.unwrap();
+
+    let _n1 = JobNode::start(&config, "n1").await;
+    wait_for_job(
+        &pool,
+        running,
+        "the restarted node to rescue its job",
+        |job| job.errors.iter().any(|e| e.reason == "rescued"),
+    )
+    .await;
+    // Whatever waits for the stall now commits.
+    stall.release().await;
+    let job = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!(job.node_id.as_deref(), Some("n1"));
+    assert_eq!(
+        (job.attempt, job.errors.len()),
+        (1, 0),
+        "the late claim took nothing: {job:?}"
+    );
+}
+
+/// A job whose handler aborts its node's process (as a stack overflow or an out-of-memory
+/// kill would) after it was claimed ahead, before the mark of its start landed: each rescue
+/// looks like one of an attempt that never started. Up to three such rescues do not count;
+/// then they do, and the job ends dead after max_attempts of them, saying why, instead of
+/// killing its node again and again.
+///
+/// Each round the node warms up on no-op jobs (so it claims ahead of its one slot), then runs a
+/// job that holds the slot while the poison waits behind it, claimed ahead; from then on what
+/// its pool sends reaches the server too late (the proxy holds it, then drops it when the node
+/// is dead): the mark of the poison's start never arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_kills_its_node_before_its_start_is_recorded_ends_dead() {
+    let (db, pool) = setup().await;
+    let server = PgServer::shared().unwrap();
+    let proxy = PgProxy::start(server.host(), server.port()).unwrap();
+    let dir = ScratchDir::new("jobs-poison");
+    let config = dir.0.join("forge.toml");
+    std::fs::write(
+        &config,
+        job_config_toml(&proxy.url_for(server, db.name()), "1h") + "\n[jobs.queues]\ndefault = 1\n",
+    )
+    .unwrap();
+    let jobs = client(&pool);
+    let abort = Poison {
+        abort: true,
+        ..Poison::default()
+    };
+    let id = jobs
+        .enqueue_job(NewJob::new(poison, abort).priority(1).max_attempts(1))
+        .await
+        .unwrap()
+        .id();
+    let claimed_ahead = || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT state = 'running' AND node_id = 'n1' AND started_at IS NULL
+               FROM forge.jobs WHERE id = $1",
+        )
+        .bind(id.0)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    // Three rescues free, then max_attempts (1) counted: four deaths.
+    for round in 1..=4 {
+        let warm_up = (0..30).map(|_| NewJob::new(poison, Poison::default()));
+        let hold = NewJob::new(
+            poison,
+            Poison {
+                sleep_ms: 1500,
+                ..Poison::default()
+            },
+        );
+        let warm_up: Vec<JobId> = jobs
+            .enqueue_many(warm_up)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.id())
+            .collect();
+        jobs.enqueue_job(hold).await.unwrap();
+        let mut n1 = JobNode::start(&config, "n1").await;
+        forge_testkit::wait_for(
+            &format!("round {round}: n1 to warm up and claim the poison ahead"),
+            SOON,
+            Duration::from_millis(2),
+            || async {
+                let warm: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM forge.jobs WHERE id = ANY($1) AND state = 'completed'",
+                )
+                .bind(warm_up.iter().map(|j| j.0).collect::<Vec<_>>())
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                let ahead = claimed_ahead().await;
+                if warm == 30 && ahead {
+                    Ok(())
+                } else {
+                    let row: (String, Option<String>, bool) = sqlx::query_as(
+                        "SELECT state, node_id, started_at IS NULL FROM forge.jobs WHERE id = $1",
+                    )
+                    .bind(id.0)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                    Err(format!("{warm} of 30 warm-up jobs completed; the poison (state, node, not started): {row:?}"))
+                }
+            },
+        )
+        .await
+        .unwrap();
+        proxy.delay(
+            Filter::application_prefix("forge:pool:n1"),
+            Duration::from_secs(600),
+        );
+        let status = n1.process.wait_exit(SOON).await.unwrap();
+        assert!(!status.success(), "round {round}: n1 {status:?}");
+        proxy.sever(&Filter::application_prefix("forge:pool:n1"));
+        sessions_gone(&pool, "n1").await;
+    }
+    let _n1 = JobNode::start(&config, "n1").await;
+    let job = wait_state(&pool, id, JobState::Dead).await;
+    let reasons: Vec<&str> = job.errors.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(reasons, ["rescued"; 4], "{:?}", job.errors);
+    for free in &job.errors[..3] {
+        assert!(free.error.contains("does not count"), "{:?}", job.errors);
+    }
+    assert!(
+        job.errors[3]
+            .error
+            .contains("died 4 times before the handler's start was recorded"),
+        "{:?}",
+        job.errors
+    );
 }

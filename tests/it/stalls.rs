@@ -1,7 +1,9 @@
 //! Liveness under stalls: a frozen transaction, a stalled write or a step-down never strands
 //! work or a role. Rescue skips rows another transaction holds and a down node's sessions are
 //! ended; pool transactions left idle end after a lease; a claim that commits after its worker
-//! gave up is settled by the reconciliation, and a claim whose reply was lost costs no attempt;
+//! gave up is settled by the reconciliation, a claim that reaches the server after it takes
+//! nothing, a claimant frozen inside its claim holds up no other claim, and a claim whose reply
+//! was lost costs no attempt;
 //! a successor ends the stuck fenced transactions of a frozen leader; an interrupted tick
 //! whose take-over fails is taken over later; `catch_up = "all"` runs ticks that came due
 //! during a long run; a node whose node session cannot be reopened but whose pool works stays
@@ -24,7 +26,7 @@ use forge_testkit::{Filter, PgProxy, PgServer, wait_until};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::time::Instant;
 
-use crate::jobs::{Behave, job_config, plain, setup, wait_state};
+use crate::jobs::{Behave, job_config, plain, setup, stall_commits, wait_state};
 use crate::support::*;
 
 /// Keeps a fault in place for `d`. (The length of the fault is the experiment.)
@@ -175,27 +177,19 @@ async fn a_pool_transaction_left_idle_is_ended_after_a_lease() {
 async fn a_claim_that_commits_after_its_worker_gave_up_on_it_is_settled() {
     let (db, pool) = setup().await;
     let node = jobs_node(job_config(db.url(), "a")).await;
-    // The queue's claim lock held elsewhere: the worker's claim stalls on the server past the
-    // worker's bound (5 s), as a commit waiting for a stalled synchronous standby would.
-    let mut stall = PgConnection::connect(db.url()).await.unwrap();
-    sqlx::query("SELECT pg_advisory_lock(hashtext('forge.jobs_claim'), hashtext('forge default'))")
-        .execute(&mut stall)
-        .await
-        .unwrap();
+    // The claim's commit waits on the server past the worker's bound (5 s), as a commit
+    // waiting for a stalled synchronous standby would.
+    let stall = stall_commits(db.url(), "stalled").await;
     let id = node
         .jobs()
         .enqueue(plain, Behave::tag("stalled"))
         .await
         .unwrap()
         .id();
+    stall.wait_until_waiting(&pool, "forge:pool:a").await;
     fault_window(Duration::from_millis(6500)).await;
     // Released: a claim the worker gave up on must not take the job now and strand it.
-    sqlx::query(
-        "SELECT pg_advisory_unlock(hashtext('forge.jobs_claim'), hashtext('forge default'))",
-    )
-    .execute(&mut stall)
-    .await
-    .unwrap();
+    stall.release().await;
     let job = wait_state(&pool, id, JobState::Completed).await;
     assert_eq!(job.node_id.as_deref(), Some("a"));
     assert!(
@@ -204,6 +198,119 @@ async fn a_claim_that_commits_after_its_worker_gave_up_on_it_is_settled() {
         job.errors
     );
     node.shutdown().await;
+}
+
+/// A claimant frozen in the middle of a claim holds the queue's claim lock until it is marked
+/// down (its answer larger than the socket buffers, say; here a session that took the lock and
+/// does nothing): the other nodes' claims of that queue go on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimant_frozen_inside_its_claim_stops_no_other_claim() {
+    let (db, pool) = setup().await;
+    let node = jobs_node(job_config(db.url(), "a")).await;
+    let mut frozen = PgConnection::connect(db.url()).await.unwrap();
+    sqlx::raw_sql(
+        "BEGIN; SELECT pg_advisory_xact_lock(hashtext('forge.jobs_claim'), hashtext('forge default'))",
+    )
+    .execute(&mut frozen)
+    .await
+    .unwrap();
+    let id = node
+        .jobs()
+        .enqueue(plain, Behave::tag("behind a frozen claim"))
+        .await
+        .unwrap()
+        .id();
+    let job = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!((job.attempt, job.node_id.as_deref()), (1, Some("a")));
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+            AND classid = hashtext('forge.jobs_claim')::oid",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(held, 1, "the frozen claimant still holds the claim lock");
+    drop(frozen);
+    node.shutdown().await;
+}
+
+/// A claim whose request reaches the server after its worker gave up on it (the round trip's
+/// bound) and reconciled on another connection - a request retransmitted late - takes
+/// nothing: here it would take the job enqueued meanwhile, which the worker (its two slots
+/// busy) would never learn of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_reaches_the_server_after_its_worker_reconciled_takes_nothing() {
+    let (db, pool) = setup().await;
+    let server = PgServer::shared().unwrap();
+    let proxy = PgProxy::start(server.host(), server.port()).unwrap();
+    let mut config = job_config(&proxy.url_for(server, db.name()), "b");
+    config.jobs.queues = [("default".to_owned(), 2)].into_iter().collect();
+    let b = jobs_node(config).await;
+    // One slot busy throughout; b keeps the connections of its lanes while it works.
+    span_running(&b, "late: holding", 20_000).await;
+    // What b's connections send from now on reaches the server 15 s late: the next claim. b
+    // gives up on it after 5 s, reconciles on a new connection and claims that job itself.
+    let late = Duration::from_secs(15);
+    assert!(proxy.delay(Filter::application_prefix("forge:pool:b"), late) > 0);
+    let sent = Instant::now();
+    let first = b
+        .jobs()
+        .enqueue(
+            Span,
+            SpanArgs {
+                tag: "late: first".into(),
+                sleep_ms: 20_000,
+            },
+        )
+        .await
+        .unwrap()
+        .id();
+    wait_until(
+        "b to run the first job after reconciling",
+        late,
+        Duration::from_millis(10),
+        || async { spans("late: first").first().map(|_| ()) },
+    )
+    .await
+    .unwrap();
+    assert!(
+        sent.elapsed() < late,
+        "b reconciled after the late claim landed"
+    );
+    let job = client(&pool).get(first).await.unwrap().unwrap();
+    assert_eq!(job.attempt, 1, "{job:?}");
+    // Both slots busy: only the late claim could take a job enqueued now.
+    let second = b
+        .jobs()
+        .enqueue(
+            Span,
+            SpanArgs {
+                tag: "late: second".into(),
+                sleep_ms: 0,
+            },
+        )
+        .await
+        .unwrap()
+        .id();
+    let job = forge_testkit::wait_for(
+        "the second job to complete once a slot frees",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || async {
+            match client(&pool).get(second).await {
+                Ok(Some(job)) if job.state == JobState::Completed => Ok(job),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (job.attempt, job.errors.len()),
+        (1, 0),
+        "the late claim took nothing: {job:?}"
+    );
+    b.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -242,14 +242,24 @@ async fn node_service(shared: Arc<Shared>, ctx: NodeContext, specs: Vec<WorkerSp
 }
 
 /// Rescues the jobs this node's previous run left running (it holds its id's lock now, so no
-/// other process can be running them).
+/// other process can be running them), after ending the previous run's pool sessions and taking
+/// its lanes (see `forge.jobs_rescue_own`), within the round trips' bound.
 async fn rescue_own(shared: &Shared, ctx: &NodeContext) -> Result<(), sqlx::Error> {
-    let rows = sqlx::query("SELECT * FROM forge.jobs_rescue_own($1, $2, $3)")
+    let rescue = sqlx::query("SELECT * FROM forge.jobs_rescue_own($1, $2, $3, $4, $5)")
         .bind(&shared.namespace)
         .bind(ctx.node_id())
+        .bind(ctx.incarnation())
         .bind(shared.default_max_attempts())
-        .fetch_all(ctx.pool())
-        .await?;
+        .bind(shared.lane_wait_ms())
+        .fetch_all(ctx.pool());
+    let rows = tokio::time::timeout(shared.statement_bound, rescue)
+        .await
+        .map_err(|_| {
+            sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the rescue of the previous run's jobs got no answer in time",
+            ))
+        })??;
     for row in rows {
         let id: i64 = row.try_get("id")?;
         let queue: String = row.try_get("queue")?;

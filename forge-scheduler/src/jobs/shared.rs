@@ -65,8 +65,9 @@ forge_core::sql_enum! {
 
 forge_core::sql_enum! {
     /// What `forge.jobs_step` says of a row: a job it claimed (started, or claimed ahead and
-    /// waiting for a slot), or an outcome it refused (the job is no longer this attempt's).
-    /// Other outcome rows carry the [`JobState`] recorded instead of the one asked for.
+    /// waiting for a slot), an outcome it refused (the job is no longer this attempt's), or a
+    /// claim it refused. Other outcome rows carry the [`JobState`] recorded instead of the one
+    /// asked for.
     pub(crate) enum StepRow {
         /// Claimed and marked started.
         Running = "running",
@@ -74,6 +75,8 @@ forge_core::sql_enum! {
         Ahead = "ahead",
         /// An outcome not recorded: the job was taken from this attempt.
         Refused = "refused",
+        /// Nothing claimed: the claim did not carry its lane's current identity.
+        Stale = "stale",
     }
 }
 
@@ -133,6 +136,15 @@ impl Shared {
 
     pub(crate) fn default_max_attempts(&self) -> i32 {
         self.config.default_max_attempts.clamp(1, i32::MAX as u32) as i32
+    }
+
+    /// How long taking a lane (`forge.jobs_lane_take`) waits, each time, for a round trip still
+    /// in flight on the server before it ends that trip's session: up to three waits and two
+    /// session ends fit in one round trip's bound.
+    pub(crate) fn lane_wait_ms(&self) -> i32 {
+        (self.statement_bound / 8)
+            .as_millis()
+            .clamp(1, i32::MAX as u128) as i32
     }
 }
 

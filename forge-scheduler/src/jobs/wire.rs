@@ -2,6 +2,11 @@
 //! `forge.jobs_reconcile` before it), sent as one round trip, and the rows they answer, decoded
 //! into what the worker acts on. No worker state here: [`super::worker`] builds a [`Step`],
 //! runs it off its own task, and takes in the [`StepAnswer`]s and [`Reconciled`]s.
+//!
+//! A claim carries the worker's identity: its node's incarnation and its lane's generation,
+//! which each reconciliation advances and answers (`forge.jobs_step` claims nothing with any
+//! other: see `forge.jobs_lane_take`). A round trip that reconciles claims with the generation
+//! its reconciliation just answered.
 
 use std::future::Future;
 use std::time::Duration;
@@ -32,6 +37,11 @@ pub(super) struct Step {
     pub(super) role: Option<String>,
     pub(super) epoch: Option<i64>,
     pub(super) tenure: Option<i64>,
+    /// The node's incarnation ([`forge_core::NodeContext::incarnation`]).
+    pub(super) incarnation: i64,
+    /// The lane's generation, from the worker's last reconciliation (`None` before the first:
+    /// a claim without one is answered stale).
+    pub(super) generation: Option<i64>,
     pub(super) kinds: Vec<&'static str>,
     pub(super) limit: i32,
     pub(super) start: i32,
@@ -57,7 +67,7 @@ pub(super) type Held = (Vec<i64>, Vec<i32>);
 /// What a round trip answered: the reconciliation's rows (when it reconciled), the step's rows,
 /// and the connection when it is still good.
 pub(super) type Answer = (
-    Option<Vec<PgRow>>,
+    Option<Vec<Reconciled>>,
     Result<Vec<PgRow>, sqlx::Error>,
     Option<PoolConnection<Postgres>>,
 );
@@ -73,7 +83,7 @@ impl Step {
     /// in time (a half-open session, a server stalled) is closed, never given back to the pool
     /// with its statement still in flight.
     pub(super) async fn run(
-        self,
+        mut self,
         conn: Option<PoolConnection<Postgres>>,
         pool: &sqlx::PgPool,
         reconcile: Option<Held>,
@@ -89,7 +99,12 @@ impl Step {
         };
         let reconciled = match reconcile {
             Some(held) => match within(deadline, self.reconcile(&mut conn, held)).await {
-                Ok(rows) => Some(rows),
+                Ok(rows) => {
+                    if let Some(generation) = Reconciled::generation(&rows) {
+                        self.generation = Some(generation);
+                    }
+                    Some(rows)
+                }
                 Err(err) => {
                     conn.close_on_drop();
                     return (None, Err(err), None);
@@ -115,26 +130,28 @@ impl Step {
         &self,
         conn: &mut PoolConnection<Postgres>,
         (known, known_attempts): Held,
-    ) -> Result<Vec<PgRow>, sqlx::Error> {
-        sqlx::query(
-            "SELECT id, status FROM forge.jobs_reconcile($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    ) -> Result<Vec<Reconciled>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT id, status, generation FROM forge.jobs_reconcile($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )
         .bind(&self.namespace)
         .bind(&self.node)
         .bind(&self.queue)
         .bind(self.role.as_deref())
         .bind(self.tenure)
+        .bind(self.incarnation)
         .bind(&known)
         .bind(&known_attempts)
         .bind(self.default_max)
         .bind(self.reconcile_wait_ms)
         .fetch_all(&mut **conn)
-        .await
+        .await?;
+        rows.iter().map(Reconciled::decode).collect()
     }
 
     async fn step(&self, conn: &mut PoolConnection<Postgres>) -> Result<Vec<PgRow>, sqlx::Error> {
         sqlx::query(
-            "SELECT * FROM forge.jobs_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
+            "SELECT * FROM forge.jobs_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)",
         )
         .bind(&self.namespace)
         .bind(&self.node)
@@ -142,6 +159,8 @@ impl Step {
         .bind(self.role.as_deref())
         .bind(self.epoch)
         .bind(self.tenure)
+        .bind(self.incarnation)
+        .bind(self.generation)
         .bind(&self.kinds)
         .bind(self.limit)
         .bind(self.start)
@@ -184,6 +203,9 @@ pub(super) enum StepAnswer {
         id: i64,
         recorded_as: Option<JobState>,
     },
+    /// The claim carried a stale identity (the lane was taken since the worker's last
+    /// reconciliation): it claimed nothing.
+    Stale,
 }
 
 /// A claimed job, as `forge.jobs_step` answers it.
@@ -208,6 +230,9 @@ impl StepAnswer {
     pub(super) fn decode(row: &PgRow) -> Result<StepAnswer, sqlx::Error> {
         if !row.try_get::<bool, _>("claimed")? {
             let state: String = row.try_get("state")?;
+            if StepRow::parse(&state) == Some(StepRow::Stale) {
+                return Ok(StepAnswer::Stale);
+            }
             return Ok(StepAnswer::Exception {
                 id: row.try_get("id")?,
                 recorded_as: JobState::parse(&state),
@@ -231,9 +256,18 @@ impl StepAnswer {
     }
 }
 
-/// One row of `forge.jobs_reconcile`'s answer: what became of a job this worker holds.
+/// One row of `forge.jobs_reconcile`'s answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Reconciled {
+    /// What became of a job this worker holds.
+    Job(i64, Fate),
+    /// `lane`: the lane's new generation, which the worker's claims carry from now on.
+    Lane(i64),
+}
+
+/// What became of a job a worker holds, as its reconciliation found it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fate {
     /// `cancel`: a cancel was requested.
     Cancel,
     /// `unsettled`: another transaction holds it; look again shortly.
@@ -242,19 +276,34 @@ pub(super) enum Reconciled {
     Gone,
 }
 
-impl Reconciled {
-    pub(super) fn from_status(status: &str) -> Reconciled {
+impl Fate {
+    pub(super) fn from_status(status: &str) -> Fate {
         match status {
-            "cancel" => Reconciled::Cancel,
-            "unsettled" => Reconciled::Unsettled,
-            _ => Reconciled::Gone,
+            "cancel" => Fate::Cancel,
+            "unsettled" => Fate::Unsettled,
+            _ => Fate::Gone,
         }
     }
+}
 
-    pub(super) fn decode(row: &PgRow) -> Result<(i64, Reconciled), sqlx::Error> {
-        let id: i64 = row.try_get("id")?;
+impl Reconciled {
+    pub(super) fn decode(row: &PgRow) -> Result<Reconciled, sqlx::Error> {
         let status: String = row.try_get("status")?;
-        Ok((id, Reconciled::from_status(&status)))
+        if status == "lane" {
+            return Ok(Reconciled::Lane(row.try_get("generation")?));
+        }
+        Ok(Reconciled::Job(
+            row.try_get("id")?,
+            Fate::from_status(&status),
+        ))
+    }
+
+    /// The lane's new generation among `rows`.
+    pub(super) fn generation(rows: &[Reconciled]) -> Option<i64> {
+        rows.iter().find_map(|row| match row {
+            Reconciled::Lane(generation) => Some(*generation),
+            Reconciled::Job(..) => None,
+        })
     }
 }
 
@@ -267,13 +316,14 @@ mod tests {
     fn every_status_of_jobs_reconcile_is_read() {
         let sql = function("jobs_reconcile");
         for (status, read) in [
-            ("cancel", Reconciled::Cancel),
-            ("unsettled", Reconciled::Unsettled),
-            ("gone", Reconciled::Gone),
+            ("cancel", Fate::Cancel),
+            ("unsettled", Fate::Unsettled),
+            ("gone", Fate::Gone),
         ] {
             assert!(sql.contains(&format!("'{status}'")), "{status}");
-            assert_eq!(Reconciled::from_status(status), read);
+            assert_eq!(Fate::from_status(status), read);
         }
+        assert!(sql.contains("'lane'"), "the lane's generation");
     }
 
     #[test]
@@ -298,6 +348,8 @@ mod tests {
             role: None,
             epoch: None,
             tenure: None,
+            incarnation: 1,
+            generation: None,
             kinds: vec!["mail"],
             limit: 0,
             start: 0,

@@ -27,8 +27,16 @@
 //! starts them locally as slots free up: as many as `concurrency × round trip / attempt
 //! duration` (moving averages), at most `CLAIM_AHEAD_MAX × concurrency`, and none for jobs
 //! that take longer than a round trip. Claimed-ahead jobs are `running` in the database but
-//! not started (`started_at` is set when they start); a rescue does not count such an attempt,
-//! and on shutdown they are released at once.
+//! not started (`started_at` is set when they start); a rescue does not count such an attempt
+//! (three times per job: see `forge.jobs_rescue`), and on shutdown they are released at once.
+//!
+//! **Reconciliation.** A worker checks its running jobs against the database
+//! (`forge.jobs_reconcile`) when it starts, after a failed round trip, after a LISTEN outage,
+//! when a claim came back stale, and [`RECONCILE_EVERY`] while it claims. Each reconciliation
+//! takes the worker's lane (`forge.jobs_lane_take`): it waits for, or ends, the worker's round
+//! trips still on the server, and advances the lane's generation, which the worker's claims carry
+//! from then on with the node's incarnation. A claim with an older identity - one the worker gave
+//! up on that reaches the server late, or one of a previous run of the node - takes nothing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -46,7 +54,7 @@ use tracing::{debug, warn};
 
 use super::attempt::{Attempts, Claimed, KindMetrics, Origin, Record, count, unusable};
 use super::shared::{CHANNEL_AVAILABLE, CHANNEL_CANCEL, Outcome, Shared, WorkerSpec};
-use super::wire::{ClaimedRow, Floor, Reconciled, Step, StepAnswer};
+use super::wire::{ClaimedRow, Fate, Floor, Reconciled, Step, StepAnswer};
 use super::{CancelReason, JobState, JobType};
 use crate::metrics::Series;
 
@@ -67,6 +75,11 @@ const POLL_WHILE_DEAF: Duration = Duration::from_secs(1);
 /// How soon a worker reconciles again after its reconciliation found jobs of its own that
 /// another transaction held (a rescue or an operator's action in progress).
 const RECONCILE_AGAIN: Duration = Duration::from_secs(1);
+
+/// How often a worker that claimed since its last reconciliation reconciles even when nothing
+/// failed: the longest a job claimed unseen by it (which its lane's identity should make
+/// impossible) stays stranded on its node. One statement per worker per period while it claims.
+const RECONCILE_EVERY: Duration = Duration::from_secs(10);
 
 /// Runs a queue's worker on this node until the node shuts down, then drains.
 pub(crate) async fn run_node_worker(shared: Arc<Shared>, ctx: NodeContext, spec: WorkerSpec) {
@@ -127,7 +140,7 @@ struct RoundTrip {
     /// How many jobs it asked for.
     limit: usize,
     /// Rows of `forge.jobs_reconcile`, when it reconciled.
-    reconciled: Option<Vec<PgRow>>,
+    reconciled: Option<Vec<Reconciled>>,
     /// Rows of `forge.jobs_step`.
     result: Result<Vec<PgRow>, sqlx::Error>,
     took: Duration,
@@ -177,6 +190,9 @@ struct Wants {
     /// Reconcile again then: the last reconciliation found jobs of this worker that another
     /// transaction held.
     reconcile_at: Option<Instant>,
+    /// A claim was sent since the last reconciliation: reconcile within [`RECONCILE_EVERY`] of
+    /// that reconciliation.
+    claimed_since_reconcile: bool,
 }
 
 struct Worker {
@@ -198,6 +214,12 @@ struct Worker {
     /// Where the next claim may start (see `forge.jobs_step`), and until when: `None` after a
     /// claim that came back short (the queue's end was reached) or past `FLOOR_RESCAN`.
     floor: Option<(Floor, Instant)>,
+    /// The lane's generation from the last reconciliation: with the node's incarnation, the
+    /// identity the worker's claims carry (`None` until the first, which every worker starts
+    /// with).
+    generation: Option<i64>,
+    /// When the last reconciliation was answered.
+    reconciled_at: Instant,
 }
 
 impl Drop for Worker {
@@ -243,8 +265,9 @@ impl Worker {
         Worker {
             wants: Wants {
                 claim: true,
-                // A role worker starts by rescuing what ended tenures of its role left running.
-                reconcile: spec.role.is_some(),
+                // Every worker starts by taking its lane (the identity of its claims); a role
+                // worker's also rescues what ended tenures of its role left running.
+                reconcile: true,
                 ..Wants::default()
             },
             shared,
@@ -261,6 +284,8 @@ impl Worker {
             conns: [None, None],
             in_flight: [HashSet::new(), HashSet::new()],
             floor: None,
+            generation: None,
+            reconciled_at: Instant::now(),
         }
     }
 
@@ -291,6 +316,8 @@ impl Worker {
             role: self.spec.role.as_ref().map(|r| r.name().to_owned()),
             epoch,
             tenure,
+            incarnation: self.ctx.incarnation(),
+            generation: self.generation,
             kinds: self.spec.kinds.clone(),
             limit: limit as i32,
             start: start as i32,
@@ -304,7 +331,7 @@ impl Worker {
             after: None,
             keep_completed: self.origin.keep_completed,
             // Up to three waits and two session ends fit in one round trip's bound.
-            reconcile_wait_ms: (self.shared.statement_bound / 8).as_millis().max(1) as i32,
+            reconcile_wait_ms: self.shared.lane_wait_ms(),
         }
     }
 
@@ -405,6 +432,11 @@ impl Worker {
                 _ = async { sleep_until(self.wants.reconcile_at.expect("guarded")).await },
                     if self.wants.reconcile_at.is_some() => {
                     self.wants.reconcile_at = None;
+                    self.wants.reconcile = true;
+                    None
+                }
+                _ = sleep_until(self.reconciled_at + RECONCILE_EVERY),
+                    if self.wants.claimed_since_reconcile && !self.wants.reconcile => {
                     self.wants.reconcile = true;
                     None
                 }
@@ -566,6 +598,7 @@ impl Worker {
             // This claim answers the wish; a notification heard while it is in flight (a job
             // committed after its snapshot) makes a new one, which its answer must not erase.
             self.wants.claim = false;
+            self.wants.claimed_since_reconcile = true;
         }
         let other = &self.in_flight[lane.other() as usize];
         let (records, deferred): (Vec<Record>, Vec<Record>) =
@@ -596,6 +629,8 @@ impl Worker {
             .chain(started.iter().copied())
             .collect();
         let reconcile = (reconcile && std::mem::take(&mut self.wants.reconcile)).then(|| {
+            // (This trip's own claim, if any, follows the reconciliation.)
+            self.wants.claimed_since_reconcile = limit > 0;
             // The jobs whose outcomes this trip records are still running in the database
             // until it does: they are this worker's, not orphans to rescue.
             let (mut ids, mut attempts) = self.attempts.held();
@@ -660,7 +695,7 @@ impl Worker {
         self.conns[trip.lane as usize] = trip.conn;
         self.in_flight[trip.lane as usize].clear();
         if let Some(rows) = trip.reconciled {
-            self.reconciled(rows)?;
+            self.reconciled(rows);
         }
         let rows = match trip.result {
             Ok(rows) => rows,
@@ -668,8 +703,9 @@ impl Worker {
                 // Send them again: outcomes are guarded, so a repeat of an outcome that was
                 // recorded after all changes nothing. A claim whose answer was lost is settled
                 // by the reconciliation: it first waits for (or ends) every round trip of this
-                // worker still in flight on the server, so a claim that commits late is seen
-                // and its jobs given back (see `forge.jobs_reconcile`).
+                // worker still on the server, so a claim that commits late is seen and its jobs
+                // given back, and it advances the lane's generation, so a claim that reaches
+                // the server only later takes nothing (see `forge.jobs_lane_take`).
                 let mut records = trip.records;
                 records.append(&mut self.attempts.records);
                 self.attempts.records = records;
@@ -701,8 +737,24 @@ impl Worker {
                 StepAnswer::Exception { id, recorded_as } => {
                     exceptions.insert(id, recorded_as);
                 }
+                StepAnswer::Stale => {
+                    // The lane was taken since this worker's last reconciliation (the node's
+                    // id restarted elsewhere, the database failed over to a standby that
+                    // missed the last one): take it back, then claim.
+                    warn!(target: "forge::job", queue = %self.spec.queue,
+                          "a claim carried a stale lane identity and took nothing; reconciling");
+                    self.wants.reconcile = true;
+                    self.wants.claim = true;
+                }
             }
         }
+        // In the claim's order (priority first): the claim answers them in the order of their
+        // rows in the table.
+        ahead.sort_by(|a, b| {
+            a.position
+                .partial_cmp(&b.position)
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
         for job in ahead {
             self.take(job, false);
         }
@@ -741,23 +793,26 @@ impl Worker {
         Ok(())
     }
 
-    fn reconciled(&mut self, rows: Vec<PgRow>) -> Result<(), sqlx::Error> {
+    fn reconciled(&mut self, rows: Vec<Reconciled>) {
+        self.reconciled_at = Instant::now();
         for row in rows {
-            match Reconciled::decode(&row)? {
-                (id, Reconciled::Cancel) => self.attempts.cancel(id, CancelReason::Requested),
-                (id, Reconciled::Unsettled) => {
+            match row {
+                Reconciled::Lane(generation) => self.generation = Some(generation),
+                Reconciled::Job(id, Fate::Cancel) => {
+                    self.attempts.cancel(id, CancelReason::Requested)
+                }
+                Reconciled::Job(id, Fate::Unsettled) => {
                     debug!(target: "forge::job", queue = %self.spec.queue, id,
                            "a job of this worker is held by another transaction; reconciling again shortly");
                     self.wants.reconcile_at = Some(Instant::now() + RECONCILE_AGAIN);
                 }
-                (id, Reconciled::Gone) => {
+                Reconciled::Job(id, Fate::Gone) => {
                     warn!(target: "forge::job", queue = %self.spec.queue, id,
                           "the job was taken away from this node (rescued while it seemed down); stopping the attempt");
                     self.attempts.cancel(id, CancelReason::Rescued);
                 }
             }
         }
-        Ok(())
     }
 
     /// Queues a claimed job to start. A job that cannot become an attempt - arguments that do
