@@ -104,7 +104,7 @@ pub(crate) fn alerts_export(cli: &Cli, output: Option<&Path>, json: bool) -> Out
         Some(path) => Config::load(path)?,
         None => Config::from_env()?,
     };
-    let yaml = forge::alerts::rules_yaml(&config);
+    let yaml = config.alert_rules().to_yaml();
     if let Some(path) = output {
         std::fs::write(path, &yaml)
             .map_err(|err| Fail::problem(format!("cannot write {}: {err}", path.display())))?;
