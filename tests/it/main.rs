@@ -27,6 +27,7 @@
 //!   SIGKILLed with and without a follower, and handing over before the instant.
 //! * `readme`: every Rust snippet of the README is compiled (in `examples/readme/`, word for
 //!   word), every TOML snippet loads.
+//! * `module_graph`: no import cycles between the modules of any crate of the workspace.
 //! * `schema`: the function files (applied once, again when changed, never over a newer
 //!   release's; one function each, every body compiles), stale functions with migrations off,
 //!   a database from before the pre-1.0 squash.
@@ -44,6 +45,7 @@ mod exactly_once;
 mod faults;
 mod jobs;
 mod model;
+mod module_graph;
 mod observability;
 mod placement;
 mod processes;
