@@ -500,7 +500,10 @@ async fn build_info_and_process_metrics_are_served() {
         response.contains("content-type: text/plain; version=0.0.4"),
         "{response}"
     );
-    assert!(response.ends_with("\r\n\r\n"), "a body after HEAD: {response}");
+    assert!(
+        response.ends_with("\r\n\r\n"),
+        "a body after HEAD: {response}"
+    );
     let response = request(
         addr,
         "POST /metrics HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n",
@@ -561,10 +564,13 @@ async fn the_metrics_endpoint_bounds_its_clients() {
     }
     assert!(seen.iter().all(|r| r.starts_with(b"HTTP/1.1 200")));
     let mut rest = Vec::new();
-    tokio::time::timeout(std::time::Duration::from_secs(20), stream.read_to_end(&mut rest))
-        .await
-        .expect("a silent client is cut off within the 10 s bound")
-        .unwrap();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        stream.read_to_end(&mut rest),
+    )
+    .await
+    .expect("a silent client is cut off within the 10 s bound")
+    .unwrap();
     assert!(
         started.elapsed() >= std::time::Duration::from_secs(9),
         "cut off after {:?}: before the bound",
