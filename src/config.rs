@@ -16,7 +16,7 @@ use forge_core::{
 use forge_scheduler::{CronConfig, JobsConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::alerts::{self, AlertRule, AlertingConfig};
+use forge_alerts::{AlertRule, AlertingConfig, RuleFile};
 
 /// The whole configuration of a node (`forge.toml`).
 ///
@@ -61,7 +61,7 @@ pub struct Config {
     /// `[alerting]`: the exported rule file's runbook links
     pub alerting: AlertingConfig,
     /// `[[alerts]]`: Prometheus alert rules of your own, and changes to the built-in ones
-    /// (exported with [`forge::alerts::rules_yaml`](crate::alerts::rules_yaml))
+    /// (exported with [`Config::alert_rules`])
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub alerts: Vec<AlertRule>,
 }
@@ -98,13 +98,13 @@ impl Config {
     pub fn parse(text: &str, path: Option<&Path>, env: &dyn Env) -> Result<Config> {
         let source = ConfigSource::new(text, path);
         let mut config: Config = toml::from_str(text)
-            .map_err(|err| alerts::refine_toml_error(source.toml_error(&err), &err, text))?;
+            .map_err(|err| forge_alerts::refine_toml_error(source.toml_error(&err), &err, text))?;
         let mut core = config.core();
         core.apply_env(env)?;
         config.set_core(core);
         config.admin.apply_env(env)?;
         config.validate_at(&source)?;
-        alerts::validate(&config.alerts, text, path)?;
+        forge_alerts::validate(&config.alerts, text, path)?;
         Ok(config)
     }
 
@@ -112,7 +112,7 @@ impl Config {
     /// `NodeBuilder::start` does it).
     pub fn validate(&self) -> Result<()> {
         self.validate_at(&ConfigSource::default())?;
-        alerts::validate(&self.alerts, "", None)
+        forge_alerts::validate(&self.alerts, "", None)
     }
 
     fn validate_at(&self, at: &ConfigSource<'_>) -> Result<()> {
@@ -138,6 +138,26 @@ impl Config {
         self.node = core.node;
         self.cluster = core.cluster;
         self.metrics = core.metrics;
+    }
+
+    /// The Prometheus rule file this configuration exports (`forge alerts export`): the
+    /// built-in rules with `[[alerts]]`' changes, then `[[alerts]]`' own rules, runbook links
+    /// into `[alerting] runbook_base_url`, the cron rules per cron unless `[metrics] per_cron =
+    /// false`. `.to_yaml()` gives the file; the same configuration always gives the same text.
+    ///
+    /// ```
+    /// let config = forge::Config::from_toml(
+    ///     "[[alerts]]\nname = \"forge_leader_failover\"\nenabled = false\n",
+    /// )?;
+    /// let yaml = config.alert_rules().to_yaml();
+    /// assert!(yaml.contains("- alert: \"forge_no_leader\""));
+    /// assert!(!yaml.contains("- alert: \"forge_leader_failover\""));
+    /// # Ok::<(), forge::Error>(())
+    /// ```
+    pub fn alert_rules(&self) -> RuleFile<'_> {
+        RuleFile::new(&self.alerts)
+            .runbook_base(self.alerting.runbook_base())
+            .per_cron(self.metrics.per_cron)
     }
 
     /// The database URL, or an error that says how to provide one.

@@ -66,22 +66,106 @@
 pub mod alerts;
 mod config;
 pub mod migrate;
-#[cfg(test)]
-mod module_graph;
 mod node;
 
 pub use config::Config;
 pub use node::{Node, NodeBuilder};
 
 pub use forge_core::{
-    Assembly, Component, Epoch, Error, FenceToken, LeaderInfo, Leadership, ListenerEvent, LockKey,
-    LockNamespace, LockSlotError, Metrics, NameError, NodeContext, NodeId, Result, Role, RoleState,
-    not_postgres, redact_url, shutdown_signal,
+    Epoch, Error, FenceToken, LeaderInfo, Leadership, LockKey, LockNamespace, LockSlotError,
+    NameError, NodeId, Result, Role, RoleState, shutdown_signal,
 };
 pub use forge_macros::{cron, job, migrate};
 pub use forge_scheduler::cron::{CronContext, CronError};
 pub use forge_scheduler::jobs::{JobContext, JobError};
 pub use forge_scheduler::{Schedule, ScheduleError};
+
+/// Extending a node: a [`Component`](component::Component) brings its own leader tasks,
+/// services, LISTEN channels, metrics, pruners and shutdown budget to the
+/// [`Assembly`](component::Assembly) of a node being built ([`NodeBuilder::component`]); the
+/// crons and the job queue are components too. Its services get a
+/// [`NodeContext`](component::NodeContext) (pool, metrics registry, shutdown token,
+/// notifications), and its metrics are [`MetricDef`](component::MetricDef)s registered in the
+/// node's [`Metrics`](component::Metrics).
+///
+/// ```
+/// use forge::component::{Assembly, Component, MetricDef};
+/// use forge::{Leadership, Role};
+///
+/// static REPORTS: MetricDef = MetricDef::counter("app_reports_total", "Reports written.");
+///
+/// /// Writes a report every minute on the leader of the `reports` role.
+/// struct Reports;
+///
+/// impl Component for Reports {
+///     fn name(&self) -> &'static str {
+///         "reports"
+///     }
+///
+///     fn install(self: Box<Self>, node: &mut Assembly) -> forge::Result<()> {
+///         node.describe_metrics(&[&REPORTS]);
+///         node.leader_task(Role::new("reports")?, "report", |leadership: Leadership| async move {
+///             let written = leadership.metrics().counter(&REPORTS, &[]);
+///             while !leadership.is_draining() {
+///                 written.increment(1);
+///                 tokio::select! {
+///                     _ = tokio::time::sleep(std::time::Duration::from_secs(60)) => {}
+///                     _ = leadership.stopping() => {}
+///                 }
+///             }
+///         });
+///         Ok(())
+///     }
+/// }
+/// # fn demo(config: forge::Config) -> forge::NodeBuilder {
+/// forge::Node::builder(config).component(Reports)
+/// # }
+/// ```
+pub mod component {
+    pub use forge_core::metrics::{MetricDef, MetricKind};
+    pub use forge_core::{Assembly, Component, ListenerEvent, Metrics, NodeContext, Standing};
+}
+
+/// PostgreSQL connections as FORGE makes them, for tools that connect by themselves (the
+/// `forge` command does): a URL fit to show, and what is wrong when the server is not
+/// PostgreSQL at all.
+pub mod db {
+    pub use forge_core::{not_postgres, redact_url};
+}
+
+// The paths of the items that moved to `component` and `db`, for one release. A trait's
+// re-export cannot be deprecated (rustc ignores `#[deprecated]` on `use`): `Component` is
+// hidden instead; the types are deprecated aliases, the functions deprecated wrappers.
+#[doc(hidden)]
+pub use forge_core::Component;
+
+/// Moved: [`forge::component::Assembly`](component::Assembly).
+#[deprecated(note = "moved to `forge::component::Assembly`")]
+pub type Assembly = component::Assembly;
+
+/// Moved: [`forge::component::NodeContext`](component::NodeContext).
+#[deprecated(note = "moved to `forge::component::NodeContext`")]
+pub type NodeContext = component::NodeContext;
+
+/// Moved: [`forge::component::Metrics`](component::Metrics).
+#[deprecated(note = "moved to `forge::component::Metrics`")]
+pub type Metrics = component::Metrics;
+
+/// Moved: [`forge::component::ListenerEvent`](component::ListenerEvent).
+#[deprecated(note = "moved to `forge::component::ListenerEvent`")]
+pub type ListenerEvent = component::ListenerEvent;
+
+/// Moved: [`forge::db::redact_url`](db::redact_url).
+#[deprecated(note = "moved to `forge::db::redact_url`")]
+pub fn redact_url(url: &str) -> String {
+    db::redact_url(url)
+}
+
+/// Moved: [`forge::db::not_postgres`](db::not_postgres).
+#[deprecated(note = "moved to `forge::db::not_postgres`")]
+pub async fn not_postgres(options: &sqlx::postgres::PgConnectOptions) -> Option<String> {
+    db::not_postgres(options).await
+}
 
 /// The sqlx FORGE is built on: use this one for the transactions you hand to FORGE
 /// (`forge::sqlx::query(...)`), or depend on the same version (see the README).

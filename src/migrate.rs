@@ -23,21 +23,19 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::BTreeMap;
-
-pub use forge_core::{FUNCTIONS_TABLE, FunctionState, FunctionStatus};
+pub use forge_core::{
+    FUNCTIONS_TABLE, FunctionState, FunctionStatus, MigrationState, MigrationStatus,
+};
 use forge_core::{FunctionSource, MigrationSource, Result};
-use serde::Serialize;
+use sqlx::PgConnection;
 use sqlx::migrate::Migrator;
-use sqlx::types::chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, PgConnection, Row};
 
 /// The table FORGE records its own migrations in (the application's stay in
 /// [`APP_TABLE`]).
 pub const TABLE: &str = forge_core::MIGRATIONS_TABLE;
 
 /// The table sqlx records the application's migrations in (`NodeBuilder::migrations`).
-pub const APP_TABLE: &str = "_sqlx_migrations";
+pub const APP_TABLE: &str = forge_core::APP_MIGRATIONS_TABLE;
 
 // `MIGRATION_FILES` and `FUNCTION_FILES`: the files of `migrations/`, listed by build.rs.
 include!(concat!(env!("OUT_DIR"), "/schema.rs"));
@@ -66,39 +64,6 @@ pub fn migrator() -> Migrator {
     forge_core::migrator(&sources())
 }
 
-/// Where one migration stands in a database.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MigrationState {
-    /// Applied, with the same SQL.
-    Applied,
-    /// Not applied yet.
-    Pending,
-    /// Applied with different SQL: this binary and the database disagree.
-    Changed,
-    /// Started and failed: the database needs a human (sqlx calls it dirty).
-    Failed,
-    /// Applied, but unknown to this binary (applied by a newer version).
-    Unknown,
-}
-
-/// One migration and its state in a database.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[non_exhaustive]
-pub struct MigrationStatus {
-    /// Its version.
-    pub version: i64,
-    /// Its description (the file name after the version).
-    pub description: String,
-    /// Where it stands.
-    pub state: MigrationState,
-    /// When it was applied.
-    pub installed_on: Option<DateTime<Utc>>,
-    /// Its SQL (empty for [`MigrationState::Unknown`]).
-    #[serde(skip)]
-    pub sql: String,
-}
-
 /// The state of each of `migrator`'s migrations in the database, by version, followed by the
 /// applied ones it does not know. `table` is where they are recorded: [`TABLE`] for FORGE's,
 /// [`APP_TABLE`] for the application's. Reads only. For FORGE's, a database migrated by a
@@ -109,65 +74,7 @@ pub async fn status(
     migrator: &Migrator,
     table: &str,
 ) -> Result<Vec<MigrationStatus>> {
-    if table == TABLE {
-        forge_core::check_history(conn, migrator).await?;
-    }
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(table)
-        .fetch_one(&mut *conn)
-        .await?;
-    // version -> (description, installed_on, success, checksum)
-    type Applied = (String, DateTime<Utc>, bool, Vec<u8>);
-    let mut applied: BTreeMap<i64, Applied> = BTreeMap::new();
-    if exists {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT version, description, installed_on, success, checksum FROM {table}"
-        )))
-        .fetch_all(&mut *conn)
-        .await?;
-        for row in rows {
-            applied.insert(
-                row.try_get("version")?,
-                (
-                    row.try_get("description")?,
-                    row.try_get("installed_on")?,
-                    row.try_get("success")?,
-                    row.try_get("checksum")?,
-                ),
-            );
-        }
-    }
-    let mut out = Vec::new();
-    for migration in migrator.iter() {
-        if migration.migration_type.is_down_migration() {
-            continue;
-        }
-        let (state, installed_on) = match applied.remove(&migration.version) {
-            None => (MigrationState::Pending, None),
-            Some((_, at, false, _)) => (MigrationState::Failed, Some(at)),
-            Some((_, at, true, checksum)) if *checksum != *migration.checksum => {
-                (MigrationState::Changed, Some(at))
-            }
-            Some((_, at, true, _)) => (MigrationState::Applied, Some(at)),
-        };
-        out.push(MigrationStatus {
-            version: migration.version,
-            description: migration.description.to_string(),
-            state,
-            installed_on,
-            sql: migration.sql.as_str().to_owned(),
-        });
-    }
-    for (version, (description, at, _, _)) in applied {
-        out.push(MigrationStatus {
-            version,
-            description,
-            state: MigrationState::Unknown,
-            installed_on: Some(at),
-            sql: String::new(),
-        });
-    }
-    Ok(out)
+    forge_core::migration_status(conn, migrator, table).await
 }
 
 /// The state of each of FORGE's function files in the database, by name, followed by the

@@ -1,4 +1,4 @@
-//! The probe node process used by the multi-process tests (see `forge_testkit::probe`).
+//! The probe node process used by the multi-process tests (see `forge_tests::probe`).
 //!
 //! `forge-probe-node [forge.toml]`: configuration from the file if given, then the
 //! environment (`DATABASE_URL`, `FORGE_NODE_ID`, `FORGE_ROLES`, ...).
@@ -19,7 +19,7 @@ async fn main() -> ExitCode {
         None => forge::Config::from_env(),
     };
     match config {
-        Ok(config) => forge_testkit::probe::run(config).await,
+        Ok(config) => forge_tests::probe::run(config).await,
         Err(err) => {
             eprintln!("error: {err}");
             ExitCode::FAILURE

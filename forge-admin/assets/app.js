@@ -24,6 +24,9 @@ const app = {
   status: null,
   // The server's now of the last answer the page shows.
   updated: null,
+  // The API's vocabulary (`GET /api/meta`): event kinds and their groups, job states, job
+  // actions and the states each applies to. Pages render it; they keep no copy of their own.
+  meta: { event_kinds: [], event_groups: [], job_states: [], job_actions: [] },
 };
 
 // --- messages ----------------------------------------------------------------------------
@@ -88,6 +91,11 @@ async function loadAccess() {
   }
   showAccess();
   return true;
+}
+
+/** Loads the API's vocabulary once, before the first page is built. */
+async function loadMeta() {
+  app.meta = await api('api/meta');
 }
 
 /** Opens the token dialog; resolves true when a token was saved. */
@@ -199,6 +207,7 @@ function mount(userNavigated) {
     refresh,
     navigate: (hash) => { location.hash = hash; },
     status: () => app.status,
+    meta: app.meta,
   });
   if (userNavigated) main.focus({ preventScroll: true });
   refresh();
@@ -339,7 +348,7 @@ function start() {
   });
   window.addEventListener('hashchange', () => mount(true));
   showAccess();
-  loadAccess()
+  Promise.all([loadMeta(), loadAccess()])
     .catch((err) => banner(describe(err), 'error'))
     .finally(() => mount(false));
 }

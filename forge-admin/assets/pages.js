@@ -6,13 +6,11 @@ import {
   json, button, confirmDialog, serverNow,
 } from './ui.js';
 
-export const EVENT_KINDS = [
-  'leader_elected', 'leader_released', 'leader_rebalanced', 'leader_fenced', 'leader_lost',
-  'node_joined', 'node_left',
-  'node_drifted', 'node_recovered', 'node_down', 'node_rejoined', 'node_forgotten', 'admin_action',
-];
-
-const LEADERSHIP_KINDS = 'leader_elected,leader_released,leader_rebalanced,leader_fenced,leader_lost';
+/** The event kinds of a group of the API's vocabulary (`GET /api/meta`), comma-separated. */
+function groupKinds(meta, group) {
+  const found = meta.event_groups.find((g) => g.group === group);
+  return found ? found.kinds.join(',') : '';
+}
 
 /** A stable colour class for a node id, so a node keeps its colour across lanes. */
 function nodeColour(node) {
@@ -311,7 +309,7 @@ export function leadership(ctx) {
     async update() {
       const [history, events] = await Promise.all([
         api(`api/cluster/history${query({ limit: 500, role: roleFilter })}`),
-        api(`api/cluster/events${query({ kind: LEADERSHIP_KINDS, limit: 50, role: roleFilter })}`),
+        api(`api/cluster/events${query({ kind: groupKinds(ctx.meta, 'leadership'), limit: 50, role: roleFilter })}`),
       ]);
       const roles = [...new Set([...(ctx.status() || { roles: [] }).roles.map((r) => r.role),
         ...history.items.map((t) => t.role)])].sort();
@@ -377,9 +375,11 @@ export function events(ctx) {
     h('label', { class: 'field' }, h('span', {}, 'Kind'),
       h('select', { name: 'kind', id: 'f-kind' },
         h('option', { value: '' }, 'all kinds'),
-        h('option', { value: LEADERSHIP_KINDS, selected: params.get('kind') === LEADERSHIP_KINDS }, 'leadership (leader_*)'),
-        h('option', { value: 'node_joined,node_left,node_drifted,node_recovered,node_down,node_rejoined,node_forgotten', selected: (params.get('kind') || '').startsWith('node_joined,') }, 'membership (node_*)'),
-        EVENT_KINDS.map((k) => h('option', { value: k, selected: params.get('kind') === k }, k)))),
+        ctx.meta.event_groups.filter((g) => g.kinds.length > 1).map((g) => {
+          const kinds = g.kinds.join(',');
+          return h('option', { value: kinds, selected: params.get('kind') === kinds }, `${g.group} (${g.kinds.length} kinds)`);
+        }),
+        ctx.meta.event_kinds.map((k) => h('option', { value: k, selected: params.get('kind') === k }, k)))),
     h('label', { class: 'field' }, h('span', {}, 'Node'),
       h('input', { name: 'node', id: 'f-node', value: params.get('node') || '', placeholder: 'node id', autocomplete: 'off' })),
     h('label', { class: 'field' }, h('span', {}, 'Role'),

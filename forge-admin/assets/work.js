@@ -130,8 +130,6 @@ function cronDetail(ctx, name) {
 
 // --- Jobs --------------------------------------------------------------------------------
 
-export const JOB_STATES = ['available', 'scheduled', 'running', 'retryable', 'completed', 'dead', 'cancelled'];
-
 function jobActions(ctx, job, { onDeleted } = {}) {
   if (!ctx.canWrite()) return null;
   // What the job's state allows, as the API computes it (it refuses the others with a 409).
@@ -208,9 +206,12 @@ export function jobs(ctx) {
   if (ctx.canWrite()) {
     const run = (action, verb) => async () => {
       const what = filterText(filter);
+      // The states the action leaves alone, as the API says (`GET /api/meta`).
+      const applies = (ctx.meta.job_actions.find((a) => a.action === action) || { states: [] }).states;
+      const spared = ctx.meta.job_states.filter((s) => !applies.includes(s));
       const yes = await confirmDialog(`${verb} every matching job?`,
         `${verb} every job matching ${what} - all of them, not only those listed here, in batches of 1,000.`
-        + (action === 'retry' ? ' Running jobs are left alone.' : action === 'delete' ? ' Running jobs are not deleted.' : ''),
+        + (spared.length ? ` Jobs that are ${spared.join(' or ')} are left alone.` : ''),
         `${verb} all matching`);
       if (!yes) return;
       const body = {};
@@ -222,10 +223,14 @@ export function jobs(ctx) {
       await ctx.act(() => api(`api/jobs/bulk/${action}`, { method: 'POST', body }),
         (r) => `${verb}: ${fmtNumber(r.affected)} job${r.affected === 1 ? '' : 's'} matching ${what}.`);
     };
+    // One button per action the API has (`GET /api/meta`); deleting is the one not undone.
     bulk.append(h('span', { class: 'muted' }, 'Everything matching the filter: '),
-      button('Retry all', run('retry', 'Retry'), { action: 'bulk-retry', kind: 'write' }), ' ',
-      button('Cancel all', run('cancel', 'Cancel'), { action: 'bulk-cancel', kind: 'write' }), ' ',
-      button('Delete all', run('delete', 'Delete'), { action: 'bulk-delete', kind: 'write', danger: true }));
+      ...ctx.meta.job_actions.flatMap(({ action }, i) => {
+        const verb = `${action[0].toUpperCase()}${action.slice(1)}`;
+        const one = button(`${verb} all`, run(action, verb),
+          { action: `bulk-${action}`, kind: 'write', danger: action === 'delete' });
+        return i ? [' ', one] : [one];
+      }));
   }
   const list = h('div');
   const more = h('div', { class: 'more' });
@@ -241,7 +246,8 @@ export function jobs(ctx) {
       const counts = {};
       for (const q of queues.queues) {
         if (filter.queue && q.queue !== filter.queue) continue;
-        for (const s of ['available', 'scheduled', 'running', 'retryable', 'dead']) counts[s] = (counts[s] || 0) + q[s];
+        // A queue counts the states it holds jobs in for long (the API's QueueView).
+        for (const s of ctx.meta.job_states) if (typeof q[s] === 'number') counts[s] = (counts[s] || 0) + q[s];
       }
       const link = (state, label) => {
         const params = new URLSearchParams();
@@ -253,7 +259,7 @@ export function jobs(ctx) {
           dataset: { state: state || 'all' },
         }, label, counts[state] !== undefined ? h('span', { class: 'count' }, fmtNumber(counts[state])) : null));
       };
-      replace(tabs, link('', 'all'), JOB_STATES.map((s) => link(s, s)));
+      replace(tabs, link('', 'all'), ctx.meta.job_states.map((s) => link(s, s)));
       replace(list, table(
         [{ title: 'ID', class: 'num' }, { title: 'Kind' }, { title: 'Queue' }, { title: 'State' },
           { title: 'Attempt', class: 'num' }, { title: 'Run at' }, { title: 'Node' }, { title: 'Arguments' },

@@ -19,6 +19,7 @@
 //! | `GET /api/health/live` | 200 while the process serves (liveness probe; no token needed) |
 //! | `GET /api/health/ready` | 200 when PostgreSQL answers within 2 s, else 503 (readiness probe; no token needed); 503 while the node shuts down |
 //! | `GET /api/health/leader/{role}` | 200 on the role's leader, 503 elsewhere with the leader in `Forge-Leader` (for HAProxy, nginx, Kubernetes; no token needed; no database round trip) |
+//! | `GET /api/meta` | the vocabulary: `event_kinds`, `event_groups` (`leadership`, `membership`, `operators`: the kinds of each), `job_states`, `job_actions` (each action with the `states` it applies to); from the Rust enums, what the dashboard renders its filters and confirmations from (no token needed: no data of the cluster) |
 //! | `GET /api/cluster/status` | the [`ClusterStatus`](forge_core::inspect::ClusterStatus): the database's `now`, nodes by state, the expected roles and each one's leader, roles without one, work with nowhere to run (`unserved`: a queue with waiting jobs no live node works, a role with work no live node campaigns for), `healthy`, `problems` and `warnings` |
 //! | `GET /api/cluster/leaders` | every role's current (or last) leadership, with `led` |
 //! | `GET /api/cluster/leaders/{role}` | one role's |
@@ -59,7 +60,7 @@
 //! * Writes (every non-GET) need `Authorization: Bearer <[admin] token>`. With no token
 //!   configured writes are refused (403); `[admin] read_only = true` refuses them all.
 //! * Reads are open unless `[admin] read_token` is set; then they need it (or the write
-//!   token). The health probes are always open.
+//!   token). The health probes and `/api/meta` are always open.
 //! * Tokens are compared in constant time and never logged or shown (`/api/cluster/config`
 //!   redacts them and the database password).
 //! * Every write records an `admin_action` (or `step_down`) event with `by` = `api <peer
@@ -89,6 +90,7 @@ mod dashboard;
 mod error;
 mod extract;
 mod leader;
+mod meta;
 mod redact;
 mod views;
 mod work;
@@ -409,6 +411,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/health/live", get(cluster::live))
         .route("/api/health/ready", get(cluster::ready))
         .route("/api/health/leader/{role}", get(leader::probe))
+        .route("/api/meta", get(meta::meta))
         .merge(guarded)
         .merge(dashboard::routes(&state))
         .fallback(not_found)

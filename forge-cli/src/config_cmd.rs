@@ -38,7 +38,7 @@ pub(crate) fn check(file: &Path, env: bool, json: bool) -> Outcome {
         ),
     };
     let database = match &config.database.url {
-        Some(url) => forge::redact_url(url),
+        Some(url) => forge::db::redact_url(url),
         None if env => "not set: set DATABASE_URL or [database] url".to_owned(),
         None => "not in the file (nodes take DATABASE_URL)".to_owned(),
     };
@@ -67,7 +67,7 @@ pub(crate) fn check(file: &Path, env: bool, json: bool) -> Outcome {
         out::print_json(&json!({
             "file": file.display().to_string(),
             "ok": true,
-            "database": config.database.url.as_deref().map(forge::redact_url),
+            "database": config.database.url.as_deref().map(forge::db::redact_url),
             "namespace": config.cluster.lock_namespace,
             "roles": config.node.roles,
             "queues": config.node.queues,
@@ -104,7 +104,7 @@ pub(crate) fn alerts_export(cli: &Cli, output: Option<&Path>, json: bool) -> Out
         Some(path) => Config::load(path)?,
         None => Config::from_env()?,
     };
-    let yaml = forge::alerts::rules_yaml(&config);
+    let yaml = config.alert_rules().to_yaml();
     if let Some(path) = output {
         std::fs::write(path, &yaml)
             .map_err(|err| Fail::problem(format!("cannot write {}: {err}", path.display())))?;

@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
+use forge::db::redact_url;
 use forge::inspect::{Cluster, Workload};
 use forge::sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use forge::sqlx::{ConnectOptions, PgConnection};
-use forge::{Config, LockNamespace, redact_url};
+use forge::{Config, LockNamespace};
 
 use crate::args::Cli;
 use crate::fail::Fail;
@@ -125,7 +126,7 @@ async fn connect_once(
         _ => false,
     };
     let not_postgres = if protocol_trouble {
-        forge::not_postgres(options).await
+        forge::db::not_postgres(options).await
     } else {
         None
     };

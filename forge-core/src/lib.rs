@@ -53,9 +53,9 @@ pub use metrics::{Metrics, Tally};
 pub use role::{Epoch, LockKey, LockNamespace, LockSlotError, NodeId, Role};
 pub use runtime::{Assembly, Component, NodeContext, Runtime, shutdown_signal};
 pub use schema::{
-    FUNCTIONS_TABLE, FunctionSource, FunctionState, FunctionStatus, MIGRATIONS_TABLE,
-    MigrationSource, Schema, apply_functions, apply_schema, check_history, function_status,
-    migrator, schema_script,
+    APP_MIGRATIONS_TABLE, FUNCTIONS_TABLE, FunctionSource, FunctionState, FunctionStatus,
+    MIGRATIONS_TABLE, MigrationSource, MigrationState, MigrationStatus, Schema, apply_functions,
+    apply_schema, check_history, function_status, migration_status, migrator, schema_script,
 };
 
 #[doc(hidden)]

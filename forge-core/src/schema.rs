@@ -22,6 +22,10 @@ use sqlx::{Connection, PgConnection, SqlSafeStr};
 
 use crate::error::{Error, Result};
 
+mod status;
+
+pub use status::{APP_MIGRATIONS_TABLE, MigrationState, MigrationStatus, migration_status};
+
 /// One numbered migration: version, description (the file name after the number), SQL. The
 /// migrations of every crate form one sequence, recorded in [`MIGRATIONS_TABLE`] in the `forge`
 /// schema, so they never clash with the host application's.

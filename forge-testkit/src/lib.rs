@@ -89,7 +89,6 @@
 mod error;
 mod pg;
 mod pooler;
-pub mod probe;
 mod process;
 mod proxy;
 pub mod stats;

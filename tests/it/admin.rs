@@ -1010,9 +1010,49 @@ async fn writes_need_the_token_reads_the_read_token_and_read_only_refuses_every_
         .expect_error(401);
     api.with_token(READ_TOKEN).get(read).await.expect(200);
     api.with_token(TOKEN).get(read).await.expect(200);
-    // The probes stay open.
+    // The probes stay open, and so does the vocabulary (no data of the cluster): every
+    // event kind, job state and job action of the Rust enums, each action with its states.
     api.get("/api/health/live").await.expect(200);
     api.get("/api/health/ready").await.expect(200);
+    let meta = api.get("/api/meta").await.expect(200);
+    let names = |key: &str| -> Vec<String> {
+        meta[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {key} in {meta}"))
+            .iter()
+            .map(|v| v.as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let kinds: Vec<&str> = forge::inspect::EventKind::ALL
+        .iter()
+        .map(|k| k.as_str())
+        .collect();
+    assert_eq!(names("event_kinds"), kinds, "{meta}");
+    let states: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
+    assert_eq!(names("job_states"), states, "{meta}");
+    let groups = meta["event_groups"].as_array().unwrap();
+    let leadership = groups
+        .iter()
+        .find(|g| g["group"] == "leadership")
+        .unwrap_or_else(|| panic!("no leadership group in {meta}"));
+    assert!(
+        leadership["kinds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|k| k.as_str().is_some_and(|k| k.starts_with("leader_"))),
+        "{meta}"
+    );
+    for action in forge::jobs::JobAction::ALL {
+        let shown = meta["job_actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["action"] == action.as_str())
+            .unwrap_or_else(|| panic!("no {} in {meta}", action.as_str()));
+        let expected: Vec<&str> = action.states().iter().map(|s| s.as_str()).collect();
+        assert_eq!(shown["states"], json!(expected), "{meta}");
+    }
     api.post(write).await.expect_error(401);
     api.with_token("wrong-token-0123456789")
         .post(write)

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use forge::Config;
-use forge::alerts::{self, BUILTIN, Severity};
+use forge::alerts::{BUILTIN, Severity};
 use forge::config_sections::no_env;
 
 use crate::support::tools_present;
@@ -60,7 +60,7 @@ fn the_seeds_alerts_parse_and_export_with_routing_labels() {
     assert_eq!(first.notify.as_deref(), Some(&["pagerduty".to_owned()][..]));
     assert_eq!(config.alerts[1].for_, None);
 
-    let yaml = alerts::rules_yaml(&config);
+    let yaml = config.alert_rules().to_yaml();
     for expected in [
         "      - alert: \"no_scheduler_leader\"\n        expr: \"sum(forge_leader_is_leader{role='scheduler'}) == 0\"\n        for: 30s\n        labels:\n          severity: \"critical\"\n          notify_pagerduty: \"true\"\n",
         "      - alert: \"frequent_failovers\"\n        expr: \"rate(forge_leader_failovers_total[5m]) > 5\"\n        labels:\n          severity: \"warning\"\n          notify_slack: \"#ops\"\n",
@@ -79,7 +79,7 @@ fn the_seeds_alerts_parse_and_export_with_routing_labels() {
     );
     assert_eq!(
         yaml,
-        alerts::rules_yaml(&parse(SEED).unwrap()),
+        parse(SEED).unwrap().alert_rules().to_yaml(),
         "deterministic"
     );
     // The config shows them again as TOML that parses to the same.
@@ -102,7 +102,7 @@ enabled = false
 "#,
     )
     .unwrap();
-    let rules = alerts::rules(&config, alerts::DEFAULT_RUNBOOK_BASE);
+    let rules = config.alert_rules().rules();
     assert_eq!(rules.len(), BUILTIN.len() - 1);
     assert!(rules.iter().all(|r| r.name != "forge_leader_failover"));
     let drifted = rules
@@ -120,7 +120,10 @@ enabled = false
         drifted.runbook_url.as_deref(),
         Some("https://wiki.example.com/forge#drift")
     );
-    let yaml = alerts::rules_yaml_with(&config, "https://runbooks.example.com/forge.md");
+    let yaml = config
+        .alert_rules()
+        .runbook_base("https://runbooks.example.com/forge.md")
+        .to_yaml();
     assert!(
         yaml.contains("        for: 10m\n        labels:\n          severity: \"warning\"\n          notify_pagerduty: \"true\"\n          notify_slack: \"#db,#ops\"\n"),
         "{yaml}"
@@ -223,7 +226,7 @@ fn bad_alerts_name_the_key_and_the_line() {
 /// `FORGE_BLESS=1 cargo test -p forge-tests --test it -- alerts::`.
 #[test]
 fn the_shipped_rule_file_is_the_export_of_the_default_config() {
-    let exported = alerts::rules_yaml(&Config::default());
+    let exported = Config::default().alert_rules().to_yaml();
     let path = shipped_rules();
     if std::env::var_os("FORGE_BLESS").is_some() {
         std::fs::write(&path, &exported).unwrap();
@@ -231,7 +234,7 @@ fn the_shipped_rule_file_is_the_export_of_the_default_config() {
     let shipped = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         shipped == exported,
-        "{} differs from forge::alerts::rules_yaml(&Config::default()); rewrite it with \
+        "{} differs from Config::default().alert_rules().to_yaml(); rewrite it with \
          `FORGE_BLESS=1 cargo test -p forge-tests --test it -- alerts::` (and update its promtool \
          tests). The export:\n{exported}",
         path.display()
@@ -347,7 +350,7 @@ fn promtool_accepts_the_export_of_user_rules() {
     let dir = std::env::temp_dir().join(format!("forge-alerts-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("rules.yml");
-    let yaml = alerts::rules_yaml(&config);
+    let yaml = config.alert_rules().to_yaml();
     assert!(yaml.contains("        for: 1m30s\n"), "{yaml}");
     std::fs::write(&file, &yaml).unwrap();
     let checked = promtool(&["check", "rules", file.to_str().unwrap()]);
@@ -369,7 +372,7 @@ fn runbook_base_url_makes_the_runbook_links_absolute() {
         "[alerting]\nrunbook_base_url = \"{base}\"\n{SEED}\n[[alerts]]\nname = \"forge_nodes_drifted\"\nrunbook = \"https://wiki.example.com/drift\"\n"
     ))
     .unwrap();
-    let yaml = alerts::rules_yaml(&config);
+    let yaml = config.alert_rules().to_yaml();
     for builtin in BUILTIN {
         let link = if builtin.name == "forge_nodes_drifted" {
             "https://wiki.example.com/drift".to_owned()
@@ -385,7 +388,9 @@ fn runbook_base_url_makes_the_runbook_links_absolute() {
     assert!(!yaml.contains("\"docs/runbook.md"), "{yaml}");
     // Without it, the links stay relative (the shipped file).
     assert!(
-        alerts::rules_yaml(&Config::default())
+        Config::default()
+            .alert_rules()
+            .to_yaml()
             .contains("runbook_url: \"docs/runbook.md#forge_no_leader\"")
     );
 
@@ -416,7 +421,7 @@ fn runbook_base_url_makes_the_runbook_links_absolute() {
 #[test]
 fn the_cron_rules_group_by_role_without_per_cron_series() {
     let config = parse("[metrics]\nper_cron = false\n").unwrap();
-    let yaml = alerts::rules_yaml(&config);
+    let yaml = config.alert_rules().to_yaml();
     assert!(!yaml.contains("cron)"), "{yaml}");
     assert!(!yaml.contains("$labels.cron"), "{yaml}");
     assert!(

@@ -277,7 +277,7 @@ async fn scheduler_leader(pool: &PgPool) -> String {
 async fn a_tick_claimed_ahead_by_a_killed_leader_runs_on_time_or_by_the_interrupted_policy() {
     let db = fresh_db().await;
     let pool = db.pool().await.unwrap();
-    sqlx::raw_sql(forge_testkit::probe::PROBE_TABLE_SQL)
+    sqlx::raw_sql(forge_tests::probe::PROBE_TABLE_SQL)
         .execute(&pool)
         .await
         .unwrap();

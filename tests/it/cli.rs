@@ -1456,7 +1456,7 @@ async fn bad_input_gets_a_clear_message_and_the_documented_exit_code() {
 async fn alerts_export_writes_the_rule_file_of_the_configuration() {
     // No configuration: the defaults' rules, on stdout.
     let run = forge_env(None, &[], &["alerts", "export"]).await.ok();
-    assert_eq!(run.stdout, forge::alerts::rules_yaml(&Config::default()));
+    assert_eq!(run.stdout, Config::default().alert_rules().to_yaml());
     assert!(run.stdout.contains("forge_no_leader"), "{}", run.stdout);
 
     // A forge.toml with a rule of its own, to a file.
@@ -1487,7 +1487,7 @@ async fn alerts_export_writes_the_rule_file_of_the_configuration() {
     let written = std::fs::read_to_string(&file).unwrap();
     assert_eq!(
         written,
-        forge::alerts::rules_yaml(&Config::load(&path).unwrap())
+        Config::load(&path).unwrap().alert_rules().to_yaml()
     );
     assert!(written.contains("billing_backlog"), "{written}");
     let out = forge_env(

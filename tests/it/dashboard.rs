@@ -693,6 +693,34 @@ async fn the_dashboard_shows_every_page_a_sigkilled_leaders_failover_a_handoff_a
             vec![json!(successor)],
         )
         .await;
+    // Its kind filter offers every event kind the API has (`GET /api/meta`), the one chosen
+    // selected, and the leadership group as one choice.
+    let offered = browser
+        .wait_js(
+            "the kind filter's choices",
+            SOON,
+            "const select = document.querySelector('#f-kind');
+             return select ? [...select.options].map((o) => [o.value, o.selected]) : null;",
+            vec![],
+        )
+        .await;
+    let offered: Vec<(String, bool)> = serde_json::from_value(offered).unwrap();
+    for kind in forge::inspect::EventKind::ALL {
+        assert!(
+            offered.iter().any(|(value, _)| value == kind.as_str()),
+            "{kind} is not offered: {offered:?}"
+        );
+    }
+    assert!(
+        offered.contains(&("leader_elected".to_owned(), true)),
+        "{offered:?}"
+    );
+    assert!(
+        offered
+            .iter()
+            .any(|(value, _)| value.starts_with("leader_elected,") && !value.contains("node_")),
+        "no leadership group: {offered:?}"
+    );
     browser
         .assert_no_console_errors("on the Overview and Events pages after the failover")
         .await;
@@ -1012,6 +1040,14 @@ async fn jobs_and_a_cron_are_operated_from_the_dashboard_by_mouse_and_keyboard_a
             .unwrap()
             .contains("state dead, queue work"),
         "the confirmation names the filter: {question}"
+    );
+    // What a retry leaves alone, from the API's JobAction::states (`GET /api/meta`).
+    assert!(
+        question
+            .as_str()
+            .unwrap()
+            .contains("Jobs that are available or running are left alone."),
+        "the confirmation says which states are left alone: {question}"
     );
     browser.click("#confirm-yes").await;
     for id in &more {

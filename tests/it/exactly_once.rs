@@ -335,7 +335,7 @@ async fn a_tick_whose_commit_reply_was_lost_when_its_leader_was_killed_runs_once
     // The probe nodes' cron completes its tick in the transaction of its effect row.
     let db = fresh_db().await;
     let pool = db.pool().await.unwrap();
-    sqlx::raw_sql(forge_testkit::probe::PROBE_TABLE_SQL)
+    sqlx::raw_sql(forge_tests::probe::PROBE_TABLE_SQL)
         .execute(&pool)
         .await
         .unwrap();

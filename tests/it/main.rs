@@ -31,6 +31,7 @@
 //!   (libfaketime): every tick runs, on time by the database's clock.
 //! * `clocks`: steps of the database's wall clock (PostgreSQL under libfaketime): no healthy
 //!   leader deposed, no live node marked down, no rescue delayed, a frozen leader still replaced.
+//! * `module_graph`: no import cycles between the modules of any crate of the workspace.
 //! * `schema`: the function files (applied once, again when changed, never over a newer
 //!   release's; one function each, every body compiles), stale functions with migrations off,
 //!   a database from before the pre-1.0 squash.
@@ -49,6 +50,7 @@ mod exactly_once;
 mod faults;
 mod jobs;
 mod model;
+mod module_graph;
 mod observability;
 mod placement;
 mod processes;

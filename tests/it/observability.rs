@@ -7,9 +7,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::support::*;
 
 async fn scrape(addr: std::net::SocketAddr) -> String {
+    request(addr, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n").await
+}
+
+/// The response to `head` (its lines, without the blank line that ends it) sent alone on a
+/// connection that it closes (`Connection: close`).
+async fn request(addr: std::net::SocketAddr, head: &str) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .write_all(format!("{head}Connection: close\r\n\r\n").as_bytes())
         .await
         .unwrap();
     let mut response = String::new();
@@ -488,17 +494,104 @@ async fn build_info_and_process_metrics_are_served() {
         );
     }
     // HEAD answers the headers alone; other methods are refused.
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(b"POST /metrics HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
+    let response = request(addr, "HEAD /metrics HTTP/1.1\r\nHost: localhost\r\n").await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response.contains("content-type: text/plain; version=0.0.4"),
+        "{response}"
+    );
+    assert!(
+        response.ends_with("\r\n\r\n"),
+        "a body after HEAD: {response}"
+    );
+    let response = request(
+        addr,
+        "POST /metrics HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n",
+    )
+    .await;
     assert!(response.starts_with("HTTP/1.1 405"), "{response}");
+    assert!(response.contains("allow: GET,HEAD"), "{response}");
 
     promtool_accepts(&text);
     a.shutdown().await;
+}
+
+/// The endpoint bounds what a client sends (as the admin API's router, it is axum, served
+/// through hyper's HTTP/1 builder): a request head over 16 KiB is refused with 431, a client
+/// that sends no whole head is cut off within 10 s; a connection kept alive serves several
+/// scrapes; an address already taken fails the node's start with a message that says what to
+/// do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_endpoint_bounds_its_clients() {
+    let db = fresh_db().await;
+    let addr = free_port();
+    let mut config = config(db.url(), "a");
+    config.node.roles = Some(vec![]);
+    config.metrics.listen = Some(addr);
+    let node = Node::builder(config.clone())
+        .auto_register(false)
+        .start()
+        .await
+        .unwrap();
+
+    let huge = format!(
+        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nX-Padding: {}\r\n",
+        "x".repeat(32 * 1024)
+    );
+    let response = request(addr, &huge).await;
+    assert!(response.starts_with("HTTP/1.1 431"), "{response}");
+
+    // Two scrapes on one connection, then silence: the server closes it.
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = Vec::new();
+        let mut buf = [0u8; 64 * 1024];
+        while !String::from_utf8_lossy(&response).contains("forge_build_info{") {
+            let n = tokio::time::timeout(SOON, stream.read(&mut buf))
+                .await
+                .expect("a scrape's answer on a kept-alive connection")
+                .unwrap();
+            assert!(n > 0, "closed after {} scrapes", seen.len());
+            response.extend_from_slice(&buf[..n]);
+        }
+        seen.push(response);
+    }
+    assert!(seen.iter().all(|r| r.starts_with(b"HTTP/1.1 200")));
+    let mut rest = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        stream.read_to_end(&mut rest),
+    )
+    .await
+    .expect("a silent client is cut off within the 10 s bound")
+    .unwrap();
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(9),
+        "cut off after {:?}: before the bound",
+        started.elapsed()
+    );
+
+    // The address is taken (by this node): a second node cannot start on it.
+    let mut second = config;
+    second.node.id = Some("b".into());
+    let err = Node::builder(second)
+        .auto_register(false)
+        .start()
+        .await
+        .err()
+        .expect("a second node on the same [metrics] listen");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&addr.to_string()) && msg.contains("[metrics] listen"),
+        "{msg}"
+    );
+    node.shutdown().await;
 }
 
 /// Checks `text` with `promtool check metrics` (the exposition format, and Prometheus' naming

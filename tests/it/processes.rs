@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use forge_testkit::probe::ProbeLine;
 use forge_testkit::{PgServer, wait_until};
+use forge_tests::probe::ProbeLine;
 use sqlx::PgPool;
 
 use crate::support::*;

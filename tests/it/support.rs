@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use forge::{Config, Node, Role, RoleState};
-use forge_testkit::probe::ProbeLine;
 use forge_testkit::{NodeProcess, PgServer, TestDatabase, wait_until};
+use forge_tests::probe::ProbeLine;
 use sqlx::PgPool;
 use tokio::process::Command;
 
@@ -145,7 +145,7 @@ pub(crate) async fn events(pool: &PgPool, role: &str) -> Vec<(i64, String, Strin
     .unwrap()
 }
 
-/// A probe node process (see `forge_testkit::probe`) with the short timings.
+/// A probe node process (see `forge_tests::probe`) with the short timings.
 pub(crate) struct Probe {
     pub(crate) process: NodeProcess,
     pub(crate) id: String,

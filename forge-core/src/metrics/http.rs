@@ -1,18 +1,31 @@
 //! The scrape endpoint: `GET` (or `HEAD`) on any path of `[metrics] listen` answers the
-//! registry in the Prometheus text format; one request per connection.
+//! registry in the Prometheus text format; other methods are refused (405, `Allow: GET,HEAD`).
+//!
+//! An axum router, as the admin API is, served connection by connection through hyper's
+//! HTTP/1 builder rather than `axum::serve` (which takes no settings), so that a client is
+//! bounded: a request head larger than [`MAX_HEAD`] is refused (431), and a connection that
+//! sends no whole head within [`READ_TIMEOUT`] - a new one, or one kept alive between scrapes -
+//! is closed.
 
 use std::net::SocketAddr;
 use std::sync::Weak;
-
-use super::Shared;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
 
-/// A request head larger than this is refused.
+use super::Shared;
+
+/// A request head larger than this is refused (hyper's smallest buffer is 8 KiB).
 const MAX_HEAD: usize = 16 * 1024;
-/// How long a client may take to send its request.
+/// How long a client may take to send a request's head.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Binds `listen` (so that a taken address fails the node's start) and serves until the
@@ -24,6 +37,7 @@ pub(super) fn serve(
     let listener = std::net::TcpListener::bind(listen)?;
     listener.set_nonblocking(true)?;
     let listener = TcpListener::from_std(listener)?;
+    let app = Router::new().fallback_service(get(scrape).with_state(shared.clone()));
     Ok(tokio::spawn(async move {
         loop {
             let (stream, _) = match listener.accept().await {
@@ -38,53 +52,37 @@ pub(super) fn serve(
             if shared.strong_count() == 0 {
                 return;
             }
-            tokio::spawn(answer(stream, shared.clone()));
+            let service = TowerToHyperService::new(app.clone());
+            tokio::spawn(async move {
+                let connection = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(READ_TIMEOUT)
+                    .max_buf_size(MAX_HEAD)
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+                if let Err(err) = connection {
+                    tracing::debug!(target: "forge::metrics", error = %err, "a scrape's connection failed");
+                }
+            });
         }
     }))
 }
 
-async fn answer(mut stream: TcpStream, shared: Weak<Shared>) {
-    let Ok(Some(method)) = tokio::time::timeout(READ_TIMEOUT, read_method(&mut stream)).await
-    else {
-        return;
+/// One scrape (`HEAD` too: axum answers it as `GET` without the body).
+async fn scrape(State(shared): State<Weak<Shared>>) -> Response {
+    let Some(shared) = shared.upgrade() else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
     };
-    let response = match method.as_str() {
-        "GET" | "HEAD" => {
-            let Some(shared) = shared.upgrade() else {
-                return;
-            };
-            // Rendering hundreds of thousands of series takes a while: not on an async worker.
-            let Ok(body) = tokio::task::spawn_blocking(move || shared.render()).await else {
-                return;
-            };
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let mut response = head.into_bytes();
-            if method == "GET" {
-                response.extend_from_slice(body.as_bytes());
-            }
-            response
-        }
-        _ => b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
-    };
-    let _ = stream.write_all(&response).await;
-    let _ = stream.shutdown().await;
-}
-
-/// Reads the request head and returns its method; `None` if the client sent no whole head.
-async fn read_method(stream: &mut TcpStream) -> Option<String> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut buf).await.ok()?;
-        if n == 0 || head.len() + n > MAX_HEAD {
-            return None;
-        }
-        head.extend_from_slice(&buf[..n]);
+    // Rendering hundreds of thousands of series takes a while: not on an async worker.
+    match tokio::task::spawn_blocking(move || shared.render()).await {
+        Ok(body) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
-    let line = head.split(|b| *b == b'\r').next()?;
-    let method = std::str::from_utf8(line).ok()?.split(' ').next()?;
-    Some(method.to_owned())
 }
