@@ -16,7 +16,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use forge::crons::{CatchUp, CronJob};
 use forge::{CronContext, CronError, Node, Schedule};
-use forge_testkit::probe::ProbeLine;
+use forge_tests::probe::ProbeLine;
 use forge_testkit::wait_until;
 use sqlx::PgPool;
 
