@@ -80,7 +80,7 @@ pub use forge_scheduler::cron::{CronContext, CronError};
 pub use forge_scheduler::jobs::{JobContext, JobError};
 pub use forge_scheduler::{Schedule, ScheduleError};
 
-/// Extending a node: a [`Component`](component::Component) brings its own leader tasks,
+/// Extending a node: a [`Component`] brings its own leader tasks,
 /// services, LISTEN channels, metrics, pruners and shutdown budget to the
 /// [`Assembly`](component::Assembly) of a node being built ([`NodeBuilder::component`]); the
 /// crons and the job queue are components too. Its services get a

@@ -114,7 +114,7 @@ pub struct AlertRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub severity: Option<Severity>,
     /// Where to send it: `"channel"` or `"channel:target"`, turned into Alertmanager routing
-    /// labels (see the [module](self) documentation).
+    /// labels (see the [crate](crate) documentation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<Vec<String>>,
     /// The `summary` annotation (Prometheus templates such as `{{ $labels.role }}` work).
