@@ -282,7 +282,7 @@ async fn the_testkit_steps_the_servers_wall_clock_and_back() {
 
 /// Issue 31, item 1: a step of +90 s and back, under three nodes with a per-second cron and
 /// jobs running across the steps, deposes no leader, drops no standby's lock session, marks no
-/// node drifted or down and reruns no job.
+/// node drifted or down, reruns no job, and misses, doubles or skips no tick.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_of_the_database_clock_deposes_no_leader_and_marks_no_node_down() {
     let Some(server) = steppable_server().await else {
@@ -323,9 +323,45 @@ async fn a_step_of_the_database_clock_deposes_no_leader_and_marks_no_node_down()
         "every lock session kept its backend"
     );
     assert_eq!(job_reruns(&pool).await, [], "every job ran once");
+    let (missing, doubled, not_run) = tick_gaps(&pool).await;
+    assert_eq!(missing, [], "ticks of the per-second cron that never ran");
+    assert_eq!(doubled, [], "ticks whose effect was written twice");
+    assert_eq!(not_run, [], "ticks recorded as anything but a run");
     for node in nodes {
         node.shutdown().await;
     }
+}
+
+/// The per-second cron's ticks, judged from its effects and its ledger: the seconds between its
+/// first and last effect that have none (missing), the seconds with more than one (doubled),
+/// and the ticks the ledger recorded as skipped, abandoned, failed or timed out (not run).
+async fn tick_gaps(pool: &PgPool) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let missing = sqlx::query_scalar(
+        "SELECT s::text FROM generate_series(
+             (SELECT min(scheduled_at) FROM tick_effects WHERE cron = 'ticks'),
+             (SELECT max(scheduled_at) FROM tick_effects WHERE cron = 'ticks'),
+             interval '1 second') AS s
+         WHERE NOT EXISTS (SELECT 1 FROM tick_effects
+                           WHERE cron = 'ticks' AND scheduled_at = s)",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let doubled = sqlx::query_scalar(
+        "SELECT scheduled_at::text FROM tick_effects WHERE cron = 'ticks'
+         GROUP BY scheduled_at HAVING count(*) > 1",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let not_run = sqlx::query_scalar(
+        "SELECT scheduled_at::text || ' ' || state FROM forge.cron_ticks
+         WHERE cron = 'ticks' AND state NOT IN ('running', 'succeeded')",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    (missing, doubled, not_run)
 }
 
 /// Issue 31, item 2: a step of more than down_after right before a new scheduler leader looks
