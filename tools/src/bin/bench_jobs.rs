@@ -207,7 +207,7 @@ pub(crate) const PEER_LABEL: &str = "graphile_worker best tuning";
 /// Builds `benches/peers` (its own workspace and lock file; the first build fetches and
 /// compiles graphile_worker and riverqueue, a few minutes) and returns its binary.
 pub(crate) async fn build_peer() -> Result<PathBuf, BoxError> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
     let target = dir.join("target");
     println!("Building benches/peers (graphile_worker, riverqueue) for the side-by-side rounds...");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
