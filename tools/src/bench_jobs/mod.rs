@@ -2,21 +2,21 @@
 //! pickup latency at one job every 10 ms, bulk enqueue rate, and idle statements per node.
 //!
 //! ```text
-//! cargo run --release --example bench_jobs                 # 3 rounds of each, 60 s idle window
-//! cargo run --release --example bench_jobs -- --quick      # 1 round, 20 s idle window
-//! cargo run --release --example bench_jobs -- --database-url postgres://...   # an existing server
-//! cargo run --release --example bench_jobs -- --only throughput   # or latency, idle, limit, pool
-//! cargo run --release --example bench_jobs -- --only throughput --nodes 1 --jobs 200000
-//! cargo run --release --example bench_jobs -- --extra-config $'[jobs.queues]\ndefault = 32'
-//! cargo run --release --example bench_jobs -- --only throughput --extra-config $'[jobs]\ncompleted_retention = "0s"'
-//! cargo run --release --example bench_jobs -- --quick --only latency --backlog 1000000 --history 10000000
-//! cargo run --release --example bench_jobs -- --only throughput --setup-sql 'DROP INDEX forge.jobs_finished'
-//! cargo run --release --example bench_jobs -- --only throughput --peers   # graphile_worker side by side
-//! cargo run --release --example bench_jobs -- --quick --only limit --both-modes [--batch 128]
-//! cargo run --release --example bench_jobs -- --only pool   # what the pool's guard costs
+//! cargo run --release -p forge-tools --bin bench_jobs                 # 3 rounds of each, 60 s idle window
+//! cargo run --release -p forge-tools --bin bench_jobs -- --quick      # 1 round, 20 s idle window
+//! cargo run --release -p forge-tools --bin bench_jobs -- --database-url postgres://...   # an existing server
+//! cargo run --release -p forge-tools --bin bench_jobs -- --only throughput   # or latency, idle, limit, pool
+//! cargo run --release -p forge-tools --bin bench_jobs -- --only throughput --nodes 1 --jobs 200000
+//! cargo run --release -p forge-tools --bin bench_jobs -- --extra-config $'[jobs.queues]\ndefault = 32'
+//! cargo run --release -p forge-tools --bin bench_jobs -- --only throughput --extra-config $'[jobs]\ncompleted_retention = "0s"'
+//! cargo run --release -p forge-tools --bin bench_jobs -- --quick --only latency --backlog 1000000 --history 10000000
+//! cargo run --release -p forge-tools --bin bench_jobs -- --only throughput --setup-sql 'DROP INDEX forge.jobs_finished'
+//! cargo run --release -p forge-tools --bin bench_jobs -- --only throughput --peers   # graphile_worker side by side
+//! cargo run --release -p forge-tools --bin bench_jobs -- --quick --only limit --both-modes [--batch 128]
+//! cargo run --release -p forge-tools --bin bench_jobs -- --only pool   # what the pool's guard costs
 //! ```
 //!
-//! Side by side with the peer: `--peers` builds `benches/peers` and runs graphile_worker at its
+//! Side by side with the peer: `--peers` builds `tools/peers` and runs graphile_worker at its
 //! best tuning (poll every 10 ms, local queue of 500, batched completions) for one round before
 //! each of FORGE's throughput rounds, on the same server, and prints FORGE's rate over its.
 //!
@@ -59,7 +59,7 @@
 //! By default it starts its own throwaway PostgreSQL (forge-testkit: fsync on, full_page_writes
 //! on, synchronous_commit on, data in /dev/shm when it has room) and logs statements only during
 //! the idle measurement. With `--database-url` it uses that server (for side-by-side runs with
-//! `benches/peers`, against the same `forge-pg`), creating a database per measurement; the idle
+//! `tools/peers`, against the same `forge-pg`), creating a database per measurement; the idle
 //! measurement then needs `--pg-log <file>` (the server's log, with `log_line_prefix` containing
 //! `app=%a`) and a superuser to switch `log_statement`.
 //!
@@ -96,7 +96,7 @@ use pool::pool_guard;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// `--help`: the usage lines of this file's header.
-const HELP: &str = "bench_jobs: FORGE's job queue benchmark (see examples/bench_jobs.rs for what each part measures)
+const HELP: &str = "bench_jobs: FORGE's job queue benchmark (see tools/src/bench_jobs/ for what each part measures)
 
   --quick                 1 round of each part, 20 s idle window (default: 3 rounds, 60 s)
   --only PART             throughput, latency, idle, limit or pool
@@ -221,7 +221,7 @@ pub struct Options {
     batch: i32,
     database_url: Option<String>,
     pg_log: Option<PathBuf>,
-    /// The built `benches/peers` binary: graphile_worker at its best tuning runs one round
+    /// The built `tools/peers` binary: graphile_worker at its best tuning runs one round
     /// before each of FORGE's throughput rounds, on the same server (`--peers`).
     pub peer: Option<PathBuf>,
 }

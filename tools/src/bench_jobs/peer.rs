@@ -7,15 +7,15 @@ use tokio::process::Command;
 use super::BoxError;
 
 /// The peer FORGE's drain rate is judged against (issue 11): graphile_worker 0.14 polling every
-/// 10 ms with a local queue of 500 and batched completions (`benches/peers`, `--tuning full`).
+/// 10 ms with a local queue of 500 and batched completions (`tools/peers`, `--tuning full`).
 pub const PEER_LABEL: &str = "graphile_worker best tuning";
 
-/// Builds `benches/peers` (its own workspace and lock file; the first build fetches and
+/// Builds `tools/peers` (its own workspace and lock file; the first build fetches and
 /// compiles graphile_worker and riverqueue, a few minutes) and returns its binary.
 pub async fn build_peer() -> Result<PathBuf, BoxError> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
     let target = dir.join("target");
-    println!("Building benches/peers (graphile_worker, riverqueue) for the side-by-side rounds...");
+    println!("Building tools/peers (graphile_worker, riverqueue) for the side-by-side rounds...");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(["build", "--release", "--quiet", "--manifest-path"])
         .arg(dir.join("Cargo.toml"))
@@ -23,10 +23,10 @@ pub async fn build_peer() -> Result<PathBuf, BoxError> {
         .arg(&target)
         .status()
         .await
-        .map_err(|err| format!("could not run cargo to build benches/peers: {err}"))?;
+        .map_err(|err| format!("could not run cargo to build tools/peers: {err}"))?;
     if !status.success() {
         return Err(format!(
-            "building benches/peers failed ({status}); it needs crates.io (graphile_worker 0.14, riverqueue 0.5)"
+            "building tools/peers failed ({status}); it needs crates.io (graphile_worker 0.14, riverqueue 0.5)"
         )
         .into());
     }

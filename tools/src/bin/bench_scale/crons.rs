@@ -72,7 +72,11 @@ fn cpu_secs(pid: u32) -> Option<f64> {
     Some((utime + stime) / 100.0)
 }
 
-pub(super) async fn crons(server: &PgServer, dir: &Path, options: &Options) -> Result<(), BoxError> {
+pub(super) async fn crons(
+    server: &PgServer,
+    dir: &Path,
+    options: &Options,
+) -> Result<(), BoxError> {
     let count = options.crons;
     let db = server.create_database().await?;
     let pool = db.pool().await?;

@@ -5,12 +5,12 @@
 //! measurements of `bench_jobs`, which this runs).
 //!
 //! ```text
-//! cargo run --release --example bench_scale                       # 100 nodes, 10 kills, 10,000 crons
-//! cargo run --release --example bench_scale -- --quick            # 20 nodes, 5 kills, 2,000 crons, short windows
-//! cargo run --release --example bench_scale -- --only scale       # or crons, or jobs
-//! cargo run --release --example bench_scale -- --no-peers         # without graphile_worker's rounds
-//! cargo run --release --example bench_scale -- --nodes 50 --kills 20 --crons 5000 --idle-secs 60 --cron-secs 60
-//! cargo run --release --example bench_scale -- --extra-config '[cluster.leader_election]
+//! cargo run --release -p forge-tools --bin bench_scale                       # 100 nodes, 10 kills, 10,000 crons
+//! cargo run --release -p forge-tools --bin bench_scale -- --quick            # 20 nodes, 5 kills, 2,000 crons, short windows
+//! cargo run --release -p forge-tools --bin bench_scale -- --only scale       # or crons, or jobs
+//! cargo run --release -p forge-tools --bin bench_scale -- --no-peers         # without graphile_worker's rounds
+//! cargo run --release -p forge-tools --bin bench_scale -- --nodes 50 --kills 20 --crons 5000 --idle-secs 60 --cron-secs 60
+//! cargo run --release -p forge-tools --bin bench_scale -- --extra-config '[cluster.leader_election]
 //! lock_timeout = "15s"'                                           # other timings (TOML added to forge.toml)
 //! ```
 //!
@@ -38,7 +38,7 @@
 //!
 //! * Jobs: `bench_jobs` at the defaults on a throwaway server of its own (its node processes are
 //!   this binary re-executed with `--jobs-node`). The throughput target is relative to
-//!   graphile_worker's best tuning (the Rust crate graphile_worker 0.14): `benches/peers`, a
+//!   graphile_worker's best tuning (the Rust crate graphile_worker 0.14): `tools/peers`, a
 //!   project of its own, is built (crates.io) and run for one round before each of FORGE's
 //!   throughput rounds on the same server; `--no-peers` skips it.
 //!
@@ -225,7 +225,7 @@ async fn job_queue(quick: bool, peers: bool) -> Result<(), BoxError> {
                 verdict(one.min(*two) >= factor * best)
             ),
             None => println!(
-                "  {}: {factor}x {}: not measured (without --no-peers this runs benches/peers between the rounds)",
+                "  {}: {factor}x {}: not measured (without --no-peers this runs tools/peers between the rounds)",
                 mode.label(),
                 jobs::PEER_LABEL
             ),

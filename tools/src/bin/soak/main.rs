@@ -2,10 +2,10 @@
 //! ledger of what the guarantees survived.
 //!
 //! ```text
-//! cargo run --release --example soak -- --minutes 30            # the full soak
-//! cargo run --release --example soak -- --minutes 3 --seed 42   # replay a run's fault choices
-//! cargo run --release --example soak -- --interval 5-10         # denser faults (default 5-30 s)
-//! cargo run --release --example soak -- --only table-lock,write-stall   # a deck of these kinds
+//! cargo run --release -p forge-tools --bin soak -- --minutes 30            # the full soak
+//! cargo run --release -p forge-tools --bin soak -- --minutes 3 --seed 42   # replay a run's fault choices
+//! cargo run --release -p forge-tools --bin soak -- --interval 5-10         # denser faults (default 5-30 s)
+//! cargo run --release -p forge-tools --bin soak -- --only table-lock,write-stall   # a deck of these kinds
 //! ```
 //!
 //! The harness starts a throwaway PostgreSQL (fsync on, `max_connections` 100) with an
