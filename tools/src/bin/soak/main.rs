@@ -9,8 +9,9 @@
 //! ```
 //!
 //! The harness starts a throwaway PostgreSQL (fsync on, `max_connections` 100) with an
-//! asynchronous streaming standby, one [`PgProxy`] per node (so one node's connections can be
-//! black-holed alone and a primary failover is a promotion plus a retarget), and three node
+//! asynchronous streaming standby, one [`PgProxy`](forge_testkit::PgProxy) per node (so one
+//! node's connections can be black-holed alone and a primary failover is a promotion plus a
+//! retarget), and three node
 //! processes: this binary re-executed as `soak node <forge.toml>`. The nodes log in as an
 //! ordinary role (`forge_soak`, owner of the database; the harness applies FORGE's migrations
 //! as that role with `forge::migrate` before they start), the harness as the superuser. Each
