@@ -33,11 +33,29 @@ pub(super) async fn forge_alone(
     }
     writers.close().await;
     sqlx::query("ANALYZE forge.jobs").execute(&pool).await?;
+    // Each loop is a node's worker: the node registered, its lane taken (the identity its
+    // claims carry).
+    let mut generations = Vec::new();
+    for c in 0..connections {
+        sqlx::query(
+            "INSERT INTO forge.nodes (namespace, node_id, started_at, heartbeat_at, incarnation)
+             VALUES ('forge', $1, now(), now(), 1)",
+        )
+        .bind(format!("limit{c}"))
+        .execute(&pool)
+        .await?;
+        let generation: i64 =
+            sqlx::query_scalar("SELECT forge.jobs_lane_take('forge', $1, 'default', 1, 1000)")
+                .bind(format!("limit{c}"))
+                .fetch_one(&pool)
+                .await?;
+        generations.push(generation);
+    }
     let m0 = Meter::read(&pool).await?;
     let loopers = db.pool().await?;
     let began = Instant::now();
     let mut loops = Vec::new();
-    for c in 0..connections {
+    for (c, generation) in generations.into_iter().enumerate() {
         let pool = loopers.clone();
         loops.push(tokio::spawn(async move {
             let mut conn = pool.acquire().await?;
@@ -47,7 +65,7 @@ pub(super) async fn forge_alone(
                 let n = ids.len();
                 let rows: Vec<(i64, bool, Option<i32>)> = sqlx::query_as(
                     "SELECT id, claimed, attempt FROM forge.jobs_step('forge', $1, 'default', NULL, NULL, NULL,
-                        ARRAY['noop'], $2, $2, '{}', $3, $4, $5, $6, $7, 20, NULL, NULL, NULL, $8)",
+                        1, $9, ARRAY['noop'], $2, $2, '{}', $3, $4, $5, $6, $7, 20, NULL, NULL, NULL, $8)",
                 )
                 .bind(&node)
                 .bind(batch)
@@ -57,6 +75,7 @@ pub(super) async fn forge_alone(
                 .bind(vec![None::<i64>; n])
                 .bind(vec![None::<serde_json::Value>; n])
                 .bind(keep)
+                .bind(generation)
                 .fetch_all(&mut *conn)
                 .await?;
                 (ids, attempts) = rows

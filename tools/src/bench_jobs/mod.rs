@@ -273,7 +273,7 @@ pub async fn bench(options: Options) -> Result<Figures, BoxError> {
         Some(url) => (
             PgServer::external(url)?,
             options.pg_log.clone(),
-            format!("external server {}", forge::redact_url(url)),
+            format!("external server {}", forge::db::redact_url(url)),
         ),
         None => {
             let server = PgServer::start_with(

@@ -6,7 +6,7 @@
 //! cargo run --release -p forge-tools --bin bench_cron -- --quick  # shorter
 //! ```
 //!
-//! Three node processes (this binary with `--node`, the probe node of `forge_testkit::probe`
+//! Three node processes (this binary with `--node`, the probe node of `forge_tests::probe`
 //! with `FORGE_PROBE_CRON="* * * * * *"`, catch_up = all) share a throwaway PostgreSQL
 //! (fsync on). Lag is the handler's start minus the scheduled instant, both wall clock on one
 //! machine; every tick's run is recorded by the handler in a fenced transaction.
@@ -26,7 +26,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if let Some(code) = forge_testkit::probe::run_if_node_mode(&args).await {
+    if let Some(code) = forge_tests::probe::run_if_node_mode(&args).await {
         return code;
     }
     let quick = args.iter().any(|a| a == "--quick");

@@ -8,7 +8,7 @@
 //!
 //! It starts its own throwaway PostgreSQL (fsync on, statement logging on so that statements
 //! can be counted per node) and runs every node as a separate process: this same binary with
-//! `--node <forge.toml>`, which is the probe node of `forge_testkit::probe` (leader-only work
+//! `--node <forge.toml>`, which is the probe node of `forge_tests::probe` (leader-only work
 //! every 20 ms under every role it leads, with fenced writes, reported on stdout).
 
 use std::collections::BTreeMap;
@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use forge_testkit::probe::ProbeLine;
 use forge_testkit::{NodeProcess, PgOptions, PgServer};
+use forge_tests::probe::ProbeLine;
 use sqlx::postgres::PgListener;
 use tokio::process::Command;
 use tokio::time::Instant;
@@ -30,7 +30,7 @@ const FROZEN_LEASE_SECS: u64 = 5;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if let Some(code) = forge_testkit::probe::run_if_node_mode(&args).await {
+    if let Some(code) = forge_tests::probe::run_if_node_mode(&args).await {
         return code;
     }
     let quick = args.iter().any(|a| a == "--quick");

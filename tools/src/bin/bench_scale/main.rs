@@ -18,7 +18,7 @@
 //! synchronous_commit on, data in /dev/shm when it has room) with room for the connections.
 //! Every node is a separate process: this binary re-executed.
 //!
-//! * Scale: `--node <forge.toml>` runs the probe node of `forge_testkit::probe` for the three
+//! * Scale: `--node <forge.toml>` runs the probe node of `forge_tests::probe` for the three
 //!   built-in roles (leader-only work once an hour: the cost measured is FORGE's own), default
 //!   timings. All nodes are spawned at once; *settled* is the first instant from which every
 //!   node printed READY, every role has one leader (`forge.leaders` and one granted advisory
@@ -63,7 +63,7 @@ use scale::scale;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if let Some(code) = forge_testkit::probe::run_if_node_mode(&args).await {
+    if let Some(code) = forge_tests::probe::run_if_node_mode(&args).await {
         return code;
     }
     if args.get(1).map(String::as_str) == Some(jobs::NODE_FLAG) {
