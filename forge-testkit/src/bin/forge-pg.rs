@@ -2,7 +2,7 @@
 //! process runs.
 //!
 //! The cluster is durable (`fsync` and `full_page_writes` on, as in production), so that
-//! benchmarks run side by side against it (`benches/peers`, `bench_jobs --database-url`)
+//! benchmarks run side by side against it (`tools/peers`, `bench_jobs --database-url`)
 //! pay for their commits.
 //!
 //! Prints `DATABASE_URL=...`, `PGDATA=...` and `PGLOG=...` lines on stdout,

@@ -5,7 +5,7 @@
 # alone in a DO loop: claims of 128, each call recording the previous batch as completed, one
 # transaction per call, as a worker's round trip), on one connection, nothing else around.
 #
-#   benches/job_writes.sh URL REV [JOBS] [KEEP]
+#   tools/job_writes.sh URL REV [JOBS] [KEEP]
 #
 # URL: a server (superuser; a database forge_writes_<n> is created and dropped); REV: the git
 # revision whose migrations/ is applied (migrations in order, then the function files); JOBS:

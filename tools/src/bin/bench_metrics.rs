@@ -2,9 +2,9 @@
 //! and, with `--prometheus`, what a real Prometheus scraping the nodes holds.
 //!
 //! ```text
-//! cargo run --release --example bench_metrics                         # 3 nodes, 10,000 crons
-//! cargo run --release --example bench_metrics -- --prometheus         # and a real Prometheus
-//! cargo run --release --example bench_metrics -- --crons 2000 --nodes 3 --extra-config $'[metrics]\nper_cron = false'
+//! cargo run --release -p forge-tools --bin bench_metrics                         # 3 nodes, 10,000 crons
+//! cargo run --release -p forge-tools --bin bench_metrics -- --prometheus         # and a real Prometheus
+//! cargo run --release -p forge-tools --bin bench_metrics -- --crons 2000 --nodes 3 --extra-config $'[metrics]\nper_cron = false'
 //! ```
 //!
 //! It starts a throwaway PostgreSQL (forge-testkit) and `--nodes` nodes in this process, each

@@ -3,8 +3,8 @@
 //! meanwhile, and what the placement check costs the database.
 //!
 //! ```text
-//! cargo run --release --example bench_placement              # 5 rounds of 3 nodes, 6 nodes joining
-//! cargo run --release --example bench_placement -- --quick   # 2 rounds
+//! cargo run --release -p forge-tools --bin bench_placement              # 5 rounds of 3 nodes, 6 nodes joining
+//! cargo run --release -p forge-tools --bin bench_placement -- --quick   # 2 rounds
 //! ```
 //!
 //! It starts its own throwaway PostgreSQL (fsync on) and runs the nodes in this process, with the

@@ -1,9 +1,10 @@
-//! Throughput of FORGE's peers, measured like `examples/bench_jobs.rs` measures FORGE: 20,000
-//! no-op jobs inserted first (bulk), then a worker with concurrency 16 starts and drains them.
+//! Throughput of FORGE's peers, measured like `bench_jobs` (`tools/src/bench_jobs/`) measures
+//! FORGE: 20,000 no-op jobs inserted first (bulk), then a worker with concurrency 16 starts and
+//! drains them.
 //!
 //! ```text
-//! cargo run --release --manifest-path benches/peers/Cargo.toml -- <DATABASE_URL> [--quick] [--only graphile|river]
-//! cargo run --release --manifest-path benches/peers/Cargo.toml -- <DATABASE_URL> --quick --only graphile --tuning full
+//! cargo run --release --manifest-path tools/peers/Cargo.toml -- <DATABASE_URL> [--quick] [--only graphile|river]
+//! cargo run --release --manifest-path tools/peers/Cargo.toml -- <DATABASE_URL> --quick --only graphile --tuning full
 //! ```
 //!
 //! `--tuning defaults|polling|full` runs one configuration only (`bench_jobs --peers` and

@@ -2,8 +2,8 @@
 //! idle database statements per node, and idle RSS per node.
 //!
 //! ```text
-//! cargo run --release --example bench_election            # 30 kills, 20 handoffs, 5 freezes, 60 s idle
-//! cargo run --release --example bench_election -- --quick # fewer rounds, for a smoke run
+//! cargo run --release -p forge-tools --bin bench_election            # 30 kills, 20 handoffs, 5 freezes, 60 s idle
+//! cargo run --release -p forge-tools --bin bench_election -- --quick # fewer rounds, for a smoke run
 //! ```
 //!
 //! It starts its own throwaway PostgreSQL (fsync on, statement logging on so that statements

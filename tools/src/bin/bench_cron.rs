@@ -2,8 +2,8 @@
 //! graceful stop of its leader.
 //!
 //! ```text
-//! cargo run --release --example bench_cron             # 60 s of steady ticks, 5 kills, 5 stops
-//! cargo run --release --example bench_cron -- --quick  # shorter
+//! cargo run --release -p forge-tools --bin bench_cron             # 60 s of steady ticks, 5 kills, 5 stops
+//! cargo run --release -p forge-tools --bin bench_cron -- --quick  # shorter
 //! ```
 //!
 //! Three node processes (this binary with `--node`, the probe node of `forge_tests::probe`
