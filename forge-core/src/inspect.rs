@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::postgres::{PgArguments, PgRow};
-use sqlx::query::Query;
-use sqlx::{PgPool, Postgres, Row};
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
+use sqlx::{PgPool, Postgres};
 
 use crate::error::Result;
 use crate::role::{Epoch, LockNamespace, Role};
@@ -282,7 +282,7 @@ impl GapFrom {
 }
 
 /// One event of the cluster's history.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, sqlx::FromRow)]
 #[non_exhaustive]
 pub struct EventView {
     /// Its id (the cursor).
@@ -672,7 +672,7 @@ fn unserved_work(nodes: &[NodeView], waiting: &[String]) -> Vec<UnservedWork> {
 }
 
 /// One point of a cluster series.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, sqlx::FromRow)]
 pub struct SeriesPoint {
     /// The start of the point's interval (`[metrics] rollup_interval`).
     pub at: DateTime<Utc>,
@@ -696,31 +696,6 @@ pub enum Change {
     /// Not possible in the item's state, for this reason (for example: deleting a running
     /// job).
     Refused(String),
-}
-
-/// Every row of `query`, each read by `from_row`: a read model's list.
-#[doc(hidden)]
-pub async fn fetch_views<T>(
-    query: Query<'_, Postgres, PgArguments>,
-    pool: &PgPool,
-    from_row: fn(&PgRow) -> Result<T>,
-) -> Result<Vec<T>> {
-    query.fetch_all(pool).await?.iter().map(from_row).collect()
-}
-
-/// The row of `query`, if any, read by `from_row`: a read model's single item.
-#[doc(hidden)]
-pub async fn fetch_view<T>(
-    query: Query<'_, Postgres, PgArguments>,
-    pool: &PgPool,
-    from_row: fn(&PgRow) -> Result<T>,
-) -> Result<Option<T>> {
-    query
-        .fetch_optional(pool)
-        .await?
-        .as_ref()
-        .map(from_row)
-        .transpose()
 }
 
 /// Records an operator's write in the events history (kind `admin_action`), on `executor`: a
@@ -851,9 +826,8 @@ impl Cluster {
 
     /// Every role's current (or last) leadership.
     pub async fn leaders(&self) -> Result<Vec<LeaderView>> {
-        let leaders = sqlx::query(sqlx::AssertSqlSafe(format!("{LEADERS_SQL} ORDER BY role")))
-            .bind(&self.namespace);
-        fetch_views(leaders, &self.pool, leader_from_row).await
+        let leaders = leaders_query(&self.namespace).fetch_all(&self.pool).await?;
+        Ok(leaders.into_iter().map(LeaderView::from).collect())
     }
 
     /// The leadership history, newest first: each tenure with how it began (failover or
@@ -863,7 +837,7 @@ impl Cluster {
         role: Option<&Role>,
         page: PageRequest,
     ) -> Result<Page<TenureView>> {
-        let rows = sqlx::query(
+        let rows: Vec<TenureRow> = sqlx::query_as(
             "SELECT e.id, e.role, e.epoch, e.node_id, e.at,
                     coalesce((e.detail->>'failover')::boolean, false) AS failover,
                     (e.detail->>'gap_ms')::float8 AS gap_ms, e.detail->>'gap_from' AS gap_from,
@@ -895,10 +869,7 @@ impl Cluster {
         .bind(page.fetch())
         .fetch_all(&self.pool)
         .await?;
-        let items = rows
-            .iter()
-            .map(tenure_from_row)
-            .collect::<Result<Vec<_>>>()?;
+        let items = rows.into_iter().map(TenureView::from).collect();
         Ok(page.page(items, |t| t.id))
     }
 
@@ -906,7 +877,7 @@ impl Cluster {
     /// first, for following).
     pub async fn events(&self, filter: &EventFilter, page: PageRequest) -> Result<Page<EventView>> {
         let kinds: Vec<&str> = filter.kinds.iter().map(|k| k.as_str()).collect();
-        let rows = sqlx::query(
+        let items: Vec<EventView> = sqlx::query_as(
             "SELECT id, at, kind, node_id, role, epoch, detail FROM forge.events
               WHERE namespace = $1
                 AND (cardinality($2::text[]) = 0 OR kind = ANY ($2))
@@ -926,41 +897,24 @@ impl Cluster {
         .bind(page.fetch())
         .fetch_all(&self.pool)
         .await?;
-        let items = rows
-            .iter()
-            .map(|row| {
-                Ok(EventView {
-                    id: row.try_get("id")?,
-                    at: row.try_get("at")?,
-                    kind: row.try_get("kind")?,
-                    node_id: row.try_get("node_id")?,
-                    role: row.try_get("role")?,
-                    epoch: row.try_get("epoch")?,
-                    detail: row.try_get("detail")?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
         Ok(page.page(items, |e| e.id))
     }
 
     /// Every node the cluster knows (until forgotten), with its state.
     pub async fn nodes(&self) -> Result<Vec<NodeView>> {
-        let nodes = self.nodes_query("ORDER BY node_id");
-        fetch_views(nodes, &self.pool, node_from_row).await
+        let nodes = nodes_query(&self.namespace, self.drift_after, "ORDER BY node_id")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(nodes.into_iter().map(NodeView::from).collect())
     }
 
     /// One node.
     pub async fn node(&self, node_id: &str) -> Result<Option<NodeView>> {
-        let node = self.nodes_query("AND node_id = $3").bind(node_id);
-        fetch_view(node, &self.pool, node_from_row).await
-    }
-
-    /// [`NODES_SQL`] and `tail`, with the base query's parameters bound (the tail's are `$3`
-    /// onwards).
-    fn nodes_query(&self, tail: &str) -> Query<'static, Postgres, PgArguments> {
-        sqlx::query(sqlx::AssertSqlSafe(format!("{NODES_SQL} {tail}")))
-            .bind(&self.namespace)
-            .bind(drift_ms(self.drift_after))
+        let node = nodes_query(&self.namespace, self.drift_after, "AND node_id = $3")
+            .bind(node_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(node.map(NodeView::from))
     }
 
     /// How many nodes are in each state.
@@ -988,7 +942,7 @@ impl Cluster {
     /// progress has its samples before its counts - or skipped while no aggregator led: their
     /// counts went to a later interval).
     pub async fn series(&self, names: &[&str], since: DateTime<Utc>) -> Result<Vec<SeriesPoint>> {
-        let rows = sqlx::query(
+        Ok(sqlx::query_as(
             "SELECT at, series, label, value FROM forge.stats
               WHERE namespace = $1 AND at >= $2
                 AND (cardinality($3::text[]) = 0 OR series = ANY ($3))
@@ -998,17 +952,7 @@ impl Cluster {
         .bind(since)
         .bind(names)
         .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(SeriesPoint {
-                    at: row.try_get("at")?,
-                    series: row.try_get("series")?,
-                    label: row.try_get("label")?,
-                    value: row.try_get("value")?,
-                })
-            })
-            .collect()
+        .await?)
     }
 }
 
@@ -1027,21 +971,18 @@ pub(crate) async fn read_status(
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
         .fetch_one(&mut *tx)
         .await?;
-    let leaders = sqlx::query(sqlx::AssertSqlSafe(format!("{LEADERS_SQL} ORDER BY role")))
-        .bind(namespace)
+    let leaders: Vec<LeaderView> = leaders_query(namespace)
         .fetch_all(&mut *tx)
         .await?
-        .iter()
-        .map(leader_from_row)
-        .collect::<Result<Vec<_>>>()?;
-    let nodes = sqlx::query(sqlx::AssertSqlSafe(format!("{NODES_SQL} ORDER BY node_id")))
-        .bind(namespace)
-        .bind(drift_ms(drift_after))
+        .into_iter()
+        .map(LeaderView::from)
+        .collect();
+    let nodes: Vec<NodeView> = nodes_query(namespace, drift_after, "ORDER BY node_id")
         .fetch_all(&mut *tx)
         .await?
-        .iter()
-        .map(node_from_row)
-        .collect::<Result<Vec<_>>>()?;
+        .into_iter()
+        .map(NodeView::from)
+        .collect();
     let waiting: Vec<String> = sqlx::query_scalar("SELECT forge.queues_waiting($1)")
         .bind(namespace)
         .fetch_all(&mut *tx)
@@ -1067,25 +1008,44 @@ const LEADERS_SQL: &str =
             forge.tenure_current(l) AS led
        FROM forge.leaders l WHERE namespace = $1";
 
-fn leader_from_row(row: &PgRow) -> Result<LeaderView> {
-    let led: bool = row.try_get("led")?;
-    let released_at: Option<DateTime<Utc>> = row.try_get("released_at")?;
-    Ok(LeaderView {
-        role: row.try_get("role")?,
-        node_id: row.try_get("node_id")?,
-        epoch: row.try_get("epoch")?,
-        acquired_at: row.try_get("acquired_at")?,
-        renewed_at: row.try_get("renewed_at")?,
-        lease_until: row.try_get("lease_until")?,
-        released_at,
-        lease_remaining_ms: row.try_get("remaining")?,
-        led,
-        state: match (led, released_at) {
-            (true, _) => LeadershipState::Led,
-            (false, Some(_)) => LeadershipState::Released,
-            (false, None) => LeadershipState::Lost,
-        },
-    })
+/// [`LEADERS_SQL`] ordered by role, the namespace bound.
+fn leaders_query(namespace: &LockNamespace) -> QueryAs<'_, Postgres, LeaderRow, PgArguments> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("{LEADERS_SQL} ORDER BY role"))).bind(namespace)
+}
+
+/// A row of [`LEADERS_SQL`].
+#[derive(sqlx::FromRow)]
+struct LeaderRow {
+    role: String,
+    node_id: String,
+    epoch: Epoch,
+    acquired_at: DateTime<Utc>,
+    renewed_at: DateTime<Utc>,
+    lease_until: DateTime<Utc>,
+    released_at: Option<DateTime<Utc>>,
+    remaining: f64,
+    led: bool,
+}
+
+impl From<LeaderRow> for LeaderView {
+    fn from(row: LeaderRow) -> LeaderView {
+        LeaderView {
+            state: match (row.led, row.released_at) {
+                (true, _) => LeadershipState::Led,
+                (false, Some(_)) => LeadershipState::Released,
+                (false, None) => LeadershipState::Lost,
+            },
+            role: row.role,
+            node_id: row.node_id,
+            epoch: row.epoch,
+            acquired_at: row.acquired_at,
+            renewed_at: row.renewed_at,
+            lease_until: row.lease_until,
+            released_at: row.released_at,
+            lease_remaining_ms: row.remaining,
+            led: row.led,
+        }
+    }
 }
 
 /// The nodes with their state: stopped, down (marked by the scheduler leader), drifted
@@ -1106,58 +1066,109 @@ pub(crate) const NODES_SQL: &str =
              ELSE 'active' END AS state
    FROM forge.nodes n WHERE namespace = $1";
 
-fn node_from_row(row: &PgRow) -> Result<NodeView> {
-    let state: NodeState = row.try_get("state")?;
-    Ok(NodeView {
-        node_id: row.try_get("node_id")?,
-        state,
-        live: state.is_live(),
-        hostname: row.try_get("hostname")?,
-        pid: row.try_get("pid")?,
-        version: row.try_get("version")?,
-        started_at: row.try_get("started_at")?,
-        heartbeat_at: row.try_get("heartbeat_at")?,
-        heartbeat_age_ms: row.try_get("age_ms")?,
-        roles: row.try_get("roles")?,
-        work_roles: row.try_get("work_roles")?,
-        leads: row.try_get("leads")?,
-        queues: row.try_get("queues")?,
-        admin_url: row.try_get("admin_url")?,
-        stopped_at: row.try_get("stopped_at")?,
-        down_at: row.try_get("down_at")?,
-        down_reason: row.try_get("down_reason")?,
-    })
+/// [`NODES_SQL`] and `tail`, with the base query's parameters bound (the tail's are `$3`
+/// onwards).
+fn nodes_query<'q>(
+    namespace: &'q LockNamespace,
+    drift_after: Duration,
+    tail: &str,
+) -> QueryAs<'q, Postgres, NodeRow, PgArguments> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("{NODES_SQL} {tail}")))
+        .bind(namespace)
+        .bind(drift_ms(drift_after))
 }
 
-fn tenure_from_row(row: &PgRow) -> Result<TenureView> {
-    let released: Option<DateTime<Utc>> = row.try_get("released_at")?;
-    let next: Option<DateTime<Utc>> = row.try_get("next_at")?;
-    let failover: bool = row.try_get("failover")?;
-    let gap_ms: Option<f64> = row.try_get("gap_ms")?;
-    let gap_from: Option<String> = row.try_get("gap_from")?;
-    let (ended_at, end) = match (released, next) {
-        (Some(at), _) => (Some(at), TenureEnd::Released),
-        (None, Some(at)) => (Some(at), TenureEnd::Lost),
-        (None, None) => (None, TenureEnd::Current),
-    };
-    Ok(TenureView {
-        id: row.try_get("id")?,
-        role: row.try_get("role")?,
-        epoch: row.try_get("epoch")?,
-        node_id: row.try_get("node_id")?,
-        acquired_at: row.try_get("at")?,
-        failover,
-        gap_from: gap_ms.map(|_| match gap_from.as_deref().and_then(GapFrom::parse) {
-            Some(from) => from,
-            // Recorded before gap_from was: measured from the release or the last renewal.
-            None if failover => GapFrom::LastRenewal,
-            None => GapFrom::Release,
-        }),
-        gap_ms,
-        moved: row.try_get("moved")?,
-        ended_at,
-        end,
-    })
+/// A row of [`NODES_SQL`].
+#[derive(sqlx::FromRow)]
+struct NodeRow {
+    node_id: String,
+    state: NodeState,
+    hostname: Option<String>,
+    pid: Option<i32>,
+    version: Option<String>,
+    started_at: DateTime<Utc>,
+    heartbeat_at: DateTime<Utc>,
+    age_ms: f64,
+    roles: Vec<String>,
+    work_roles: Vec<String>,
+    leads: Vec<String>,
+    queues: serde_json::Value,
+    admin_url: Option<String>,
+    stopped_at: Option<DateTime<Utc>>,
+    down_at: Option<DateTime<Utc>>,
+    down_reason: Option<String>,
+}
+
+impl From<NodeRow> for NodeView {
+    fn from(row: NodeRow) -> NodeView {
+        NodeView {
+            node_id: row.node_id,
+            state: row.state,
+            live: row.state.is_live(),
+            hostname: row.hostname,
+            pid: row.pid,
+            version: row.version,
+            started_at: row.started_at,
+            heartbeat_at: row.heartbeat_at,
+            heartbeat_age_ms: row.age_ms,
+            roles: row.roles,
+            work_roles: row.work_roles,
+            leads: row.leads,
+            queues: row.queues,
+            admin_url: row.admin_url,
+            stopped_at: row.stopped_at,
+            down_at: row.down_at,
+            down_reason: row.down_reason,
+        }
+    }
+}
+
+/// A row of [`Cluster::history`]'s query: an election with its end.
+#[derive(sqlx::FromRow)]
+struct TenureRow {
+    id: i64,
+    role: String,
+    epoch: Epoch,
+    node_id: String,
+    at: DateTime<Utc>,
+    failover: bool,
+    gap_ms: Option<f64>,
+    gap_from: Option<String>,
+    moved: Option<String>,
+    released_at: Option<DateTime<Utc>>,
+    next_at: Option<DateTime<Utc>>,
+}
+
+impl From<TenureRow> for TenureView {
+    fn from(row: TenureRow) -> TenureView {
+        let (ended_at, end) = match (row.released_at, row.next_at) {
+            (Some(at), _) => (Some(at), TenureEnd::Released),
+            (None, Some(at)) => (Some(at), TenureEnd::Lost),
+            (None, None) => (None, TenureEnd::Current),
+        };
+        let failover = row.failover;
+        TenureView {
+            id: row.id,
+            role: row.role,
+            epoch: row.epoch,
+            node_id: row.node_id,
+            acquired_at: row.at,
+            failover,
+            gap_from: row.gap_ms.map(|_| {
+                match row.gap_from.as_deref().and_then(GapFrom::parse) {
+                    Some(from) => from,
+                    // Recorded before gap_from was: measured from the release or the last
+                    // renewal.
+                    None if failover => GapFrom::LastRenewal,
+                    None => GapFrom::Release,
+                }
+            }),
+            gap_ms: row.gap_ms,
+            moved: row.moved,
+            ended_at,
+            end,
+        }
+    }
 }
 
 /// How the read models write measured figures in JSON: rounded to three decimals (a
