@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use forge::inspect::{NodeState, WorkKind};
 use forge::migrate::MigrationState;
-use forge::sqlx::{self, Row};
+use forge::sqlx::{self, FromRow, Row};
 use forge::{LockKey, NodeId, Role};
 use serde::Serialize;
 
@@ -193,8 +193,8 @@ async fn connection(ctx: &Ctx, report: &mut Report) {
         .await
     {
         Ok(row) => {
-            let version: String = row.try_get("v").unwrap_or_default();
-            let num: i32 = row.try_get("n").unwrap_or_default();
+            // (v, n): raw SQL answers rows, decoded here.
+            let (version, num): (String, i32) = FromRow::from_row(&row).unwrap_or_default();
             if num < 140000 {
                 report.hint(
                     "connection",
@@ -505,7 +505,17 @@ async fn lock_keys(
             );
         }
     }
-    let rows = sqlx::query(
+    // (pid, hi, lo, application_name, client, backend_start); pid is NULL for a prepared
+    // transaction's lock, and pg_stat_activity may have no row for it.
+    type Held = (
+        Option<i32>,
+        i64,
+        i64,
+        Option<String>,
+        Option<String>,
+        Option<DateTime<Utc>>,
+    );
+    let rows: Vec<Held> = sqlx::query_as(
         "SELECT l.pid, l.classid::bigint AS hi, l.objid::bigint AS lo, a.application_name,
                 host(a.client_addr) AS client, a.backend_start
            FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
@@ -516,23 +526,18 @@ async fn lock_keys(
     .await
     .map_err(|e| Fail::database(&e))?;
     let mut foreign = 0;
-    for row in rows {
-        let hi: i64 = row.try_get("hi").unwrap_or_default();
-        let lo: i64 = row.try_get("lo").unwrap_or_default();
+    for (pid, hi, lo, application, client, since) in rows {
         let key = (((hi as u64) << 32) | (lo as u64 & 0xFFFF_FFFF)) as i64;
         let Some((what, owner)) = keys.get(&key) else {
             continue;
         };
-        let application: Option<String> = row.try_get("application_name").unwrap_or_default();
         let app = application.unwrap_or_default();
         let rightful = app.starts_with(owner.as_str()) && (owner.ends_with(':') || app == *owner);
         if rightful {
             continue;
         }
         foreign += 1;
-        let pid: i32 = row.try_get("pid").unwrap_or_default();
-        let client: Option<String> = row.try_get("client").unwrap_or_default();
-        let since: Option<DateTime<Utc>> = row.try_get("backend_start").unwrap_or_default();
+        let pid = pid.unwrap_or_default();
         report.hint(
             "lock keys",
             Level::Fail,

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, ConnectOptions, Row};
+use sqlx::{AssertSqlSafe, ConnectOptions, FromRow, Row};
 use tokio::sync::{Notify, broadcast, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
@@ -319,7 +319,15 @@ impl Membership {
     /// Who holds this node's lock, for the duplicate-id error.
     async fn describe_holder(&self, listener: &mut PgListener) -> String {
         let key = self.lock_key().0;
-        let row = sqlx::query(
+        /// The session holding the node's lock, as `pg_stat_activity` shows it.
+        #[derive(sqlx::FromRow)]
+        struct Holder {
+            pid: i32,
+            application_name: Option<String>,
+            client: Option<String>,
+            backend_start: Option<DateTime<Utc>>,
+        }
+        let holder: std::result::Result<Option<Holder>, _> = sqlx::query_as(
             "SELECT a.pid, a.application_name, host(a.client_addr) AS client, a.backend_start
                FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
               WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -330,19 +338,14 @@ impl Membership {
         .bind(key)
         .fetch_optional(&mut *listener)
         .await;
-        match row {
-            Ok(Some(row)) => format!(
+        match holder {
+            Ok(Some(holder)) => format!(
                 "backend pid {}, application_name {:?}, client {}, connected since {}",
-                row.try_get::<i32, _>("pid").unwrap_or_default(),
-                row.try_get::<Option<String>, _>("application_name")
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default(),
-                row.try_get::<Option<String>, _>("client")
-                    .ok()
-                    .flatten()
-                    .unwrap_or_else(|| "local socket".into()),
-                row.try_get::<chrono::DateTime<chrono::Utc>, _>("backend_start")
+                holder.pid,
+                holder.application_name.unwrap_or_default(),
+                holder.client.unwrap_or_else(|| "local socket".into()),
+                holder
+                    .backend_start
                     .map(|at| at.to_rfc3339())
                     .unwrap_or_default(),
             ),
@@ -352,7 +355,14 @@ impl Membership {
 
     /// `forge.node_join` on the session.
     async fn register(&self, session: &mut Session) -> Result<()> {
-        let row = sqlx::query(
+        /// What `forge.node_join` knew of this node's previous run.
+        #[derive(sqlx::FromRow)]
+        struct Joined {
+            previous_incarnation: Option<i64>,
+            previous_stopped: Option<bool>,
+            was_down: Option<bool>,
+        }
+        let joined: Joined = sqlx::query_as(
             "SELECT * FROM forge.node_join($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(&self.namespace)
@@ -368,14 +378,13 @@ impl Membership {
         .bind(&self.info.work_roles)
         .fetch_one(&mut session.listener)
         .await?;
-        let previous: Option<i64> = row.try_get("previous_incarnation")?;
-        let stopped: Option<bool> = row.try_get("previous_stopped")?;
-        let was_down: Option<bool> = row.try_get("was_down")?;
-        if previous.is_some_and(|p| p != self.incarnation) && stopped == Some(false) {
+        let previous = joined.previous_incarnation;
+        if previous.is_some_and(|p| p != self.incarnation) && joined.previous_stopped == Some(false)
+        {
             warn!(target: "forge::node", node = %self.node_id,
                   "the previous run of this node did not stop cleanly; its running jobs are rescued");
         }
-        if previous == Some(self.incarnation) && was_down == Some(true) {
+        if previous == Some(self.incarnation) && joined.was_down == Some(true) {
             warn!(target: "forge::node", node = %self.node_id,
                   "this node had been marked down by the scheduler leader (it was unreachable or frozen); it rejoined, and work taken from it runs elsewhere");
         }
@@ -767,20 +776,33 @@ async fn look(leadership: &Leadership, verdicts: &[Judged]) -> Result<(Vec<Seen>
         .bind(&silent)
         .fetch_all(&mut *session)
         .await?;
+    /// One row of `forge.nodes_watch`: a node as seen, and what was recorded of it.
+    #[derive(sqlx::FromRow)]
+    struct Watched {
+        node_id: String,
+        heartbeat_at: DateTime<Utc>,
+        gone: bool,
+        drifted: bool,
+        change: Option<String>,
+        reason: Option<String>,
+    }
     let mut seen = Vec::with_capacity(rows.len());
     let mut changes = Vec::new();
     for row in &rows {
-        let node: String = row.try_get("node_id")?;
-        let change: Option<String> = row.try_get("change")?;
-        if let Some(change) = &change {
-            changes.push((node.clone(), change.clone(), row.try_get("reason")?));
+        let row = Watched::from_row(row)?;
+        if let Some(change) = &row.change {
+            changes.push((
+                row.node_id.clone(),
+                change.clone(),
+                row.reason.unwrap_or_default(),
+            ));
         }
         seen.push(Seen {
-            node,
-            beat: row.try_get("heartbeat_at")?,
-            gone: row.try_get("gone")?,
-            drifted: row.try_get("drifted")?,
-            down: change.as_deref() == Some("down"),
+            node: row.node_id,
+            beat: row.heartbeat_at,
+            gone: row.gone,
+            drifted: row.drifted,
+            down: row.change.as_deref() == Some("down"),
         });
     }
     Ok((seen, changes))

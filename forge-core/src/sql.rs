@@ -1,6 +1,6 @@
 //! Types that cross the Rust/SQL boundary as text or `bigint`, so that queries bind and read
-//! them directly (`.bind(epoch)`, `row.try_get::<JobState, _>("state")`) and no state is
-//! exchanged as a free-form string.
+//! them directly (`.bind(epoch)`, a `JobState` field of a `#[derive(sqlx::FromRow)]` row) and
+//! no state is exchanged as a free-form string; and [`Lenient`], a column that may not decode.
 //!
 //! [`sql_enum!`](crate::sql_enum) declares an enum whose variants are the values of a SQL
 //! `CHECK (... IN (...))` list; each such enum has a test comparing `ALL` with the list in the
@@ -146,6 +146,68 @@ macro_rules! sql_text_type {
 }
 
 pub(crate) use crate::sql_text_type;
+
+/// A column read without failing its row (a field of a `#[derive(sqlx::FromRow)]` row): `Err`
+/// says why its value did not decode - a type it does not have, a NULL, a value out of range,
+/// or (with `#[sqlx(default)]` on the field) a column the row does not have.
+///
+/// For rows whose every column is not essential: the answer of a SQL function that a newer
+/// node may have replaced during a rolling upgrade (an older node skips what it does not
+/// understand rather than fail the whole answer), a job's arguments (arguments that do not
+/// decode dead-letter their job, not their batch), diagnostics.
+#[derive(Debug)]
+pub struct Lenient<T>(pub Result<T, sqlx::error::BoxDynError>);
+
+impl<T> Lenient<T> {
+    /// The value, if it decoded.
+    pub fn ok(self) -> Option<T> {
+        self.0.ok()
+    }
+}
+
+impl<T: Default> Lenient<T> {
+    /// The value, or `T`'s default if it did not decode.
+    pub fn or_default(self) -> T {
+        self.0.unwrap_or_default()
+    }
+}
+
+/// A missing column (what `#[sqlx(default)]` gives).
+impl<T> Default for Lenient<T> {
+    fn default() -> Self {
+        Lenient(Err("no such column".into()))
+    }
+}
+
+impl<T: sqlx::Type<sqlx::Postgres>> sqlx::Type<sqlx::Postgres> for Lenient<T> {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        T::type_info()
+    }
+
+    /// Any: [`Lenient`]'s `decode` checks the type itself, so a mismatch fails the value, not
+    /// the row.
+    fn compatible(_: &sqlx::postgres::PgTypeInfo) -> bool {
+        true
+    }
+}
+
+impl<'r, T> sqlx::Decode<'r, sqlx::Postgres> for Lenient<T>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        use sqlx::{TypeInfo, ValueRef};
+        // The check `Row::try_get` makes before decoding.
+        if !value.is_null() {
+            let ty = value.type_info();
+            if !ty.is_null() && !T::compatible(&ty) {
+                let mismatch = sqlx::error::mismatched_types::<sqlx::Postgres, T>(&ty);
+                return Ok(Lenient(Err(mismatch)));
+            }
+        }
+        Ok(Lenient(T::decode(value)))
+    }
+}
 
 /// The values of a `CHECK (column IN (...))` constraint, to compare with an enum's `ALL` in
 /// tests: `check_values(&pool, "forge.jobs", "state")`.

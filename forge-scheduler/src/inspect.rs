@@ -4,16 +4,16 @@
 //! ([`forge_core::inspect`]); shared by the admin API, the CLI and the dashboard.
 
 use chrono::{DateTime, TimeDelta, Utc};
-use forge_core::inspect::{Change, Page, PageRequest, audit, fetch_view, fetch_views};
+use forge_core::inspect::{Change, Page, PageRequest, audit};
 use forge_core::{LockNamespace, Result};
 use forge_cron::Schedule;
 use serde::Serialize;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{PgPool, Postgres, Row};
+use sqlx::{FromRow, PgPool, Postgres};
 
 use crate::cron::TickState;
-use crate::jobs::{CancelOutcome, JobAction, JobActions, JobId, JobInfo, JobState};
+use crate::jobs::{CancelOutcome, JobAction, JobActions, JobId, JobInfo, JobRow, JobState};
 
 /// A cron the cluster knows (registered by some node).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -48,7 +48,7 @@ pub struct CronView {
 }
 
 /// One tick of a cron, from the ledger.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, sqlx::FromRow)]
 #[non_exhaustive]
 pub struct TickView {
     /// The instant it was scheduled for.
@@ -133,18 +133,21 @@ impl Workload {
 
     /// Every cron the cluster knows, by name.
     pub async fn crons(&self) -> Result<Vec<CronView>> {
-        fetch_views(
-            self.crons_query("ORDER BY c.name"),
-            &self.pool,
-            cron_from_row,
-        )
-        .await
+        let rows = self
+            .crons_query("ORDER BY c.name")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(cron_from_row).collect()
     }
 
     /// One cron.
     pub async fn cron(&self, name: &str) -> Result<Option<CronView>> {
-        let cron = self.crons_query("AND c.name = $2").bind(name);
-        fetch_view(cron, &self.pool, cron_from_row).await
+        let row = self
+            .crons_query("AND c.name = $2")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(cron_from_row).transpose()
     }
 
     /// [`CRONS_SQL`] and `tail`, with the namespace bound (the tail's parameters are `$2`
@@ -156,7 +159,7 @@ impl Workload {
     /// A cron's ticks, newest first; the cursor is the tick's instant in microseconds.
     pub async fn ticks(&self, cron: &str, page: PageRequest) -> Result<Page<TickView>> {
         let before = page.before.and_then(DateTime::<Utc>::from_timestamp_micros);
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let items: Vec<TickView> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "{TICKS_SQL} WHERE namespace = $1 AND cron = $2
                AND ($3::timestamptz IS NULL OR scheduled_at < $3)
              ORDER BY scheduled_at DESC LIMIT $4"
@@ -167,7 +170,6 @@ impl Workload {
         .bind(page.fetch())
         .fetch_all(&self.pool)
         .await?;
-        let items = rows.iter().map(tick_from_row).collect::<Result<Vec<_>>>()?;
         Ok(page.page(items, |t| t.scheduled_at.timestamp_micros()))
     }
 
@@ -511,7 +513,7 @@ impl Workload {
     /// Jobs matching `filter`, newest first (the cursor is the job id).
     pub async fn jobs(&self, filter: &JobFilter, page: PageRequest) -> Result<Page<JobInfo>> {
         let states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
-        let rows = sqlx::query(
+        let rows: Vec<JobRow> = sqlx::query_as(
             "SELECT *, args::text AS args_text FROM forge.jobs
               WHERE namespace = $1
                 AND (cardinality($2::text[]) = 0 OR state = ANY ($2))
@@ -531,25 +533,35 @@ impl Workload {
         .fetch_all(&self.pool)
         .await?;
         let items = rows
-            .iter()
-            .map(JobInfo::from_row)
+            .into_iter()
+            .map(JobInfo::try_from)
             .collect::<Result<Vec<_>>>()?;
         Ok(page.page(items, |j| j.id.0))
     }
 
     /// One job, with each failed, interrupted or rescued attempt's error.
     pub async fn job(&self, id: JobId) -> Result<Option<JobInfo>> {
-        let job = sqlx::query(
+        let row: Option<JobRow> = sqlx::query_as(
             "SELECT *, args::text AS args_text FROM forge.jobs WHERE namespace = $1 AND id = $2",
         )
         .bind(&self.namespace)
-        .bind(id);
-        fetch_view(job, &self.pool, JobInfo::from_row).await
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(JobInfo::try_from).transpose()
     }
 
     /// Every queue with unfinished or dead jobs, or paused, by name.
     pub async fn queues(&self) -> Result<Vec<QueueView>> {
-        let rows = sqlx::query(
+        /// A queue's count of jobs in a state; a paused queue's row has no state.
+        #[derive(sqlx::FromRow)]
+        struct QueueRow {
+            queue: String,
+            state: Option<JobState>,
+            n: i64,
+            oldest_age_s: Option<f64>,
+        }
+        let rows: Vec<QueueRow> = sqlx::query_as(
             "SELECT f.queue, f.state, f.n, f.oldest_age_s FROM forge.jobs_figures($1) f
              UNION ALL
              SELECT q.queue, NULL, 0, NULL FROM forge.queues q WHERE q.namespace = $1
@@ -560,10 +572,12 @@ impl Workload {
         .await?;
         let mut queues: Vec<QueueView> = Vec::new();
         for row in rows {
-            let queue: String = row.try_get("queue")?;
-            let state: Option<JobState> = row.try_get("state")?;
-            let n: i64 = row.try_get("n")?;
-            let age: Option<f64> = row.try_get("oldest_age_s")?;
+            let QueueRow {
+                queue,
+                state,
+                n,
+                oldest_age_s: age,
+            } = row;
             if queues.last().is_none_or(|q| q.queue != queue) {
                 queues.push(QueueView {
                     queue,
@@ -624,53 +638,51 @@ const TICKS_SQL: &str = "SELECT scheduled_at, state, attempt, node_id, epoch, cl
              THEN greatest(extract(epoch FROM started_at - scheduled_at)::float8 * 1000, 0) END AS lag_ms
    FROM forge.cron_ticks";
 
-fn tick_from_row(row: &PgRow) -> Result<TickView> {
-    Ok(TickView {
-        scheduled_at: row.try_get("scheduled_at")?,
-        state: row.try_get("state")?,
-        attempt: row.try_get("attempt")?,
-        node_id: row.try_get("node_id")?,
-        epoch: row.try_get("epoch")?,
-        claimed_at: row.try_get("claimed_at")?,
-        started_at: row.try_get("started_at")?,
-        finished_at: row.try_get("finished_at")?,
-        error: row.try_get("error")?,
-        lag_ms: row.try_get("lag_ms")?,
-        duration_ms: row.try_get("duration_ms")?,
-        manual: row.try_get("manual")?,
-    })
+/// A row of [`CRONS_SQL`] but its newest tick ([`TickView`]'s columns, NULL when none).
+#[derive(sqlx::FromRow)]
+struct CronRow {
+    name: String,
+    role: String,
+    expression: String,
+    timezone: String,
+    paused_at: Option<DateTime<Utc>>,
+    paused_by: Option<String>,
+    trigger_requested_at: Option<DateTime<Utc>>,
+    first_seen_at: DateTime<Utc>,
+    last_seen_by: String,
+    skipped_24h: i64,
+    rows_24h: i64,
+    /// The newest tick's instant: `None` when the cron has no tick yet.
+    scheduled_at: Option<DateTime<Utc>>,
 }
 
 fn cron_from_row(row: &PgRow) -> Result<CronView> {
-    let expression: String = row.try_get("expression")?;
-    let timezone: String = row.try_get("timezone")?;
-    let first_seen: DateTime<Utc> = row.try_get("first_seen_at")?;
-    let now = Utc::now();
-    let schedule = Schedule::parse_in(&expression, &timezone).ok();
-    let last = match row.try_get::<Option<DateTime<Utc>>, _>("scheduled_at")? {
-        Some(_) => Some(tick_from_row(row)?),
+    let cron = CronRow::from_row(row)?;
+    let last = match cron.scheduled_at {
+        Some(_) => Some(TickView::from_row(row)?),
         None => None,
     };
-    let rows_24h: i64 = row.try_get("rows_24h")?;
+    let now = Utc::now();
+    let schedule = Schedule::parse_in(&cron.expression, &cron.timezone).ok();
     // Ticks due in the last day (since first registered) without a ledger row.
     let missing_24h = schedule.as_ref().map_or(0, |s| {
-        let from = first_seen.max(now - TimeDelta::hours(24));
+        let from = cron.first_seen_at.max(now - TimeDelta::hours(24));
         let due = s.ticks_between(from, now).take(1_000_000).count() as i64;
-        (due - rows_24h).max(0)
+        (due - cron.rows_24h).max(0)
     });
     Ok(CronView {
-        name: row.try_get("name")?,
-        role: row.try_get("role")?,
+        name: cron.name,
+        role: cron.role,
         next_run: schedule.as_ref().and_then(|s| s.next_after(now)),
-        expression,
-        timezone,
-        paused_at: row.try_get("paused_at")?,
-        paused_by: row.try_get("paused_by")?,
-        trigger_requested_at: row.try_get("trigger_requested_at")?,
+        expression: cron.expression,
+        timezone: cron.timezone,
+        paused_at: cron.paused_at,
+        paused_by: cron.paused_by,
+        trigger_requested_at: cron.trigger_requested_at,
         last,
-        skipped_24h: row.try_get("skipped_24h")?,
+        skipped_24h: cron.skipped_24h,
         missing_24h,
-        last_seen_by: row.try_get("last_seen_by")?,
+        last_seen_by: cron.last_seen_by,
     })
 }
 

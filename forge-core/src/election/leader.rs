@@ -210,11 +210,12 @@ impl Campaign {
         metrics.is_leader.set(1.0);
         metrics.epoch.set(epoch.0 as f64);
         metrics.elections.increment(1);
-        if row.failover {
+        let failover = row.failover == Some(true);
+        if failover {
             metrics.failovers.increment(1);
         }
         info!(target: "forge::leader", role = %self.role(), node = %self.node_id, epoch = epoch.0,
-              failover = row.failover, "became leader");
+              failover, "became leader");
         self.handle.set_current(Some(leadership.clone()));
         self.set_state(RoleState::Leader { epoch, since });
         leadership

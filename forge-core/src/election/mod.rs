@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use metrics::{Counter, Gauge, Histogram};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
-use sqlx::{Connection, PgConnection, Row};
+use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::{Connection, PgConnection};
 use tokio::sync::{Notify, broadcast, watch};
 use tokio::task::JoinSet;
 use tokio::time::error::Elapsed;

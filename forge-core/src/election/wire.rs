@@ -5,6 +5,7 @@ use super::observed::EndHolder;
 use super::*;
 
 /// One row of `forge.campaign(...)`.
+#[derive(sqlx::FromRow)]
 pub(super) struct CampaignRow {
     pub(super) acquired: bool,
     pub(super) epoch: Option<i64>,
@@ -14,33 +15,14 @@ pub(super) struct CampaignRow {
     /// The leader's last renewal (a value every renewal changes; compared, never used as a time).
     pub(super) renewed_at: Option<DateTime<Utc>>,
     pub(super) released: Option<bool>,
-    pub(super) failover: bool,
+    /// Granted by failover (`None` when not granted).
+    pub(super) failover: Option<bool>,
     pub(super) my_pid: i32,
     pub(super) holder_pid: Option<i32>,
     pub(super) holder_application: Option<String>,
     pub(super) fenced_pid: Option<i32>,
     /// Not granted, and not waiting: enough standbys wait inside the lock.
     pub(super) reserve: bool,
-}
-
-impl CampaignRow {
-    pub(super) fn from_row(row: &PgRow) -> Result<CampaignRow, sqlx::Error> {
-        Ok(CampaignRow {
-            acquired: row.try_get("acquired")?,
-            epoch: row.try_get("epoch")?,
-            tenure: row.try_get("tenure")?,
-            leader_node: row.try_get("leader_node")?,
-            leader_since: row.try_get("leader_since")?,
-            renewed_at: row.try_get("renewed_at")?,
-            released: row.try_get("released")?,
-            failover: row.try_get::<Option<bool>, _>("failover")?.unwrap_or(false),
-            my_pid: row.try_get("my_pid")?,
-            holder_pid: row.try_get("holder_pid")?,
-            holder_application: row.try_get("holder_application")?,
-            fenced_pid: row.try_get("fenced_pid")?,
-            reserve: row.try_get("reserve")?,
-        })
-    }
 }
 
 /// The arguments of `forge.campaign`, owned so the call can outlive a borrow of the campaign.
@@ -64,22 +46,20 @@ pub(super) async fn campaign_call(
     args: &CallArgs,
 ) -> Result<CampaignRow, sqlx::Error> {
     let end = args.end.as_ref();
-    let row =
-        sqlx::query("SELECT * FROM forge.campaign($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
-            .bind(&args.namespace)
-            .bind(&args.role)
-            .bind(args.key.0)
-            .bind(&args.node)
-            .bind(args.lease_ms)
-            .bind(args.wait && end.is_none())
-            .bind(args.standbys)
-            .bind(end.map(|e| e.epoch))
-            .bind(end.map(|e| e.tenure))
-            .bind(end.map(|e| e.renewed_at))
-            .bind(end.map(|e| e.silent_ms))
-            .fetch_one(&mut *conn)
-            .await?;
-    CampaignRow::from_row(&row)
+    sqlx::query_as("SELECT * FROM forge.campaign($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+        .bind(&args.namespace)
+        .bind(&args.role)
+        .bind(args.key.0)
+        .bind(&args.node)
+        .bind(args.lease_ms)
+        .bind(args.wait && end.is_none())
+        .bind(args.standbys)
+        .bind(end.map(|e| e.epoch))
+        .bind(end.map(|e| e.tenure))
+        .bind(end.map(|e| e.renewed_at))
+        .bind(end.map(|e| e.silent_ms))
+        .fetch_one(&mut *conn)
+        .await
 }
 
 /// The `application_name` of a lock session; other nodes use its prefix to tell FORGE

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::migrate::Migrator;
-use sqlx::{AssertSqlSafe, PgConnection, Row};
+use sqlx::{AssertSqlSafe, PgConnection};
 
 use super::{MIGRATIONS_TABLE, check_history};
 use crate::error::Result;
@@ -68,21 +68,23 @@ pub async fn migration_status(
     type Applied = (String, DateTime<Utc>, bool, Vec<u8>);
     let mut applied: BTreeMap<i64, Applied> = BTreeMap::new();
     if exists {
-        let rows = sqlx::query(AssertSqlSafe(format!(
+        /// A row of the migrations table.
+        #[derive(sqlx::FromRow)]
+        struct MigrationRow {
+            version: i64,
+            description: String,
+            installed_on: DateTime<Utc>,
+            success: bool,
+            checksum: Vec<u8>,
+        }
+        let rows: Vec<MigrationRow> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT version, description, installed_on, success, checksum FROM {table}"
         )))
         .fetch_all(&mut *conn)
         .await?;
         for row in rows {
-            applied.insert(
-                row.try_get("version")?,
-                (
-                    row.try_get("description")?,
-                    row.try_get("installed_on")?,
-                    row.try_get("success")?,
-                    row.try_get("checksum")?,
-                ),
-            );
+            let applied_as = (row.description, row.installed_on, row.success, row.checksum);
+            applied.insert(row.version, applied_as);
         }
     }
     let mut out = Vec::new();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use forge_core::{Error, Leadership, Result};
 use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{FromRow, Postgres, Row, Transaction};
 use tokio::time::Instant;
 use tracing::info;
 
@@ -200,12 +200,21 @@ fn answer_mismatch(function: &str, rows: usize, asked: usize) -> Error {
     )))
 }
 
+/// A row of `forge.tick_claim` (and of its manual and batch forms).
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    outcome: ClaimOutcome,
+    /// How long before its instant an early claim was asked for.
+    early_ms: Option<f64>,
+}
+
 fn claim_from_row(row: &PgRow) -> Result<Claim, sqlx::Error> {
-    Ok(match row.try_get("outcome")? {
+    let row = ClaimRow::from_row(row)?;
+    Ok(match row.outcome {
         ClaimOutcome::Claimed | ClaimOutcome::Ours => Claim::Claimed,
         ClaimOutcome::Early => {
-            let ms: Option<f64> = row.try_get("early_ms")?;
-            Claim::Early(Duration::from_secs_f64(ms.unwrap_or(1.0).max(1.0) / 1000.0))
+            let ms = row.early_ms.unwrap_or(1.0).max(1.0);
+            Claim::Early(Duration::from_secs_f64(ms / 1000.0))
         }
         ClaimOutcome::Fenced => Claim::Fenced,
         ClaimOutcome::Taken => Claim::Taken,
@@ -248,7 +257,7 @@ pub(super) async fn finish_many(
     let errors: Vec<Option<&str>> = requests.iter().map(|r| r.error.as_deref()).collect();
     let started: Vec<DateTime<Utc>> = requests.iter().map(|r| r.started).collect();
     let took: Vec<f64> = requests.iter().map(|r| r.took_ms).collect();
-    let rows = sqlx::query(
+    let outcomes: Vec<String> = sqlx::query_scalar(
         "SELECT outcome FROM forge.tick_finish_many($1, $2, $3, $4, $5, $6, $7, $8) ORDER BY idx",
     )
     .bind(leadership.namespace())
@@ -261,16 +270,15 @@ pub(super) async fn finish_many(
     .bind(&took)
     .fetch_all(&mut *leadership.session().await?)
     .await?;
-    if rows.len() != requests.len() {
+    if outcomes.len() != requests.len() {
         return Err(answer_mismatch(
             "tick_finish_many",
-            rows.len(),
+            outcomes.len(),
             requests.len(),
         ));
     }
-    let mut found = Vec::with_capacity(rows.len());
-    for row in rows {
-        let outcome: String = row.try_get("outcome")?;
+    let mut found = Vec::with_capacity(outcomes.len());
+    for outcome in outcomes {
         found.push(
             match (FinishOutcome::parse(&outcome), TickState::parse(&outcome)) {
                 (Some(FinishOutcome::Recorded), _) => Finish::Recorded,
@@ -404,6 +412,13 @@ pub(super) async fn load(
     // First the claims of earlier tenures that were never started (made ahead of an instant
     // at or after this tenure began): this tenure claims those ticks again, on time.
     let token = leadership.fence_token();
+    /// A tick an earlier tenure claimed ahead and never started.
+    #[derive(sqlx::FromRow)]
+    struct Unstarted {
+        cron: String,
+        scheduled_at: DateTime<Utc>,
+        epoch: i64,
+    }
     let unstarted = token
         .bind(sqlx::query(
             "SELECT cron, scheduled_at, epoch FROM forge.tick_unclaim_unstarted($1, $2, $3, $4)",
@@ -411,17 +426,26 @@ pub(super) async fn load(
         .fetch_all(&mut *leadership.session().await?)
         .await
         .map_err(|err| token.map_error(err))?;
-    for row in unstarted {
-        let cron: String = row.try_get("cron")?;
-        let tick: DateTime<Utc> = row.try_get("scheduled_at")?;
-        let epoch: i64 = row.try_get("epoch")?;
+    for row in &unstarted {
+        let Unstarted {
+            cron,
+            scheduled_at: tick,
+            epoch,
+        } = Unstarted::from_row(row)?;
         info!(target: "forge::cron", %cron, %tick, previous_epoch = epoch,
               "an earlier leader claimed this tick ahead and never started it: claiming it again");
     }
     let names: Vec<&str> = crons.iter().map(|c| c.name.as_str()).collect();
     let expressions: Vec<&str> = crons.iter().map(|c| c.schedule.expression()).collect();
     let zones: Vec<&str> = crons.iter().map(|c| c.schedule.timezone().name()).collect();
-    let rows = sqlx::query(
+    /// A cron as registered, with its newest claimed tick.
+    #[derive(sqlx::FromRow)]
+    struct Registered {
+        name: String,
+        first_seen_at: Option<DateTime<Utc>>,
+        frontier: Option<DateTime<Utc>>,
+    }
+    let rows: Vec<Registered> = sqlx::query_as(
         "WITH up AS (
              INSERT INTO forge.crons AS c (namespace, name, role, expression, timezone, last_seen_by)
              SELECT $1, name, $2, expression, timezone, $6
@@ -445,11 +469,21 @@ pub(super) async fn load(
     .await?;
     let mut resume: BTreeMap<String, Resume> = BTreeMap::new();
     for row in rows {
-        let entry = resume.entry(row.try_get("name")?).or_default();
-        entry.first_seen = row.try_get("first_seen_at")?;
-        entry.frontier = row.try_get("frontier")?;
+        let entry = resume.entry(row.name).or_default();
+        entry.first_seen = row.first_seen_at;
+        entry.frontier = row.frontier;
     }
-    let rows = sqlx::query(
+    /// An interrupted tick of a known cron, or a cron of the role this binary lacks.
+    #[derive(sqlx::FromRow)]
+    struct FoundRow {
+        found: Found,
+        name: String,
+        scheduled_at: Option<DateTime<Utc>>,
+        attempt: Option<i32>,
+        epoch: Option<i64>,
+        seen_by: Option<String>,
+    }
+    let rows: Vec<FoundRow> = sqlx::query_as(
         "SELECT $5 AS found, cron AS name, scheduled_at, attempt, epoch, NULL AS seen_by
            FROM forge.cron_ticks
           WHERE namespace = $1 AND role = $2 AND state = $6 AND tenure <> $3
@@ -470,16 +504,13 @@ pub(super) async fn load(
     .await?;
     let mut unknown = Vec::new();
     for row in rows {
-        let name: String = row.try_get("name")?;
-        if row.try_get::<Found, _>("found")? == Found::Unknown {
-            let seen_by: Option<String> = row.try_get("seen_by")?;
-            unknown.push((name, seen_by.unwrap_or_default()));
+        if row.found == Found::Unknown {
+            unknown.push((row.name, row.seen_by.unwrap_or_default()));
         } else {
-            let entry = resume.entry(name).or_default();
-            let at: Option<DateTime<Utc>> = row.try_get("scheduled_at")?;
-            let attempt: Option<i32> = row.try_get("attempt")?;
-            let epoch: Option<i64> = row.try_get("epoch")?;
-            if let (Some(at), Some(attempt), Some(epoch)) = (at, attempt, epoch) {
+            let entry = resume.entry(row.name).or_default();
+            if let (Some(at), Some(attempt), Some(epoch)) =
+                (row.scheduled_at, row.attempt, row.epoch)
+            {
                 entry.interrupted.push((at, attempt, epoch));
             }
         }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use forge_core::{Assembly, Component, NODES_CHANNEL, NodeContext, Result, Role};
-use sqlx::Row;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::sleep;
@@ -245,14 +244,22 @@ async fn node_service(shared: Arc<Shared>, ctx: NodeContext, specs: Vec<WorkerSp
 /// other process can be running them), after ending the previous run's pool sessions and taking
 /// its lanes (see `forge.jobs_rescue_own`), within the round trips' bound.
 async fn rescue_own(shared: &Shared, ctx: &NodeContext) -> Result<(), sqlx::Error> {
-    let rescue = sqlx::query("SELECT * FROM forge.jobs_rescue_own($1, $2, $3, $4, $5)")
+    /// A job `forge.jobs_rescue_own` rescued, and the state it left it in.
+    #[derive(sqlx::FromRow)]
+    struct Rescued {
+        id: i64,
+        queue: String,
+        kind: String,
+        state: JobState,
+    }
+    let rescue = sqlx::query_as("SELECT * FROM forge.jobs_rescue_own($1, $2, $3, $4, $5)")
         .bind(&shared.namespace)
         .bind(ctx.node_id())
         .bind(ctx.incarnation())
         .bind(shared.default_max_attempts())
         .bind(shared.lane_wait_ms())
         .fetch_all(ctx.pool());
-    let rows = tokio::time::timeout(shared.statement_bound, rescue)
+    let rows: Vec<Rescued> = tokio::time::timeout(shared.statement_bound, rescue)
         .await
         .map_err(|_| {
             sqlx::Error::Io(std::io::Error::new(
@@ -260,11 +267,13 @@ async fn rescue_own(shared: &Shared, ctx: &NodeContext) -> Result<(), sqlx::Erro
                 "the rescue of the previous run's jobs got no answer in time",
             ))
         })??;
-    for row in rows {
-        let id: i64 = row.try_get("id")?;
-        let queue: String = row.try_get("queue")?;
-        let kind: String = row.try_get("kind")?;
-        let state: JobState = row.try_get("state")?;
+    for Rescued {
+        id,
+        queue,
+        kind,
+        state,
+    } in rows
+    {
         warn!(target: "forge::job", queue = %queue, job = %kind, id, state = %state,
               "rescued a job this node's previous run left running");
         record_rescue(ctx.metrics(), &queue, &kind, state, 1);

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use forge_core::sql::Lenient;
 use forge_core::{Error, LockNamespace, Metrics, Result};
-use sqlx::postgres::PgRow;
-use sqlx::{Executor, PgPool, Postgres, Row};
+use sqlx::{Executor, PgPool, Postgres};
 
 use super::{Job, JobActions, JobId, JobState, validate_queue};
 use crate::metrics::JOB_ENQUEUED;
@@ -250,43 +250,64 @@ fn millis<S: serde::Serializer>(
     }
 }
 
-impl JobInfo {
-    pub(crate) fn from_row(row: &PgRow) -> Result<JobInfo> {
-        let state: JobState = row.try_get("state")?;
-        let cancel_requested: bool = row.try_get("cancel_requested")?;
-        let errors: serde_json::Value = row.try_get("errors")?;
-        let errors = serde_json::from_value(errors).map_err(|err| Error::Serialization {
-            kind: row.try_get::<String, _>("kind").unwrap_or_default(),
+/// A row of `SELECT *, args::text AS args_text FROM forge.jobs`: a [`JobInfo`] once its errors
+/// are read.
+#[derive(sqlx::FromRow)]
+pub(crate) struct JobRow {
+    id: JobId,
+    namespace: String,
+    queue: String,
+    kind: String,
+    /// Arguments that do not decode (JSON nested deeper than 128 levels) read as their text.
+    args: Lenient<serde_json::Value>,
+    args_text: String,
+    state: JobState,
+    priority: i16,
+    run_at: DateTime<Utc>,
+    attempt: i32,
+    max_attempts: Option<i32>,
+    timeout_ms: Option<i64>,
+    role: Option<String>,
+    unique_key: Option<String>,
+    node_id: Option<String>,
+    attempted_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+    cancel_requested: bool,
+    errors: serde_json::Value,
+}
+
+impl TryFrom<JobRow> for JobInfo {
+    type Error = Error;
+
+    fn try_from(row: JobRow) -> Result<JobInfo> {
+        let errors = serde_json::from_value(row.errors).map_err(|err| Error::Serialization {
+            kind: row.kind.clone(),
             message: format!("the job's errors cannot be read: {err}"),
         })?;
         Ok(JobInfo {
-            id: JobId(row.try_get("id")?),
-            namespace: row.try_get("namespace")?,
-            queue: row.try_get("queue")?,
-            kind: row.try_get("kind")?,
-            args: row.try_get("args").or_else(|_| {
-                row.try_get::<String, _>("args_text")
-                    .map(serde_json::Value::String)
-            })?,
-            state,
-            priority: row.try_get("priority")?,
-            run_at: row.try_get("run_at")?,
-            attempt: row.try_get::<i32, _>("attempt")?.max(0) as u32,
-            max_attempts: row
-                .try_get::<Option<i32>, _>("max_attempts")?
-                .map(|n| n.max(1) as u32),
+            id: row.id,
+            namespace: row.namespace,
+            queue: row.queue,
+            kind: row.kind,
+            args: (row.args.ok()).unwrap_or(serde_json::Value::String(row.args_text)),
+            state: row.state,
+            priority: row.priority,
+            run_at: row.run_at,
+            attempt: row.attempt.max(0) as u32,
+            max_attempts: row.max_attempts.map(|n| n.max(1) as u32),
             timeout: row
-                .try_get::<Option<i64>, _>("timeout_ms")?
+                .timeout_ms
                 .map(|ms| Duration::from_millis(ms.max(0) as u64)),
-            role: row.try_get("role")?,
-            unique_key: row.try_get("unique_key")?,
-            node_id: row.try_get("node_id")?,
-            attempted_at: row.try_get("attempted_at")?,
-            finished_at: row.try_get("finished_at")?,
-            created_at: row.try_get("created_at")?,
-            cancel_requested,
+            role: row.role,
+            unique_key: row.unique_key,
+            node_id: row.node_id,
+            attempted_at: row.attempted_at,
+            finished_at: row.finished_at,
+            created_at: row.created_at,
+            cancel_requested: row.cancel_requested,
             errors,
-            actions: JobActions::of(state, cancel_requested),
+            actions: JobActions::of(row.state, row.cancel_requested),
         })
     }
 }
@@ -351,11 +372,12 @@ async fn get<'c, E>(executor: E, id: JobId) -> Result<Option<JobInfo>>
 where
     E: Executor<'c, Database = Postgres>,
 {
-    let row = sqlx::query("SELECT *, args::text AS args_text FROM forge.jobs WHERE id = $1")
-        .bind(id)
-        .fetch_optional(executor)
-        .await?;
-    row.as_ref().map(JobInfo::from_row).transpose()
+    let row: Option<JobRow> =
+        sqlx::query_as("SELECT *, args::text AS args_text FROM forge.jobs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(executor)
+            .await?;
+    row.map(JobInfo::try_from).transpose()
 }
 
 /// The parallel arrays of one `forge.jobs_enqueue` call.
@@ -422,7 +444,14 @@ where
         batch.unique_keys.push(job.unique_key.clone());
         batch.unique.push(job.unique);
     }
-    let rows = sqlx::query(
+    /// One row of `forge.jobs_enqueue`: the job at position `ord` (from 1) of the batch.
+    #[derive(sqlx::FromRow)]
+    struct EnqueueRow {
+        ord: i32,
+        id: Option<i64>,
+        inserted: bool,
+    }
+    let rows: Vec<EnqueueRow> = sqlx::query_as(
         "SELECT ord, id, inserted FROM forge.jobs_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(namespace)
@@ -440,10 +469,7 @@ where
     .fetch_all(executor)
     .await?;
     let mut results = vec![None; jobs.len()];
-    for row in rows {
-        let ord: i32 = row.try_get("ord")?;
-        let id: Option<i64> = row.try_get("id")?;
-        let inserted: bool = row.try_get("inserted")?;
+    for EnqueueRow { ord, id, inserted } in rows {
         let Some(id) = id else {
             // The colliding job finished and was deleted between the insert and the lookup.
             return Err(Error::Conflict {

@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use chrono::{DurationRound, TimeDelta, Utc};
 use forge_core::{Error, Leadership};
-use sqlx::Row;
 use tokio::time::{Instant, sleep, timeout};
 use tracing::debug;
 
@@ -82,12 +81,22 @@ pub(crate) async fn run(leadership: Leadership, every: Duration, width: Duration
     }
 }
 
+/// One row of `forge.jobs_figures`: the jobs of a queue and kind in a state.
+#[derive(sqlx::FromRow)]
+struct Figure {
+    queue: String,
+    kind: String,
+    state: JobState,
+    n: i64,
+    oldest_age_s: Option<f64>,
+}
+
 /// The figures, and how long the database took to count them.
 async fn look(leadership: &Leadership) -> Result<(Look, Duration), Error> {
     let rows = async {
         let mut session = leadership.session().await?;
         let started = Instant::now();
-        let rows = sqlx::query("SELECT * FROM forge.jobs_figures($1)")
+        let rows: Vec<Figure> = sqlx::query_as("SELECT * FROM forge.jobs_figures($1)")
             .bind(leadership.namespace())
             .fetch_all(&mut *session)
             .await?;
@@ -97,12 +106,15 @@ async fn look(leadership: &Leadership) -> Result<(Look, Duration), Error> {
         .await
         .map_err(|_| Error::Database(sqlx::Error::PoolTimedOut))??;
     let mut look = Look::default();
-    for row in rows {
-        let queue: String = row.try_get("queue")?;
-        let kind: String = row.try_get("kind")?;
-        let state: JobState = row.try_get("state")?;
-        let n = row.try_get::<i64, _>("n")? as f64;
-        let age: Option<f64> = row.try_get("oldest_age_s")?;
+    for Figure {
+        queue,
+        kind,
+        state,
+        n,
+        oldest_age_s: age,
+    } in rows
+    {
+        let n = n as f64;
         if state == JobState::Dead {
             *look.dead.entry(queue).or_default() += n;
             continue;

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
+use forge_core::sql::Lenient;
 use forge_core::{Error, Leadership, ListenerEvent, Metrics, NODES_CHANNEL};
-use sqlx::Row;
-use sqlx::postgres::PgRow;
+use sqlx::FromRow;
 use tokio::sync::broadcast;
 use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{debug, info, warn};
@@ -163,8 +163,8 @@ impl Maintenance {
         self.last_promote = Some(Instant::now());
         let row = async {
             let mut session = self.leadership.session().await?;
-            Ok::<_, Error>(
-                sqlx::query("SELECT * FROM forge.jobs_promote($1, $2)")
+            Ok::<Promoted, Error>(
+                sqlx::query_as("SELECT * FROM forge.jobs_promote($1, $2)")
                     .bind(&self.shared.namespace)
                     .bind(BATCH)
                     .fetch_one(&mut *session)
@@ -182,9 +182,9 @@ impl Maintenance {
                 return Some(Instant::now() + Duration::from_secs(1));
             }
         };
-        let promoted: i64 = row.try_get("promoted").unwrap_or_default();
-        let next: Option<f64> = row.try_get("next_due_in_ms").unwrap_or_default();
-        self.observe_clock(row.try_get("server_now").ok());
+        let promoted = row.promoted.or_default();
+        let next = row.next_due_in_ms.or_default();
+        self.observe_clock(row.server_now.ok());
         if promoted > 0 {
             debug!(target: "forge::job", promoted, "promoted due jobs");
         }
@@ -224,17 +224,19 @@ impl Maintenance {
         };
         let mut next_due = None;
         for row in rows {
-            match row.try_get("event") {
-                Ok(MaintainEvent::Rescued) => self.rescued(&row),
+            // Every column is lenient, so this always reads (a row without event is skipped).
+            let row = Maintained::from_row(&row).unwrap_or_default();
+            match row.event.0 {
+                Ok(MaintainEvent::Rescued) => self.rescued(row),
                 Ok(MaintainEvent::Deferred) => {
-                    let n = row.try_get::<f64, _>("n").unwrap_or_default() as u64;
+                    let n = row.n.or_default() as u64;
                     info!(target: "forge::job", jobs = n,
                           "jobs to rescue are held by another transaction (a frozen node's, say); rescuing them at the next pass");
                     self.deferred = true;
                 }
                 Ok(MaintainEvent::NextDue) => {
-                    self.observe_clock(row.try_get("at").ok());
-                    next_due = self.due_in(row.try_get("n").unwrap_or_default());
+                    self.observe_clock(row.at.ok());
+                    next_due = self.due_in(row.n.ok());
                 }
                 Err(err) => {
                     warn!(target: "forge::job", error = %err, "job maintenance answered a row this node does not understand")
@@ -245,11 +247,11 @@ impl Maintenance {
     }
 
     /// Logs and counts a `rescued` row: `n` jobs of a queue and kind left in `state`.
-    fn rescued(&self, row: &PgRow) {
-        let queue: String = row.try_get("queue").unwrap_or_default();
-        let kind: String = row.try_get("kind").unwrap_or_default();
-        let n = row.try_get::<f64, _>("n").unwrap_or_default() as u64;
-        match row.try_get::<JobState, _>("state") {
+    fn rescued(&self, row: Maintained) {
+        let queue = row.queue.or_default();
+        let kind = row.kind.or_default();
+        let n = row.n.or_default() as u64;
+        match row.state.0 {
             Ok(state) => {
                 warn!(target: "forge::job", queue = %queue, job = %kind, jobs = n, state = %state,
                       "rescued running jobs of a node that is down or stopped");
@@ -261,6 +263,31 @@ impl Maintenance {
             }
         }
     }
+}
+
+/// The row of `forge.jobs_promote`. Its columns, and those of [`Maintained`], are lenient: a
+/// newer node may have replaced these functions during a rolling upgrade, and this node then
+/// does what it can with what it understands.
+#[derive(sqlx::FromRow)]
+#[sqlx(default)]
+#[derive(Default)]
+struct Promoted {
+    promoted: Lenient<i64>,
+    next_due_in_ms: Lenient<Option<f64>>,
+    server_now: Lenient<DateTime<Utc>>,
+}
+
+/// A row of `forge.jobs_maintain`: what its `event` says, with the columns that event uses.
+#[derive(sqlx::FromRow)]
+#[sqlx(default)]
+#[derive(Default)]
+struct Maintained {
+    event: Lenient<MaintainEvent>,
+    queue: Lenient<String>,
+    kind: Lenient<String>,
+    state: Lenient<JobState>,
+    n: Lenient<f64>,
+    at: Lenient<DateTime<Utc>>,
 }
 
 forge_core::sql_enum! {

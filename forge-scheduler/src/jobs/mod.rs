@@ -132,6 +132,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 
 pub use component::JobQueue;
+pub(crate) use enqueue::JobRow;
 pub(crate) use enqueue::cancel;
 pub use enqueue::{AttemptError, CancelOutcome, Enqueued, JobInfo, Jobs, NewJob};
 

@@ -11,16 +11,17 @@
 use std::future::Future;
 use std::time::Duration;
 
+use forge_core::sql::Lenient;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row};
+use sqlx::{FromRow, Postgres};
 use tokio::time::{Instant, timeout_at};
 
 use super::JobState;
 use super::shared::{Outcome, StepRow};
 
 /// A position in the claim order: (priority, run_at, id) of the last job a worker claimed.
-#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd, sqlx::FromRow)]
 pub(super) struct Floor {
     pub(super) priority: i16,
     pub(super) run_at: chrono::DateTime<chrono::Utc>,
@@ -209,16 +210,18 @@ pub(super) enum StepAnswer {
 }
 
 /// A claimed job, as `forge.jobs_step` answers it.
+#[derive(sqlx::FromRow)]
 pub(super) struct ClaimedRow {
     /// Its position in the claim order (the worker's next floor).
+    #[sqlx(flatten)]
     pub(super) position: Floor,
-    /// Claimed ahead of a free slot (marked started when it starts), not started by the claim.
-    pub(super) ahead: bool,
+    /// `running` (claimed and marked started) or `ahead` (see [`ClaimedRow::ahead`]).
+    pub(super) state: StepRow,
     pub(super) id: i64,
     pub(super) attempt: i32,
     pub(super) kind: String,
     /// The arguments, or why they cannot be decoded (the job is then dead-lettered).
-    pub(super) args: Result<serde_json::Value, sqlx::Error>,
+    pub(super) args: Lenient<serde_json::Value>,
     /// The job's own limits, when it has them (else its type's, else the queue's default).
     pub(super) max_attempts: Option<i32>,
     pub(super) timeout_ms: Option<i64>,
@@ -226,33 +229,41 @@ pub(super) struct ClaimedRow {
     pub(super) pickup_ms: Option<f64>,
 }
 
+impl ClaimedRow {
+    /// Claimed ahead of a free slot (marked started when it starts), not started by the claim.
+    pub(super) fn ahead(&self) -> bool {
+        self.state == StepRow::Ahead
+    }
+}
+
+/// What every row of `forge.jobs_step` says: a claim or not, and its state (a [`StepRow`] or,
+/// for an outcome recorded otherwise than asked, a [`JobState`]); the other columns depend on
+/// them.
+#[derive(sqlx::FromRow)]
+struct StepHead {
+    claimed: bool,
+    state: String,
+}
+
+/// The job a row is about, where the row's kind says it has one.
+#[derive(sqlx::FromRow)]
+struct JobOfRow {
+    id: i64,
+}
+
 impl StepAnswer {
     pub(super) fn decode(row: &PgRow) -> Result<StepAnswer, sqlx::Error> {
-        if !row.try_get::<bool, _>("claimed")? {
-            let state: String = row.try_get("state")?;
-            if StepRow::parse(&state) == Some(StepRow::Stale) {
-                return Ok(StepAnswer::Stale);
-            }
-            return Ok(StepAnswer::Exception {
-                id: row.try_get("id")?,
-                recorded_as: JobState::parse(&state),
-            });
+        let head = StepHead::from_row(row)?;
+        if head.claimed {
+            return Ok(StepAnswer::Claimed(ClaimedRow::from_row(row)?));
         }
-        Ok(StepAnswer::Claimed(ClaimedRow {
-            position: Floor {
-                priority: row.try_get("priority")?,
-                run_at: row.try_get("run_at")?,
-                id: row.try_get("id")?,
-            },
-            ahead: row.try_get::<StepRow, _>("state")? == StepRow::Ahead,
-            id: row.try_get("id")?,
-            attempt: row.try_get("attempt")?,
-            kind: row.try_get("kind")?,
-            args: row.try_get("args"),
-            max_attempts: row.try_get("max_attempts")?,
-            timeout_ms: row.try_get("timeout_ms")?,
-            pickup_ms: row.try_get("pickup_ms")?,
-        }))
+        if StepRow::parse(&head.state) == Some(StepRow::Stale) {
+            return Ok(StepAnswer::Stale);
+        }
+        Ok(StepAnswer::Exception {
+            id: JobOfRow::from_row(row)?.id,
+            recorded_as: JobState::parse(&head.state),
+        })
     }
 }
 
@@ -286,14 +297,26 @@ impl Fate {
     }
 }
 
+/// What a row of `forge.jobs_reconcile` is about (`lane`, or a job's fate).
+#[derive(sqlx::FromRow)]
+struct ReconcileHead {
+    status: String,
+}
+
+/// The lane's row of `forge.jobs_reconcile`.
+#[derive(sqlx::FromRow)]
+struct LaneRow {
+    generation: i64,
+}
+
 impl Reconciled {
     pub(super) fn decode(row: &PgRow) -> Result<Reconciled, sqlx::Error> {
-        let status: String = row.try_get("status")?;
+        let status = ReconcileHead::from_row(row)?.status;
         if status == "lane" {
-            return Ok(Reconciled::Lane(row.try_get("generation")?));
+            return Ok(Reconciled::Lane(LaneRow::from_row(row)?.generation));
         }
         Ok(Reconciled::Job(
-            row.try_get("id")?,
+            JobOfRow::from_row(row)?.id,
             Fate::from_status(&status),
         ))
     }

@@ -728,7 +728,7 @@ impl Worker {
                         highest = Some(job.position);
                     }
                     // Jobs the claim marked started go first; the ones claimed ahead wait.
-                    if job.ahead {
+                    if job.ahead() {
                         ahead.push(job);
                     } else {
                         self.take(job, true);
@@ -838,7 +838,7 @@ impl Worker {
                 .push(unusable(id, attempt, "unknown", why, Outcome::Released));
             return;
         };
-        let args = match args {
+        let args = match args.0 {
             Ok(args) => args,
             Err(err) => {
                 warn!(target: "forge::job", queue = %self.spec.queue, job = ty.kind, id, error = %err,
