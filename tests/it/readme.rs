@@ -109,7 +109,10 @@ fn every_toml_snippet_of_the_documents_is_a_configuration_that_loads() {
             continue;
         }
         if let Err(err) = forge::Config::from_toml(&text) {
-            panic!("this snippet of {} does not load: {err}\n{text}", path.display());
+            panic!(
+                "this snippet of {} does not load: {err}\n{text}",
+                path.display()
+            );
         }
     }
 }
