@@ -16,8 +16,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use forge::crons::{CatchUp, CronJob};
 use forge::{CronContext, CronError, Node, Schedule};
-use forge_tests::probe::ProbeLine;
 use forge_testkit::wait_until;
+use forge_tests::probe::ProbeLine;
 use sqlx::PgPool;
 
 use crate::support::*;
