@@ -52,8 +52,8 @@ pg_version() {
 cpu=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //' || echo "unknown CPU")
 machine="$(nproc) cores ($cpu), $(free -g | awk '/^Mem:/ {print $2}') GB, $(uname -sr), PostgreSQL $(pg_version)"
 today=$(date -u +%F)
-mode="full"
-[ "$quick" = 1 ] && mode="quick (each tool's quickest mode: not figures to compare)"
+mode="a full run"
+[ "$quick" = 1 ] && mode="a quick run: each tool's quickest mode, figures not to compare"
 
 wanted() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
 
@@ -67,8 +67,9 @@ history of what was measured and tried, and why the code is as it is, is in
 [experiments](experiments.md). Run them on your own hardware: on a shared VM figures move by
 15-30 % between sessions, so compare only figures taken side by side.
 
-\`docs/benchmarks.sh\` wrote this page ($mode run): it ran every command below and wrote each
-section with its command, the machine and the date, and the figures as the command printed them.
+\`docs/benchmarks.sh\` wrote this page ($mode): it ran every command below and wrote
+each section with its command, the machine and the date, and the figures as the command printed
+them.
 The tools are the crate \`forge-tools\` (\`tools/\`, described in \`tools/README.md\`); each starts its
 own throwaway PostgreSQL.
 
@@ -99,13 +100,19 @@ for section in "${sections[@]}"; do
     output=$(mktemp)
     status=0
     FORGE_REQUIRE_TOOLS=1 "${command[@]}" > "$output" || status=$?
+    if [ "$status" != 0 ] && [ ! -s "$output" ]; then
+        # Nothing printed: it did not build or run (a missed target still prints its figures).
+        echo "benchmarks.sh: '$shown' failed (exit status $status) and printed nothing; $out is unchanged" >&2
+        rm -f "$output"
+        exit 1
+    fi
     if [[ " $title_done " != *" $tool "* ]]; then
         printf '\n## %s\n' "$title" >> "$page"
         title_done="$title_done $tool"
     fi
     {
         printf '\n`%s` - %s\n\n' "$shown" "$today"
-        [ "$status" = 0 ] || printf 'Exit status %s: a target was missed or the harness failed.\n\n' "$status"
+        [ "$status" = 0 ] || printf 'Exit status %s: a target was missed, or the run failed part-way.\n\n' "$status"
         printf '```text\n'
         cat "$output"
         printf '```\n'
