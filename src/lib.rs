@@ -60,8 +60,8 @@
 //! [`JobContext::complete`] (for a job that completes: a dead or cancelled job commits none).
 //! Everything else a handler does is at least once: a run cut short by its node's death runs
 //! again. See [`crons`] and [`jobs`]
-//! for the details, the README for configuration (`forge.toml`) and operations (metrics,
-//! alerts), and ARCHITECTURE.md for how the election, membership and fencing work.
+//! for the details, the guide in `docs/` for configuration (`forge.toml`) and operations
+//! (metrics, alerts), and its architecture chapter for how the election, membership and fencing work.
 
 pub mod alerts;
 mod config;

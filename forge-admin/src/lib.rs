@@ -423,7 +423,7 @@ pub fn router(state: AdminState) -> Router {
 
 async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!(
-        "no such endpoint: {} {} (the endpoints are listed in the README's \"Admin API\")",
+        "no such endpoint: {} {} (the endpoints are listed in the guide's \"Admin API\" chapter, docs/src/admin-api.md)",
         req.method(),
         req.uri().path()
     ))

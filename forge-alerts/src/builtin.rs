@@ -1,5 +1,5 @@
 //! The built-in rules: what FORGE's own metrics can tell an operator, with a runbook section
-//! each (`docs/runbook.md`).
+//! each (`docs/src/runbook.md`).
 
 use std::time::Duration;
 

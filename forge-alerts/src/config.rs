@@ -18,7 +18,7 @@ use crate::builtin::is_builtin;
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct AlertingConfig {
-    /// The absolute URL (`http://` or `https://`) of your copy of `docs/runbook.md`: the
+    /// The absolute URL (`http://` or `https://`) of your copy of `docs/src/runbook.md`: the
     /// built-in rules' `runbook_url` is `<runbook_base_url>#<rule name>`. Unset: the relative
     /// [`DEFAULT_RUNBOOK_BASE`].
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -49,7 +49,7 @@ impl AlertingConfig {
                 return Err(at.error(
                     key,
                     format!(
-                        "{url:?} is not an absolute http(s) URL: give the address your copy of docs/runbook.md is served at, such as \"https://github.com/acme/app/blob/main/docs/runbook.md\""
+                        "{url:?} is not an absolute http(s) URL: give the address your copy of docs/src/runbook.md is served at, such as \"https://github.com/acme/app/blob/main/docs/src/runbook.md\""
                     ),
                 ));
             }

@@ -54,7 +54,7 @@ pub use config::{AlertRule, AlertingConfig, Severity, refine_toml_error, validat
 pub use rules::{Rule, RuleFile, notify_labels};
 
 /// Where the built-in rules' `runbook_url` annotations point by default: the runbook in
-/// FORGE's repository (`docs/runbook.md`, one section per rule, anchored by its name), a
+/// FORGE's repository (`docs/src/runbook.md`, one section per rule, anchored by its name), a
 /// relative link. Set `[alerting] runbook_base_url` (or [`RuleFile::runbook_base`]) to make
 /// the links absolute, so that they open from Alertmanager, PagerDuty or Slack.
-pub const DEFAULT_RUNBOOK_BASE: &str = "docs/runbook.md";
+pub const DEFAULT_RUNBOOK_BASE: &str = "docs/src/runbook.md";

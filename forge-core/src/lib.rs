@@ -7,7 +7,8 @@
 //! by PostgreSQL (`idle_session_timeout` = the lease) and fenced by its tenure; a stopping one
 //! hands over gracefully. Every node also keeps one node session: it holds the node's id
 //! (two live nodes never share one), LISTENs, and heartbeats its membership row. See
-//! ARCHITECTURE.md for the mechanism and its invariants.
+//! the guide's architecture chapter (docs/src/architecture.md) for the mechanism and its
+//! invariants.
 //!
 //! Crons and jobs plug into a node as [`Component`]s; this crate's mechanisms know nothing of
 //! them (its [`Error`] is FORGE's one error type, so it has the variants they report). Users

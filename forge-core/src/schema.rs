@@ -9,7 +9,7 @@
 //! under an advisory lock of its own (nodes that start together apply them once), with
 //! `check_function_bodies = off` (a `LANGUAGE sql` body may name a function created later in the
 //! same step). A database whose function was applied by a newer FORGE release keeps it: an
-//! older node never puts back an older body (ARCHITECTURE.md, "Changing the schema").
+//! older node never puts back an older body (docs/src/migrations.md, "Changing the schema").
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

@@ -46,8 +46,8 @@
 //!
 //! Each option is the builder method of the same name of `forge::crons::CronJob`, whose
 //! documentation says its values and default (a word of a choice, such as `catch_up = "all"`,
-//! is the variant of the enum named after the option, `CatchUp::All`); the README's table of
-//! cron options lists them all. The attribute checks each value at compile time with the
+//! is the variant of the enum named after the option, `CatchUp::All`); the guide's crons chapter
+//! (docs/src/crons.md, "Options") lists them all. The attribute checks each value at compile time with the
 //! runtime's own parsers; durations are written as in `forge.toml`, a number with a unit such
 //! as `"5s"`, `"1m 30s"` or `"2h"`.
 //!

@@ -259,7 +259,7 @@ fn unknown(attr: &Attr, key: &Ident, written: &str) -> syn::Error {
         .map_or_else(String::new, |name| format!(" (did you mean `{name}`?)"));
     // Without the list of options (the "did you mean" hint is the help): tests snapshot this
     // message, and a new option must not change it. The list is the attribute's
-    // documentation and the README's table.
+    // documentation and the guide's table (docs/src/crons.md).
     syn::Error::new(
         key.span(),
         format!(

@@ -1,4 +1,4 @@
--- The one rule for "this tenure is current" (ARCHITECTURE.md, "The fence"): the role's row is
+-- The one rule for "this tenure is current" (docs/src/architecture/election.md): the role's row is
 -- unreleased and its lock session alive on this server (its pid with the same backend_start; a
 -- session of another database user shows no backend_start: counted alive). While that session
 -- lives it holds the role's lock, so no other tenure can begin. A crashed leader's tenure stops

@@ -3,7 +3,7 @@
 -- read: no lock, no commit to wait for. The caller starts the handlers of the ticks whose
 -- instant is at or before the answer.
 --
--- Ticks are claimed shortly before their instant ([cron] claim_ahead; ARCHITECTURE.md,
+-- Ticks are claimed shortly before their instant ([cron] claim_ahead; docs/src/architecture/crons.md,
 -- "Claiming ahead"), so that the claim's durable commit is not on the firing path. The rule
 -- that keeps this exactly-once: a leader starts the handler of a tick only after this gate, run
 -- on the role's lock session, has answered with a database time at or after the tick's instant.

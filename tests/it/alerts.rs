@@ -263,7 +263,7 @@ fn builtin_rules_use_real_metrics_and_have_a_runbook_section() {
         }
     }
     assert!(defined.contains("forge_leader_is_leader"), "{defined:?}");
-    let runbook = std::fs::read_to_string(repo().join("docs/runbook.md")).unwrap();
+    let runbook = std::fs::read_to_string(repo().join("docs/src/runbook.md")).unwrap();
     for builtin in BUILTIN {
         let mut used = 0;
         for (i, _) in builtin.expr.match_indices("forge_") {
@@ -281,7 +281,7 @@ fn builtin_rules_use_real_metrics_and_have_a_runbook_section() {
         assert!(used > 0, "{}", builtin.name);
         assert!(
             runbook.contains(&format!("\n## {}\n", builtin.name)),
-            "docs/runbook.md has no section `## {}`",
+            "docs/src/runbook.md has no section `## {}`",
             builtin.name
         );
         assert!(!builtin.summary.is_empty() && !builtin.description.is_empty());
@@ -362,12 +362,12 @@ fn promtool_accepts_the_export_of_user_rules() {
 }
 
 /// `[alerting] runbook_base_url` makes every built-in rule's runbook link absolute (a relative
-/// `docs/runbook.md#...` opens from nowhere an alert is read: Alertmanager, PagerDuty, Slack);
+/// `docs/src/runbook.md#...` opens from nowhere an alert is read: Alertmanager, PagerDuty, Slack);
 /// a rule's own `runbook` still wins; anything but an absolute http(s) URL without a fragment
 /// is refused at its line.
 #[test]
 fn runbook_base_url_makes_the_runbook_links_absolute() {
-    let base = "https://github.com/acme/app/blob/main/docs/runbook.md";
+    let base = "https://github.com/acme/app/blob/main/docs/src/runbook.md";
     let config = parse(&format!(
         "[alerting]\nrunbook_base_url = \"{base}\"\n{SEED}\n[[alerts]]\nname = \"forge_nodes_drifted\"\nrunbook = \"https://wiki.example.com/drift\"\n"
     ))
@@ -385,17 +385,17 @@ fn runbook_base_url_makes_the_runbook_links_absolute() {
             builtin.name
         );
     }
-    assert!(!yaml.contains("\"docs/runbook.md"), "{yaml}");
+    assert!(!yaml.contains("\"docs/src/runbook.md"), "{yaml}");
     // Without it, the links stay relative (the shipped file).
     assert!(
         Config::default()
             .alert_rules()
             .to_yaml()
-            .contains("runbook_url: \"docs/runbook.md#forge_no_leader\"")
+            .contains("runbook_url: \"docs/src/runbook.md#forge_no_leader\"")
     );
 
     for (value, detail) in [
-        ("docs/runbook.md", "not an absolute http(s) URL"),
+        ("docs/src/runbook.md", "not an absolute http(s) URL"),
         ("https://", "not an absolute http(s) URL"),
         ("ftp://example.com/runbook", "not an absolute http(s) URL"),
         (

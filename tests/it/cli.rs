@@ -1525,7 +1525,11 @@ async fn alerts_export_writes_the_rule_file_of_the_configuration() {
         "{}",
         run.stdout
     );
-    assert!(!run.stdout.contains("\"docs/runbook.md#"), "{}", run.stdout);
+    assert!(
+        !run.stdout.contains("\"docs/src/runbook.md#"),
+        "{}",
+        run.stdout
+    );
 
     // A broken rule is a configuration error.
     std::fs::write(&path, "[[alerts]]\nname = \"no_condition\"\n").unwrap();

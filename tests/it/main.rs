@@ -25,8 +25,11 @@
 //!   replies, refused fences, a clock that runs ahead.
 //! * `claim_ahead`: ticks claimed before their instant, with their leader cut off unaware,
 //!   SIGKILLed with and without a follower, and handing over before the instant.
-//! * `readme`: every Rust snippet of the README is compiled (in `examples/readme/`, word for
-//!   word), every TOML snippet loads.
+//! * `readme`: every Rust snippet of the README and the guide is compiled (in
+//!   `examples/readme/`, word for word), every TOML snippet loads.
+//! * `docs`: every relative link and anchor of the documents resolves, the guide's
+//!   configuration table is forge.toml's, the README and ARCHITECTURE.md stay short, and no
+//!   document names a migration that does not exist.
 //! * `skew`: crons led by a node process whose wall clock runs 5 minutes ahead or behind
 //!   (libfaketime): every tick runs, on time by the database's clock.
 //! * `clocks`: steps of the database's wall clock (PostgreSQL under libfaketime): no healthy
@@ -45,6 +48,7 @@ mod cli;
 mod clocks;
 mod cron;
 mod dashboard;
+mod docs;
 mod election;
 mod exactly_once;
 mod faults;

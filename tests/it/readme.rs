@@ -1,11 +1,23 @@
-//! The README's snippets: every ```rust block is in the `forge-readme` crate
-//! (`examples/readme/`, which the test command builds) word for word, so each one compiles;
-//! every ```toml block is a configuration that loads (but a service's `[dependencies]`).
+//! The snippets of the README and of the guide (`docs/src/`): every ```rust block is in the
+//! `forge-readme` crate (`examples/readme/`, which the test command builds) word for word, so
+//! each one compiles; every ```toml block is a configuration that loads (but a service's
+//! `[dependencies]`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+use crate::docs::{guide, repo};
+
+/// The README and the guide's pages, each as its path and text.
+fn documents() -> Vec<(PathBuf, String)> {
+    let mut paths = vec![repo().join("README.md")];
+    paths.extend(guide());
+    paths
+        .into_iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).unwrap();
+            (path, text)
+        })
+        .collect()
 }
 
 /// The fenced blocks of `lang` in `markdown`, each as its lines.
@@ -38,8 +50,7 @@ fn contains(file: &[&str], paragraph: &[&str]) -> bool {
 }
 
 #[test]
-fn every_rust_snippet_of_the_readme_is_compiled_word_for_word() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+fn every_rust_snippet_of_the_documents_is_compiled_word_for_word() {
     let crate_dir = repo().join("examples/readme");
     let mut sources = Vec::new();
     for dir in ["src", "examples"] {
@@ -50,9 +61,13 @@ fn every_rust_snippet_of_the_readme_is_compiled_word_for_word() {
             }
         }
     }
-    let snippets = blocks(&readme, "rust");
-    assert!(snippets.len() >= 8, "{} rust blocks", snippets.len());
-    for snippet in snippets {
+    let documents = documents();
+    let snippets: Vec<(&PathBuf, Vec<&str>)> = documents
+        .iter()
+        .flat_map(|(path, text)| blocks(text, "rust").into_iter().map(move |b| (path, b)))
+        .collect();
+    assert!(snippets.len() >= 12, "{} rust blocks", snippets.len());
+    for (path, snippet) in snippets {
         // Paragraphs (split at blank lines) may sit in different items of one file, such as a
         // snippet's `use` lines and the function body that follows them.
         let paragraphs: Vec<&[&str]> = snippet
@@ -65,19 +80,23 @@ fn every_rust_snippet_of_the_readme_is_compiled_word_for_word() {
         });
         assert!(
             found,
-            "this README snippet is not in examples/readme/ word for word, so nothing compiles \
+            "this snippet of {} is not in examples/readme/ word for word, so nothing compiles \
              it; put it there (in an item that gives it what it names):\n{}",
+            path.display(),
             snippet.join("\n")
         );
     }
 }
 
 #[test]
-fn every_toml_snippet_of_the_readme_is_a_configuration_that_loads() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let snippets = blocks(&readme, "toml");
-    assert!(!snippets.is_empty());
-    for snippet in snippets {
+fn every_toml_snippet_of_the_documents_is_a_configuration_that_loads() {
+    let documents = documents();
+    let snippets: Vec<(&PathBuf, Vec<&str>)> = documents
+        .iter()
+        .flat_map(|(path, text)| blocks(text, "toml").into_iter().map(move |b| (path, b)))
+        .collect();
+    assert!(snippets.len() >= 3, "{} toml blocks", snippets.len());
+    for (path, snippet) in snippets {
         let text = snippet.join("\n");
         // A service's Cargo.toml lines ("Using FORGE"), not a forge.toml.
         if snippet.first() == Some(&"[dependencies]") {
@@ -90,7 +109,10 @@ fn every_toml_snippet_of_the_readme_is_a_configuration_that_loads() {
             continue;
         }
         if let Err(err) = forge::Config::from_toml(&text) {
-            panic!("this README snippet does not load: {err}\n{text}");
+            panic!(
+                "this snippet of {} does not load: {err}\n{text}",
+                path.display()
+            );
         }
     }
 }

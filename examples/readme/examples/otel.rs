@@ -1,4 +1,4 @@
-//! FORGE's spans exported with `tracing-opentelemetry` (README, "Tracing"): a span per job
+//! FORGE's spans exported with `tracing-opentelemetry` (the guide's "Operations", "Tracing"): a span per job
 //! attempt and per cron run, and the election's transitions in a span per role. This example
 //! prints the spans on stdout (`opentelemetry-stdout`); a service sends them to its collector
 //! with `opentelemetry-otlp` instead.

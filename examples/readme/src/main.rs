@@ -1,7 +1,7 @@
-//! Every Rust snippet of the README, compiled: each is here word for word (the test
-//! `tests/it/readme.rs` checks it, paragraph by paragraph), in the items and functions that
-//! give it what it names (a `node`, a `?` to return to). The OpenTelemetry snippet is
-//! `examples/otel.rs`.
+//! Every Rust snippet of the README and of the guide (`docs/src/`), compiled: each is here word
+//! for word (the test `tests/it/readme.rs` checks it, paragraph by paragraph), in the items and
+//! functions that give it what it names (a `node`, a `?` to return to). The OpenTelemetry
+//! snippet is `examples/otel.rs`.
 //!
 //! And run: `forge-readme`, with `DATABASE_URL` (and `FORGE_NODE_ID`) and nothing else, is the
 //! README's node - its migrations, its leader task on `billing`, its crons and its `mailers`
@@ -28,7 +28,7 @@ async fn main() -> forge::Result<()> {
     node.run_until_signal().await
 }
 
-/// The README's first snippet, "FORGE".
+/// The README's first snippet.
 #[rustfmt::skip]
 mod quick_start {
     use forge::{Config, CronContext, CronError, Node};
@@ -55,7 +55,7 @@ mod quick_start {
     }
 }
 
-/// "Using FORGE".
+/// The guide's "Configuration".
 #[rustfmt::skip]
 fn configuration() -> forge::Result<()> {
     let config = forge::Config::from_env()?;          // DATABASE_URL, FORGE_NODE_ID, ... only
@@ -63,7 +63,7 @@ fn configuration() -> forge::Result<()> {
     Ok(())
 }
 
-/// "Leader roles and leader-only tasks": the node `main` runs.
+/// The README's leader task (and the guide's "Leader roles and routing"): the node `main` runs.
 #[rustfmt::skip]
 async fn leader_tasks() -> forge::Result<forge::Node> {
     use forge::{Config, Node, Role};
@@ -73,7 +73,8 @@ async fn leader_tasks() -> forge::Result<forge::Node> {
             // Runs when this node wins the role; dropped the moment it loses it.
             while !leadership.is_draining() {
                 let Ok(mut tx) = leadership.fenced_transaction().await else { return };  // deposed
-                let issued = forge::sqlx::query("UPDATE invoices SET issued_at = now() WHERE issued_at IS NULL")
+                let issued = forge::sqlx::query(
+                    "UPDATE invoices SET issued_at = now() WHERE issued_at IS NULL")
                     .execute(&mut *tx)
                     .await;
                 if issued.is_err() || tx.commit().await.is_err() { return }
@@ -88,7 +89,7 @@ async fn leader_tasks() -> forge::Result<forge::Node> {
     Ok(node)
 }
 
-/// "Routes that run on the leader only".
+/// The guide's "Leader roles and routing", "Routes that run on the leader only".
 #[rustfmt::skip]
 mod leader_routes {
     use forge::admin::axum::{Router, routing::post};
@@ -106,9 +107,10 @@ mod leader_routes {
     }
 }
 
-/// "Crons".
+/// The guide's "Crons".
 #[rustfmt::skip]
-#[forge::cron("*/5 * * * *", tz = "Europe/Berlin", catch_up = "all", overlap = "skip", timeout = "2m")]
+#[forge::cron("*/5 * * * *", tz = "Europe/Berlin", catch_up = "all", overlap = "skip",
+              timeout = "2m")]
 async fn rollup(ctx: forge::CronContext) -> Result<(), forge::CronError> {
     let mut tx = ctx.fenced_transaction().await?;
     forge::sqlx::query("INSERT INTO rollups (at) VALUES ($1)")
@@ -120,13 +122,14 @@ async fn rollup(ctx: forge::CronContext) -> Result<(), forge::CronError> {
     Ok(())
 }
 
-/// "Jobs": the job type and a cron that enqueues it.
+/// The README's job and the guide's "Jobs": the job type, its enqueueing, a cron that enqueues it.
 #[rustfmt::skip]
 mod jobs {
     #[derive(serde::Serialize, serde::Deserialize)]
     struct Welcome { user_id: i64 }
 
-    #[forge::job(queue = "mailers", max_attempts = 5, backoff = "exponential", backoff_base = "2s", timeout = "30s")]
+    #[forge::job(queue = "mailers", max_attempts = 5, backoff = "exponential",
+                 backoff_base = "2s", timeout = "30s")]
     async fn send_welcome(ctx: forge::JobContext, args: Welcome) -> Result<(), forge::JobError> {
         // Any error retries with backoff; JobError::discard("...") dead-letters at once.
         let mut tx = ctx.pool().begin().await?;
@@ -165,7 +168,7 @@ mod jobs {
     }
 }
 
-/// "Operations", "Your metrics and FORGE's in one scrape".
+/// The guide's "Alerts and metrics", "Your metrics and FORGE's in one scrape".
 #[rustfmt::skip]
 mod one_scrape {
     use forge::admin::axum::{Router, extract::State, routing::get};
@@ -187,8 +190,8 @@ mod one_scrape {
     }
 }
 
-/// "Your tables, your migrations": `migrations/` next to this crate's Cargo.toml (`main` runs it
-/// first, then starts the node of "Leader roles and leader-only tasks").
+/// The guide's "Migrations": `migrations/` next to this crate's Cargo.toml (`main` runs it
+/// first, then starts the node of the leader task).
 #[rustfmt::skip]
 async fn migrations() -> forge::Result<()> {
     let node = forge::Node::builder(forge::Config::from_env()?)

@@ -1,4 +1,5 @@
-//! The campaign for one role on one node: the state machine described in ARCHITECTURE.md.
+//! The campaign for one role on one node: the state machine described in the
+//! guide (docs/src/architecture/election.md).
 //!
 //! ```text
 //!            connect ok                 granted (epoch bumped)

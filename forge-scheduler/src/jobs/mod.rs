@@ -26,7 +26,8 @@
 //! Delivery is **at least once**: a handler may run again after its node died mid-attempt, so
 //! handlers should be idempotent. A job is never *completed* twice: every outcome is recorded
 //! with a guard on (job, attempt, node), so a late result from a rescued attempt is refused.
-//! ARCHITECTURE.md ("Jobs") describes the state machine and what happens when each party dies.
+//! The guide (docs/src/architecture/jobs.md) describes the state machine and what happens
+//! when each party dies.
 //!
 //! # Exactly once, at least once
 //!
@@ -352,8 +353,8 @@ impl fmt::Display for JobId {
 forge_core::sql_bigint_newtype!(JobId);
 
 forge_core::sql_enum! {
-    /// Where a job is in its life (`forge.jobs.state`). See ARCHITECTURE.md ("Jobs") for who
-    /// moves it where.
+    /// Where a job is in its life (`forge.jobs.state`). See the guide
+    /// (docs/src/architecture/jobs.md) for who moves it where.
     pub enum JobState {
         /// Waiting to be claimed by a worker.
         Available = "available",

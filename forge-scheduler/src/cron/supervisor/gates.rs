@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 /// The latest database time at which the gate found this tenure the current one. A tick whose
 /// instant is at or before it passes the gate without asking again: the gate's promise - a
 /// tick started by this tenure has its instant at or before a time at which the tenure was
-/// current, so before any newer tenure's `acquired_at` (ARCHITECTURE.md, "Claiming ahead") -
+/// current, so before any newer tenure's `acquired_at` (docs/src/architecture/crons.md, "Claiming ahead") -
 /// holds for it as it did for the ticks of the answer. So the ticks due at one instant need
 /// one read, even when they wake across two timer ticks and the second batch would otherwise
 /// wait for the session behind the first runs' outcomes.
