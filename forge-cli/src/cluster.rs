@@ -98,11 +98,11 @@ pub(crate) async fn status(ctx: &Ctx, json: bool) -> Outcome {
         ),
     ]);
     for warning in &status.warnings {
-        println!("warning: {warning}");
+        outln!("warning: {warning}");
     }
-    println!();
+    outln!();
     if leaders.is_empty() {
-        println!("no role has had a leader yet");
+        outln!("no role has had a leader yet");
     } else {
         leaders_table(&leaders).print();
     }
@@ -143,7 +143,7 @@ pub(crate) async fn leaders(ctx: &Ctx, args: &LeadersArgs, json: bool) -> Outcom
         if json {
             out::print_json(&leaders);
         } else if leaders.is_empty() {
-            println!("no role has had a leader in namespace {}", ctx.namespace);
+            outln!("no role has had a leader in namespace {}", ctx.namespace);
         } else {
             leaders_table(&leaders).print();
         }
@@ -191,7 +191,7 @@ pub(crate) async fn leaders(ctx: &Ctx, args: &LeadersArgs, json: bool) -> Outcom
 /// The cursor line under a page that has more.
 pub(crate) fn print_next(next: Option<i64>) {
     if let Some(next) = next {
-        println!("(more: --before {next})");
+        outln!("(more: --before {next})");
     }
 }
 
@@ -272,7 +272,7 @@ pub(crate) async fn events(ctx: &Ctx, args: &EventsArgs, json: bool) -> Outcome 
         if json {
             out::print_json(&page);
         } else if page.items.is_empty() {
-            println!("no events");
+            outln!("no events");
         } else {
             let mut table = Table::new(EVENT_HEADERS);
             for event in &page.items {
@@ -401,7 +401,7 @@ pub(crate) async fn nodes(ctx: &Ctx, node: Option<&str>, json: bool) -> Outcome 
         return Ok(0);
     }
     if nodes.is_empty() {
-        println!("no nodes in namespace {}", ctx.namespace);
+        outln!("no nodes in namespace {}", ctx.namespace);
         return Ok(0);
     }
     let mut table = Table::new(&[
@@ -479,14 +479,15 @@ pub(crate) async fn step_down(ctx: &Ctx, args: &StepDownArgs, json: bool) -> Out
             "new_leader": successor,
         }));
     } else {
-        println!(
+        outln!(
             "asked {} (leader of {role}, epoch {epoch}) to hand over",
             if from.is_empty() { "the leader" } else { &from }
         );
         if let Some(next) = successor {
-            println!(
+            outln!(
                 "{role} is now led by {} (epoch {})",
-                next.node_id, next.epoch
+                next.node_id,
+                next.epoch
             );
         }
     }

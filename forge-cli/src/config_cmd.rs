@@ -78,7 +78,7 @@ pub(crate) fn check(file: &Path, env: bool, json: bool) -> Outcome {
         }));
         return Ok(0);
     }
-    println!("{}: ok", file.display());
+    outln!("{}: ok", file.display());
     out::print_fields(&[
         ("database", database),
         ("namespace", config.cluster.lock_namespace.clone()),
@@ -115,9 +115,9 @@ pub(crate) fn alerts_export(cli: &Cli, output: Option<&Path>, json: bool) -> Out
             "rules": yaml,
         }));
     } else if let Some(path) = output {
-        println!("wrote {}", path.display());
+        outln!("wrote {}", path.display());
     } else {
-        print!("{yaml}");
+        out!("{yaml}");
     }
     Ok(0)
 }

@@ -106,9 +106,9 @@ impl Report {
             .filter(|f| f.hint.is_some() && matches!(f.status, Level::Warn | Level::Fail))
             .collect();
         if !hints.is_empty() {
-            println!();
+            outln!();
             for f in hints {
-                println!("{}: {}", f.check, f.hint.as_deref().unwrap_or_default());
+                outln!("{}: {}", f.check, f.hint.as_deref().unwrap_or_default());
             }
         }
         let fails = self
@@ -121,8 +121,8 @@ impl Report {
             .iter()
             .filter(|f| f.status == Level::Warn)
             .count();
-        println!();
-        println!(
+        outln!();
+        outln!(
             "{}: {fails} problems, {warns} warnings{}",
             if ok { "healthy" } else { "NOT HEALTHY" },
             if strict {

@@ -16,6 +16,18 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// `print!` to standard output that ends the command quietly when the reader has gone
+/// (`forge events | head`), instead of panicking as `print!` does.
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::out::write_stdout(format_args!($($arg)*), false) };
+}
+
+/// `println!`, ending the command quietly when the reader has gone (see [`out!`]).
+macro_rules! outln {
+    () => { $crate::out::write_stdout(format_args!(""), true) };
+    ($($arg:tt)*) => { $crate::out::write_stdout(format_args!($($arg)*), true) };
+}
+
 mod args;
 mod cluster;
 mod config_cmd;

@@ -223,12 +223,12 @@ pub(crate) async fn run(ctx: &Ctx, action: &MigrateCommand, json: bool) -> Outco
             }));
         } else {
             print_sets(&sets);
-            println!("{}", functions_line(&functions));
-            println!();
+            outln!("{}", functions_line(&functions));
+            outln!();
             match (blocking(&sets), pending.len(), due.len()) {
-                (Some(why), _, _) => println!("{why}"),
-                (None, 0, 0) => println!("up to date"),
-                (None, n, f) => println!(
+                (Some(why), _, _) => outln!("{why}"),
+                (None, 0, 0) => outln!("up to date"),
+                (None, n, f) => outln!(
                     "{} pending: apply with `forge migrate up` (or start a node)",
                     counted(n, f)
                 ),
@@ -259,27 +259,27 @@ pub(crate) async fn run(ctx: &Ctx, action: &MigrateCommand, json: bool) -> Outco
                 }).collect::<Vec<_>>(),
             }));
         } else if pending.is_empty() && due.is_empty() {
-            println!("nothing to apply: up to date");
+            outln!("nothing to apply: up to date");
         } else {
-            println!(
+            outln!(
                 "would apply {} (dry run, nothing applied):",
                 counted(pending.len(), due.len())
             );
             let print_sql = |sql: &str| {
                 if show_sql {
-                    println!();
+                    outln!();
                     for line in sql.lines() {
-                        println!("    {line}");
+                        outln!("    {line}");
                     }
-                    println!();
+                    outln!();
                 }
             };
             for (set, m) in &pending {
-                println!("  {set} {:04}_{}", m.version, m.description);
+                outln!("  {set} {:04}_{}", m.version, m.description);
                 print_sql(&m.sql);
             }
             for f in &due {
-                println!("  forge function {}", f.name);
+                outln!("  forge function {}", f.name);
                 print_sql(&f.sql);
             }
         }
@@ -299,13 +299,13 @@ pub(crate) async fn run(ctx: &Ctx, action: &MigrateCommand, json: bool) -> Outco
             "applied_functions": applied_functions,
         }));
     } else if pending.is_empty() && applied_functions.is_empty() {
-        println!("nothing to apply: up to date");
+        outln!("nothing to apply: up to date");
     } else {
         for (set, m) in &pending {
-            println!("applied {set} {:04}_{}", m.version, m.description);
+            outln!("applied {set} {:04}_{}", m.version, m.description);
         }
         if !applied_functions.is_empty() {
-            println!(
+            outln!(
                 "applied forge function files: {}",
                 names(applied_functions.iter().copied())
             );

@@ -1,7 +1,36 @@
 //! Output: aligned tables and key/value blocks for people, JSON for scripts.
 
+use std::io::{ErrorKind, Write};
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+
+use crate::fail;
+
+/// Writes to standard output (what [`out!`] and [`outln!`] expand to). When the reader has
+/// gone (a closed pipe: `forge events --follow | head`), the command ends at once with exit 0,
+/// as Unix tools do; another write error ends it with a message and exit 1. Never a panic.
+pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>, newline: bool) {
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout
+        .write_fmt(args)
+        .and_then(|()| {
+            if newline {
+                stdout.write_all(b"\n")
+            } else {
+                Ok(())
+            }
+        })
+        .and_then(|()| stdout.flush());
+    match written {
+        Ok(()) => {}
+        Err(err) if err.kind() == ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(err) => {
+            eprintln!("forge: cannot write to standard output: {err}");
+            std::process::exit(i32::from(fail::PROBLEM));
+        }
+    }
+}
 
 /// A table with a header row, printed with columns aligned by two spaces.
 pub(crate) struct Table {
@@ -50,7 +79,7 @@ impl Table {
     }
 
     pub(crate) fn print(&self) {
-        print!("{}", self.render());
+        out!("{}", self.render());
     }
 }
 
@@ -58,14 +87,14 @@ impl Table {
 pub(crate) fn print_fields(fields: &[(&str, String)]) {
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (key, value) in fields {
-        println!("{key:width$}  {value}");
+        outln!("{key:width$}  {value}");
     }
 }
 
 /// Pretty JSON on stdout, its floats without binary noise ([`tidy`]).
 pub(crate) fn print_json(value: &impl Serialize) {
     match json_text(value) {
-        Ok(text) => println!("{text}"),
+        Ok(text) => outln!("{text}"),
         Err(err) => eprintln!("forge: cannot render JSON: {err}"),
     }
 }

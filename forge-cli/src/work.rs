@@ -19,7 +19,7 @@ pub(crate) async fn crons(ctx: &Ctx, action: &CronsCommand, json: bool) -> Outco
             if json {
                 out::print_json(&crons);
             } else if crons.is_empty() {
-                println!("no crons in namespace {}", ctx.namespace);
+                outln!("no crons in namespace {}", ctx.namespace);
             } else {
                 let mut table = Table::new(&[
                     "NAME",
@@ -83,9 +83,9 @@ pub(crate) async fn crons(ctx: &Ctx, action: &CronsCommand, json: bool) -> Outco
                 ("missing 24h", cron.missing_24h.to_string()),
                 ("last seen by", cron.last_seen_by.clone()),
             ]);
-            println!();
+            outln!();
             if ticks.items.is_empty() {
-                println!("no ticks yet");
+                outln!("no ticks yet");
             } else {
                 let mut table = Table::new(&[
                     "SCHEDULED",
@@ -120,7 +120,7 @@ pub(crate) async fn crons(ctx: &Ctx, action: &CronsCommand, json: bool) -> Outco
             if json {
                 out::print_json(&json!({ "cron": name, "paused": pause }));
             } else {
-                println!("{verb} cron {name}");
+                outln!("{verb} cron {name}");
             }
             Ok(0)
         }
@@ -131,7 +131,7 @@ pub(crate) async fn crons(ctx: &Ctx, action: &CronsCommand, json: bool) -> Outco
             if json {
                 out::print_json(&json!({ "cron": name, "scheduled_at": at }));
             } else {
-                println!(
+                outln!(
                     "triggered cron {name}: the leader of its role runs it as the tick of {}",
                     out::time(at)
                 );
@@ -258,7 +258,7 @@ pub(crate) async fn jobs_list(ctx: &Ctx, list: &JobsList, json: bool) -> Outcome
         return Ok(0);
     }
     if page.items.is_empty() {
-        println!("no jobs match");
+        outln!("no jobs match");
         return Ok(0);
     }
     let mut table = Table::new(&[
@@ -349,7 +349,7 @@ pub(crate) async fn jobs(ctx: &Ctx, action: &JobsCommand, json: bool) -> Outcome
                 ),
             ]);
             if !job.errors.is_empty() {
-                println!();
+                outln!();
                 let mut table = Table::new(&["ATTEMPT", "AT", "NODE", "REASON", "ERROR"]);
                 for err in &job.errors {
                     table.row(vec![
@@ -399,7 +399,7 @@ async fn job_action(ctx: &Ctx, act: &JobAction, verb: Action, json: bool) -> Out
         if json {
             out::print_json(&json!({ "action": verb.as_str(), "matched": n }));
         } else {
-            println!("{n} jobs {}", done(verb));
+            outln!("{n} jobs {}", done(verb));
         }
         return Ok(0);
     };
@@ -422,7 +422,7 @@ async fn job_action(ctx: &Ctx, act: &JobAction, verb: Action, json: bool) -> Out
                     &json!({ "action": verb.as_str(), "id": id, "outcome": "applied" }),
                 );
             } else {
-                println!("job {id} {}", done(verb));
+                outln!("job {id} {}", done(verb));
             }
             Ok(0)
         }
@@ -452,7 +452,7 @@ pub(crate) async fn queues(ctx: &Ctx, action: &QueuesCommand, json: bool) -> Out
             if json {
                 out::print_json(&queues);
             } else if queues.is_empty() {
-                println!("no queues with jobs in namespace {}", ctx.namespace);
+                outln!("no queues with jobs in namespace {}", ctx.namespace);
             } else {
                 let mut table = Table::new(&[
                     "QUEUE",
@@ -480,9 +480,9 @@ pub(crate) async fn queues(ctx: &Ctx, action: &QueuesCommand, json: bool) -> Out
                     &json!({ "queue": queue, "paused": true, "was_paused": was_paused }),
                 );
             } else if was_paused {
-                println!("queue {queue} was paused already");
+                outln!("queue {queue} was paused already");
             } else {
-                println!("paused queue {queue}: no node claims its jobs until it is resumed");
+                outln!("paused queue {queue}: no node claims its jobs until it is resumed");
             }
             Ok(0)
         }
@@ -495,9 +495,9 @@ pub(crate) async fn queues(ctx: &Ctx, action: &QueuesCommand, json: bool) -> Out
                     &json!({ "queue": queue, "paused": false, "was_paused": was_paused }),
                 );
             } else if was_paused {
-                println!("resumed queue {queue}");
+                outln!("resumed queue {queue}");
             } else {
-                println!("queue {queue} was not paused");
+                outln!("queue {queue} was not paused");
             }
             Ok(0)
         }

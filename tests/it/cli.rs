@@ -2016,3 +2016,28 @@ async fn migrate_sql_applied_with_psql_leaves_the_database_as_migrate_up_does() 
         run.stderr
     );
 }
+
+/// `forge ... | head` closes the pipe the command writes to: the command ends quietly, as a Unix
+/// tool does, instead of panicking on its first write.
+#[tokio::test]
+async fn output_to_a_closed_pipe_ends_the_command_quietly() {
+    let mut command = forge_command(None, &[]);
+    command
+        .args(["alerts", "export"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().expect("the forge-cli binary runs");
+    // The reader goes away before the command writes its first line (it reads its
+    // configuration first); a write after that fails with EPIPE.
+    drop(child.stdout.take());
+    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("forge alerts export ended within 60 s")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stderr.contains("panicked"),
+        "no panic on a closed pipe: {stderr}"
+    );
+    assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
+}
