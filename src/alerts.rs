@@ -4,7 +4,7 @@
 //! and grouping.
 //!
 //! ```no_run
-//! # fn demo() -> forge::Result<()> {
+//! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let config = forge::Config::load("forge.toml")?;
 //! std::fs::write("rules.yml", config.alert_rules().to_yaml())?;
 //! # Ok(()) }
