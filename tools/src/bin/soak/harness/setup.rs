@@ -1,0 +1,286 @@
+//! Start-up: the throwaway primary and its standby, the nodes' role and tables, the proxies
+//! and configs, and the harness that runs them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::str::FromStr as _;
+use std::sync::Arc;
+
+use chrono::Utc;
+use forge::Config;
+use forge_testkit::{PgOptions, PgProxy, PgServer};
+use sqlx::Connection as _;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::time::Instant;
+
+use super::{Harness, Phase, Slot, as_node_role, build_standby};
+use crate::node::node_config;
+use crate::options::{Options, Rng};
+use crate::{
+    ADMIN_TIMEOUT, BoxError, DOWN_AFTER, LEASE, MAX_CONNECTIONS, NODE_IDS, NODE_ROLE, POOL_SIZE,
+};
+
+/// The application's tables, made by the harness before the nodes start. No unique key on
+/// the effects: a repeated effect is a second row, so duplicates can be counted. The deferred
+/// constraint triggers make a COMMIT sleep on the server while a flag names the committing
+/// node (lost replies), and record the commit's key in the same transaction, so that a commit
+/// that completed after its node died can be found afterwards.
+const SETUP_SQL: &str = r#"
+CREATE TABLE soak_cron_effects (
+    id           bigserial   PRIMARY KEY,
+    cron         text        NOT NULL,
+    scheduled_at timestamptz NOT NULL,
+    attempt      integer     NOT NULL,
+    node         text        NOT NULL,
+    epoch        bigint      NOT NULL,
+    tenure       bigint      NOT NULL,
+    at           timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX soak_cron_effects_tick ON soak_cron_effects (cron, scheduled_at);
+
+CREATE TABLE soak_job_effects (
+    id      bigserial   PRIMARY KEY,
+    job_id  bigint      NOT NULL,
+    kind    text        NOT NULL,
+    attempt integer     NOT NULL,
+    node    text        NOT NULL,
+    tick_us bigint      NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX soak_job_effects_job ON soak_job_effects (job_id);
+
+CREATE TABLE soak_leader_work (
+    id     bigserial   PRIMARY KEY,
+    role   text        NOT NULL,
+    epoch  bigint      NOT NULL,
+    tenure bigint      NOT NULL,
+    node   text        NOT NULL,
+    at     timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE TABLE soak_flags (
+    kind text NOT NULL,
+    node text NOT NULL,
+    PRIMARY KEY (kind, node)
+);
+
+CREATE TABLE soak_lost_replies (
+    kind        text        NOT NULL,
+    node        text        NOT NULL,
+    key         bigint      NOT NULL,
+    backend_pid integer     NOT NULL,
+    at          timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE FUNCTION soak_slow_cron_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.cron = 'soak_tick'
+       AND EXISTS (SELECT 1 FROM soak_flags f WHERE f.kind = 'cron' AND f.node = NEW.node) THEN
+        INSERT INTO soak_lost_replies (kind, node, key, backend_pid)
+        VALUES ('cron', NEW.node, (extract(epoch FROM NEW.scheduled_at) * 1000000)::bigint,
+                pg_backend_pid());
+        PERFORM pg_sleep(1.5);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE CONSTRAINT TRIGGER soak_slow_cron_commit AFTER INSERT ON soak_cron_effects
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION soak_slow_cron_commit();
+
+CREATE FUNCTION soak_slow_job_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM soak_flags f WHERE f.kind = 'tx_job' AND f.node = NEW.node) THEN
+        INSERT INTO soak_lost_replies (kind, node, key, backend_pid)
+        VALUES ('tx_job', NEW.node, NEW.job_id, pg_backend_pid());
+        PERFORM pg_sleep(1.5);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE CONSTRAINT TRIGGER soak_slow_job_commit AFTER INSERT ON soak_job_effects
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.kind = 'tx')
+    EXECUTE FUNCTION soak_slow_job_commit();
+"#;
+
+/// The history of every job's (state, attempt, node), recorded at each commit that changes
+/// one (deferred constraint triggers on `forge.jobs`, made after FORGE's migrations; the
+/// product's statements are unchanged, each commit adds a row here): which jobs were running
+/// on a node when it was marked down, and when each left `running`. `at` is the time of the
+/// COMMIT (`clock_timestamp()` in a deferred trigger), so a completion written inside a
+/// transaction that stays open counts from its commit.
+const MOVES_SQL: &str = r#"
+CREATE TABLE soak_job_moves (
+    id      bigserial   PRIMARY KEY,
+    job_id  bigint      NOT NULL,
+    state   text        NOT NULL,
+    attempt integer     NOT NULL,
+    node    text,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE FUNCTION soak_job_moved() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO soak_job_moves (job_id, state, attempt, node)
+        VALUES (OLD.id, 'deleted', OLD.attempt, OLD.node_id);
+    ELSE
+        INSERT INTO soak_job_moves (job_id, state, attempt, node)
+        VALUES (NEW.id, NEW.state, NEW.attempt, NEW.node_id);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE CONSTRAINT TRIGGER soak_job_inserted AFTER INSERT OR DELETE ON forge.jobs
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION soak_job_moved();
+CREATE CONSTRAINT TRIGGER soak_job_updated AFTER UPDATE ON forge.jobs
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.attempt IS DISTINCT FROM NEW.attempt
+          OR OLD.node_id IS DISTINCT FROM NEW.node_id)
+    EXECUTE FUNCTION soak_job_moved();
+"#;
+
+pub(crate) async fn soak(options: Options) -> Result<bool, BoxError> {
+    println!(
+        "FORGE soak: {} node processes, {} min of random faults every {}-{} s",
+        NODE_IDS.len(),
+        options.minutes,
+        options.interval.0,
+        options.interval.1
+    );
+    println!(
+        "seed {} (rerun with --seed {} to replay the same fault choices and timings)",
+        options.seed, options.seed
+    );
+    let primary = tokio::task::spawn_blocking(|| {
+        PgServer::start_with(
+            PgOptions::default()
+                .durable(true)
+                .max_connections(MAX_CONNECTIONS),
+        )
+    })
+    .await??;
+    let primary = Arc::new(primary);
+    let db = primary.create_database().await?;
+    let db_name = db.name().to_owned();
+    // The nodes log in as an ordinary role owning the database (FORGE's migrations, the
+    // soak's tables and the job history triggers are made as that role, before the nodes
+    // start: `forge::migrate` applies what a node would); the harness is the superuser.
+    let mut setup = sqlx::PgConnection::connect(&primary.url()).await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {NODE_ROLE} LOGIN; ALTER DATABASE \"{db_name}\" OWNER TO {NODE_ROLE};"
+    )))
+    .execute(&mut setup)
+    .await?;
+    setup.close().await?;
+    let mut setup = sqlx::PgConnection::connect(&as_node_role(&primary.url_for(&db_name))?).await?;
+    forge::migrate::up(&mut setup).await?;
+    sqlx::raw_sql(SETUP_SQL).execute(&mut setup).await?;
+    sqlx::raw_sql(MOVES_SQL).execute(&mut setup).await?;
+    setup.close().await?;
+    let admin_proxy = PgProxy::start(primary.host(), primary.port())?;
+    let admin_url = format!(
+        "{}?application_name=forge-soak-harness",
+        admin_proxy.url_for(&primary, &db_name)
+    );
+    // A lock wait of the harness's own (behind its LOCK TABLE, a frozen transaction) ends
+    // on the server, not only in the client.
+    let admin_options = PgConnectOptions::from_str(&admin_url)?.options([("lock_timeout", "3s")]);
+    let admin = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(ADMIN_TIMEOUT)
+        .connect_lazy_with(admin_options);
+    let source = primary.clone();
+    let (standby, repl_proxy) =
+        tokio::task::spawn_blocking(move || build_standby(&source)).await??;
+
+    let dir = std::env::temp_dir().join(format!("forge-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut slots = Vec::new();
+    for id in NODE_IDS {
+        let proxy = PgProxy::start(primary.host(), primary.port())?;
+        let text = node_config(&as_node_role(&proxy.url_for(&primary, &db_name))?, id);
+        Config::from_toml(&text)?;
+        let config = dir.join(format!("{id}.toml"));
+        std::fs::write(&config, text)?;
+        slots.push(Slot {
+            id: id.to_owned(),
+            proxy,
+            config,
+            phase: Phase::Dead {
+                restart_at: Instant::now(),
+            },
+            incarnation: 0,
+            started: Instant::now(),
+            blackhole_until: None,
+            busy_until: None,
+            starve_check_at: None,
+            start_failures: 0,
+            unexpected_exits: 0,
+            hold_until: None,
+            cursor: 0,
+            open: HashMap::new(),
+            paused_since_us: None,
+            blackhole_since_us: None,
+        });
+    }
+    println!(
+        "PostgreSQL primary on 127.0.0.1:{} (fsync on), streaming standby on 127.0.0.1:{}, one proxy per node",
+        primary.port(),
+        standby.port()
+    );
+    println!(
+        "timings: lease {} s, refresh 1 s, lock_timeout 1 s, check 500 ms, drain 2 s, heartbeat 500 ms, drift 1.5 s, down {} s, pool {}",
+        LEASE.as_secs(),
+        DOWN_AFTER.as_secs(),
+        POOL_SIZE
+    );
+    println!("run directory (node configs and logs): {}\n", dir.display());
+
+    let mut harness = Harness {
+        t0: Instant::now(),
+        rng: Rng(options.seed),
+        interval: options.interval,
+        dir,
+        primary,
+        standby: Some(Arc::new(standby)),
+        repl_proxy: Some(repl_proxy),
+        standby_build: None,
+        standby_retry_at: None,
+        pending_failover: None,
+        failover_losses: Vec::new(),
+        admin_proxy,
+        admin,
+        slots,
+        deck: Vec::new(),
+        faults: Vec::new(),
+        findings: Vec::new(),
+        armed: None,
+        lost_reply_pids: Vec::new(),
+        failovers: 0,
+        term_exits: Vec::new(),
+        rss: Vec::new(),
+        error_lines: 0,
+        error_examples: Vec::new(),
+        t0_utc: Utc::now(),
+        db_name,
+        only: options.only,
+        spans: Vec::new(),
+        pauses: Vec::new(),
+        blackholes: Vec::new(),
+        stalls: Vec::new(),
+        handlerless: HashMap::new(),
+        stranded: BTreeMap::new(),
+        max_handlerless: 0.0,
+        samples: 0,
+        sample_failures: 0,
+        next_sample: Instant::now(),
+        freeze: None,
+        table_lock: None,
+        write_stall: None,
+        fill: None,
+        storm: None,
+        step_downs: Vec::new(),
+        fill_reports: Vec::new(),
+        stop_began: None,
+    };
+    harness.run(options.minutes).await
+}
