@@ -137,7 +137,7 @@ struct Handlerless {
     stall_at_first: Duration,
 }
 
-/// A job that stayed `running` with no live handler for longer than [`STRANDED_AFTER`].
+/// A job that stayed `running` with no live handler for longer than [`STRANDED_AFTER`](crate::STRANDED_AFTER).
 struct Stranded {
     node: String,
     first_at: f64,

@@ -10,7 +10,7 @@
 //!
 //! The harness starts a throwaway PostgreSQL (fsync on, `max_connections` 100; under
 //! libfaketime when it is installed, so that its wall clock can be stepped, and so are its
-//! standbys, which a failover promotes) with an asynchronous streaming standby, one [`PgProxy`] per node (so one node's connections can be
+//! standbys, which a failover promotes) with an asynchronous streaming standby, one [`PgProxy`](forge_testkit::PgProxy) per node (so one node's connections can be
 //! black-holed alone and a primary failover is a promotion plus a retarget), and three node
 //! processes: this binary re-executed as `soak node <forge.toml>`. The nodes log in as an
 //! ordinary role (`forge_soak`, owner of the database; the harness applies FORGE's migrations

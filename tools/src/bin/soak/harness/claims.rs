@@ -10,7 +10,7 @@ use forge::jobs::{Jobs, NewJob};
 use forge_testkit::Filter;
 use tokio::time::Instant;
 
-use super::faults::Snapshot;
+use super::faults::{SETTLE, Snapshot};
 use super::{Harness, Phase};
 use crate::node::{BigArgs, soak_big_job};
 use crate::options::FaultKind;
@@ -27,8 +27,6 @@ const BIG_PAYLOAD: usize = 2 << 20;
 const CLAIM_DELAY: Duration = Duration::from_millis(600);
 /// How often the delay is applied again, to catch the node's new pool connections.
 const DELAY_EVERY: Duration = Duration::from_millis(500);
-/// How long the cluster is watched after a claim fault ends before its outcome is read.
-const SETTLE: Duration = Duration::from_secs(5);
 
 /// A node SIGSTOPped while the server sends it a large claim's answer.
 pub(in crate::harness) struct LargeClaim {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::faults::Snapshot;
+use super::faults::{SETTLE, Snapshot};
 use super::{Harness, Phase};
 use crate::options::FaultKind;
 use crate::{ADMIN_TIMEOUT, DOWN_AFTER, LEASE};
@@ -16,9 +16,6 @@ use crate::{ADMIN_TIMEOUT, DOWN_AFTER, LEASE};
 const DB_STEP: Duration = Duration::from_secs(90);
 /// The node clock skews, in turn: libfaketime's `FAKETIME` and the same in seconds.
 const NODE_SKEWS: [(&str, i64); 2] = [("+5m", 300), ("-5m", -300)];
-/// How long the cluster is watched after a clock is put right before the fault's outcome is
-/// read (a harm done by the step back shows within it).
-const SETTLE: Duration = Duration::from_secs(5);
 
 /// The database's clock stepped until `until`, then put back to true time.
 pub(in crate::harness) struct DbClock {

@@ -12,6 +12,10 @@ use tokio::time::Instant;
 
 use super::{Armed, FaultRecord, Harness, Phase, build_standby};
 
+/// How long the cluster is watched after a fault of the clock and claim kinds ends before its
+/// outcome is read (a harm done by the fault's end, such as a clock put back, shows within it).
+pub(super) const SETTLE: Duration = Duration::from_secs(5);
+
 /// The cluster's history and figures before a fault, to tell what the fault changed.
 pub(super) struct Snapshot {
     /// The last `forge.events` id.
