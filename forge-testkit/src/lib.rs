@@ -101,7 +101,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use error::Error;
-pub use pg::{Lsn, PgOptions, PgServer, TestDatabase, client_program, faketime_library};
+pub use pg::{
+    Lsn, PgOptions, PgServer, TestDatabase, client_program, faketime_library, skewed_clock_env,
+};
 pub use pooler::TxPooler;
 pub use process::NodeProcess;
 pub use proxy::{Filter, PgProxy, ProxyConnection, ProxyConnectionState};

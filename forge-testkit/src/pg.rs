@@ -22,7 +22,7 @@ use crate::sys;
 mod clock;
 mod standby;
 
-pub use clock::faketime_library;
+pub use clock::{faketime_library, skewed_clock_env};
 pub use standby::Lsn;
 
 /// How many times a throwaway cluster is started on a fresh port when the

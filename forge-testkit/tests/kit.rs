@@ -1454,3 +1454,53 @@ async fn a_frozen_synchronous_standby_stalls_commits_but_not_reads() {
     let mut s = PgConnection::connect(&standby.url()).await.unwrap();
     assert_eq!(scalar_i64(&mut s, "SELECT count(*) FROM writes").await, 3);
 }
+
+/// A standby of a primary with a steppable clock gets its own, at true time: after a failover
+/// promoted it, its clock can be stepped (the soak steps the database's clock after failovers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_of_a_steppable_primary_is_steppable_after_its_promotion() {
+    if forge_testkit::faketime_library().is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "libfaketime is missing (Debian: apt-get install libfaketime)"
+        );
+        eprintln!("skipped: libfaketime is missing (Debian: apt-get install libfaketime)");
+        return;
+    }
+    let (primary, standby) = tokio::task::spawn_blocking(|| {
+        let primary = PgServer::start_with(PgOptions::default().steppable_clock())?;
+        let standby = primary.start_standby(None)?;
+        Ok::<_, Error>((primary, standby))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    primary.step_clock_ahead(Duration::from_secs(90)).unwrap();
+    assert_eq!(
+        standby.clock_offset_ms(),
+        Some(0),
+        "its own clock, at true time"
+    );
+    let standby = tokio::task::spawn_blocking(move || standby.promote().map(|()| standby))
+        .await
+        .unwrap()
+        .unwrap();
+    standby.step_clock_back(Duration::from_secs(90)).unwrap();
+    let mut conn = PgConnection::connect(&standby.url()).await.unwrap();
+    let server_secs: f64 =
+        sqlx::query_scalar("SELECT extract(epoch FROM clock_timestamp())::float8")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    let true_secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let behind_ms = (true_secs - server_secs) * 1000.0;
+    assert!(
+        (behind_ms - 90_000.0).abs() < 5_000.0,
+        "the promoted standby's clock is {behind_ms} ms behind, not 90 s"
+    );
+    standby.step_clock_to_true_time().unwrap();
+    assert_eq!(standby.clock_offset_ms(), Some(0));
+}

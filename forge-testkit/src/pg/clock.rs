@@ -51,6 +51,28 @@ pub fn faketime_library() -> Option<PathBuf> {
         .find(|lib| lib.is_file())
 }
 
+/// The environment that runs a process (a node binary) with its wall clock off by `offset`,
+/// in libfaketime's `FAKETIME` syntax (`"+5m"`, `"-5m"`, `"+90s"`): `LD_PRELOAD` = libfaketime,
+/// `FAKETIME`, and a true monotonic clock (`FAKETIME_DONT_FAKE_MONOTONIC`, so that timers and
+/// tokio's clock stay true, as on a machine whose wall clock is wrong). Fails, saying what to
+/// install, when libfaketime is missing.
+pub fn skewed_clock_env(offset: &str) -> Result<Vec<(&'static str, std::ffi::OsString)>, Error> {
+    let library = faketime_library().ok_or_else(missing_library)?;
+    Ok(vec![
+        ("LD_PRELOAD", library.into_os_string()),
+        ("FAKETIME", offset.into()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
+    ])
+}
+
+fn missing_library() -> Error {
+    Error::Config(format!(
+        "a stepped or skewed clock runs the process under libfaketime, which was not found: \
+         install it (Debian/Ubuntu: `apt-get install {PACKAGE}`) or set FORGE_FAKETIME_LIB to \
+         its libfaketime.so.1"
+    ))
+}
+
 /// The stepped clock of one cluster: the library, the file libfaketime reads, and the offset
 /// written there.
 pub(super) struct SteppedClock {
@@ -63,13 +85,7 @@ impl SteppedClock {
     /// A clock at true time for the cluster in `dir`; fails, saying what to install, when
     /// libfaketime is missing.
     pub(super) fn new(dir: &Path) -> Result<SteppedClock, Error> {
-        let library = faketime_library().ok_or_else(|| {
-            Error::Config(format!(
-                "a cluster with a steppable clock runs PostgreSQL under libfaketime, which was not \
-                 found: install it (Debian/Ubuntu: `apt-get install {PACKAGE}`) or set \
-                 FORGE_FAKETIME_LIB to its libfaketime.so.1"
-            ))
-        })?;
+        let library = faketime_library().ok_or_else(missing_library)?;
         let clock = SteppedClock {
             library,
             file: dir.join("faketime"),

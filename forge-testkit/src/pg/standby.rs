@@ -70,7 +70,10 @@ impl PgServer {
     /// `max_wal_size` of WAL) may be unable to catch up when replication
     /// resumes. Blocks until the standby accepts connections. Everything in
     /// the primary's `postgresql.conf` ([`PgOptions`](crate::PgOptions)) is
-    /// inherited.
+    /// inherited, and so is a steppable clock
+    /// ([`PgOptions::steppable_clock`](crate::PgOptions::steppable_clock)): the
+    /// standby's starts at true time and is stepped on its own, so that it can
+    /// be stepped after a failover promoted it.
     ///
     /// The control methods ([`stop`](PgServer::stop),
     /// [`kill_immediate`](PgServer::kill_immediate),
@@ -103,6 +106,9 @@ impl PgServer {
         };
         let name = format!("forge-testkit-standby-{}", unique_suffix());
         let mut standby = Cluster::guarded(primary.env.clone(), "forge-pg-standby", Some(name))?;
+        if primary.clock.is_some() {
+            standby.clock = Some(Box::new(super::clock::SteppedClock::new(&standby.dir)?));
+        }
         standby.base_backup(self.port)?;
         standby.configure_standby(&host, port)?;
         standby.start_on_free_port()?;

@@ -16,6 +16,8 @@ use tokio::time::Instant;
 use crate::options::{FaultKind, Rng};
 use crate::{BoxError, NODE_ROLE};
 
+mod claims;
+mod clocks;
 mod connections;
 mod faults;
 mod figures;
@@ -25,6 +27,7 @@ mod handlers;
 mod ledger;
 mod liveness;
 mod memory;
+mod moves;
 mod run;
 mod setup;
 mod stalls;
@@ -99,6 +102,12 @@ struct Slot {
     paused_since_us: Option<i64>,
     /// Black-holed since (µs since the epoch).
     blackhole_since_us: Option<i64>,
+    /// The wall-clock offset the next process of this id starts with (libfaketime's
+    /// `FAKETIME`, such as `"+5m"`, and the same in seconds); `None`: a true clock.
+    skew: Option<(&'static str, i64)>,
+    /// How far the current process's wall clock is ahead of the true time, in µs (its
+    /// `SOAK-HANDLER` times are corrected by it).
+    clock_us: i64,
 }
 
 /// A lost-reply fault waiting for the node's next slow COMMIT.
@@ -178,6 +187,9 @@ struct WriteStall {
     since: Instant,
     until: Instant,
     resumed: bool,
+    /// `kill-in-write-stall`: the node SIGKILLed at this instant of the stall (restarted at
+    /// once with the same id), and the cluster before the stall.
+    kill: Option<(usize, Instant, faults::Snapshot)>,
 }
 
 /// The server's connections filled by the harness while one node's node session is cut.
@@ -256,6 +268,8 @@ struct FaultRecord {
     at: f64,
     kind: FaultKind,
     text: String,
+    /// When a fault of several steps ended (harness seconds); `None` for one step.
+    ended: Option<f64>,
 }
 
 impl FaultRecord {
@@ -338,6 +352,18 @@ struct Harness {
     fill_reports: Vec<(bool, String)>,
     /// When the final SIGTERMs were sent (the end of the leaderless accounting).
     stop_began: Option<DateTime<Utc>>,
+    /// libfaketime was found: the primary's clock can be stepped, node clocks skewed.
+    faketime: bool,
+    db_clock: Option<clocks::DbClock>,
+    skew: Option<clocks::Skew>,
+    /// Node clock skews so far (they alternate ahead and behind), database steps by
+    /// down_after so far (they alternate too).
+    skews: u32,
+    down_after_steps: u32,
+    large_claim: Option<claims::LargeClaim>,
+    delayed: Option<claims::Delayed>,
+    /// The outcome of each fault of the clock and claim kinds, for the report.
+    outcomes: Vec<(FaultKind, String)>,
 }
 
 impl Harness {
@@ -363,9 +389,14 @@ impl Harness {
             || self.write_stall.is_some()
             || self.fill.is_some()
             || self.storm.is_some()
+            || self.db_clock.is_some()
+            || self.skew.is_some()
+            || self.large_claim.is_some()
+            || self.delayed.is_some()
     }
 
-    /// A database timestamp on the harness's clock (seconds since the start).
+    /// A database timestamp on the harness's clock (seconds since the start). The soak's own
+    /// times are true times (`soak_now()`, `soak_events`), whatever the database's clock does.
     fn secs_of(&self, at: DateTime<Utc>) -> f64 {
         (at - self.t0_utc).num_microseconds().unwrap_or(0) as f64 / 1e6
     }

@@ -2,16 +2,16 @@
 //! ledger of what the guarantees survived.
 //!
 //! ```text
-//! cargo run --release -p forge-tools --bin soak -- --minutes 30            # the full soak
-//! cargo run --release -p forge-tools --bin soak -- --minutes 3 --seed 42   # replay a run's fault choices
-//! cargo run --release -p forge-tools --bin soak -- --interval 5-10         # denser faults (default 5-30 s)
-//! cargo run --release -p forge-tools --bin soak -- --only table-lock,write-stall   # a deck of these kinds
+//! cargo run --release -p forge-tools --bin soak -- --minutes 30           # the full soak
+//! cargo run --release -p forge-tools --bin soak -- --minutes 3 --seed 42  # replay a run's faults
+//! cargo run --release -p forge-tools --bin soak -- --interval 5-10        # denser (default 5-30 s)
+//! cargo run --release -p forge-tools --bin soak -- --only table-lock,write-stall  # these kinds
 //! ```
 //!
-//! The harness starts a throwaway PostgreSQL (fsync on, `max_connections` 100) with an
-//! asynchronous streaming standby, one [`PgProxy`](forge_testkit::PgProxy) per node (so one
-//! node's connections can be black-holed alone and a primary failover is a promotion plus a
-//! retarget), and three node
+//! The harness starts a throwaway PostgreSQL (fsync on, `max_connections` 100; under
+//! libfaketime when it is installed, so that its wall clock can be stepped, and so are its
+//! standbys, which a failover promotes) with an asynchronous streaming standby, one [`PgProxy`](forge_testkit::PgProxy) per node (so one node's connections can be
+//! black-holed alone and a primary failover is a promotion plus a retarget), and three node
 //! processes: this binary re-executed as `soak node <forge.toml>`. The nodes log in as an
 //! ordinary role (`forge_soak`, owner of the database; the harness applies FORGE's migrations
 //! as that role with `forge::migrate` before they start), the harness as the superuser. Each
@@ -86,6 +86,40 @@
 //!   them. Jobs only that node works are due every second meanwhile: its handlers must keep
 //!   running.
 //!
+//! and the faults of issue 31 (clocks that jump, requests that arrive late, a frozen claimant),
+//! each printing its outcome (`OUTCOME <kind>`: what was done, then the `forge.events` of
+//! leadership and membership, the rescued attempts and the skipped ticks from its start until
+//! a few seconds after its end), all kept for the report:
+//!
+//! * **the database's clock stepped** (`db-clock-ahead` +90 s, `db-clock-behind` -90 s,
+//!   `db-clock-down-after` +down_after and -down_after in turn): `PgServer::step_clock_*` on
+//!   the primary, held 6-13 s (a few heartbeats and beyond a lease), then back to true time.
+//!   The soak's own tables record true times (`soak_now()`: the server's clock less the offset
+//!   the harness stepped it by, kept in `soak_clock`), and so does `soak_event_times` for each
+//!   `forge.events` row (read through the view `soak_events`), so the ledger compares times
+//!   across steps; times the product writes elsewhere (the jobs' timestamps, the lease times in
+//!   an election's detail) stay the server's;
+//! * **a node's clock skewed** (`node-clock-skew`): the node restarted (SIGTERM) under
+//!   libfaketime `FAKETIME=+5m`, then `-5m` the next time (its monotonic clock true), run
+//!   20-40 s, then restarted true. Its `SOAK-HANDLER` times are corrected by the skew. Without
+//!   libfaketime the four clock kinds leave the deck, and the run says so;
+//! * **SIGKILL in a write stall** (`kill-in-write-stall`): a write stall as above, and a node
+//!   SIGKILLed 1-3 s into it (its claims of the burst waiting at commit) and restarted at once
+//!   with the same id: its old backends' claims commit when the stall ends;
+//! * **a claimant frozen with a large answer** (`frozen-large-claim`): while one node (not the
+//!   scheduler leader: ticks keep coming) has its pool requests reach the server 600 ms late
+//!   (`PgProxy::delay`), and the other nodes theirs 1.2 s late, 24 `soak_big_job`s of 2 MiB
+//!   each are enqueued; 300 ms later (its claim of them sent, not arrived) the node is
+//!   SIGSTOPped and the delays end, so the server sends its claim's answer (about 16 MB with
+//!   the queue's 8 slots: more than the socket buffers hold) to a stopped client; the harness
+//!   checks that a backend of the node is stuck in `ClientWrite`. Frozen for the statement
+//!   bound + 1-3 s, then SIGCONT or SIGKILL (half the time each). The outcome says how long the
+//!   other nodes' claims of that queue paused (the longest time between two of their claims,
+//!   from the job history, from 1.2 s after the jobs' commit until the thaw);
+//! * **delayed requests** (`delayed-requests`): `PgProxy::delay` holds what one node's pool
+//!   connections send for the statement bound + 1-3 s (applied again every 500 ms, to catch
+//!   new connections) for 12-20 s; answers are on time.
+//!
 //! After the last fault everything is healed, dead nodes are restarted, the backlog drains
 //! (bounded), the nodes are stopped with SIGTERM, and the ledger is computed from the
 //! database: duplicate effects, missing and skipped ticks of both crons, lost or stuck jobs,
@@ -119,7 +153,14 @@
 //!   lower bound. Sum and max per role, the gaps grouped by the last fault before them, the
 //!   longest ones;
 //! * **step-down requests** and what they answered; for each connections-full fault, the
-//!   node's handler starts and ends while it could not reconnect (target: some).
+//!   node's handler starts and ends while it could not reconnect (target: some);
+//! * **leader changes, placement moves and flaps per kind of fault** (target: 0 flaps): each
+//!   `leader_elected` of another node than the role's last leader is a change, put down to the
+//!   fault under way or ended at most 30 s before (else to "no fault"); a placement move is a
+//!   change handed over by `leader_rebalanced` for `spread` or `preferred`; a flap is a role
+//!   going A -> B -> A with no fault started between the two changes, where the first was a
+//!   placement move or had no fault to explain it (a change forced by a fault, undone once the
+//!   node is back, is recovery, not a flap).
 //!
 //! One PASS/FAIL line per target (and `info` lines for the figures without one); the exit
 //! status is non-zero when a target is missed. Node logs are kept in the printed run
@@ -149,7 +190,8 @@ const USAGE: &str =
 fault kinds for --only: sigkill sigterm sigstop pg-fast-restart pg-immediate-restart failover
   kill-node-sessions kill-pool-sessions kill-lock-sessions blackhole pool-starvation
   lost-reply-cron lost-reply-job freeze-job-tx freeze-cron-tx write-stall table-lock
-  step-down-storm connections-full";
+  step-down-storm connections-full db-clock-ahead db-clock-behind db-clock-down-after
+  node-clock-skew kill-in-write-stall frozen-large-claim delayed-requests";
 
 /// The node processes.
 const NODE_IDS: [&str; 3] = ["n1", "n2", "n3"];
@@ -211,6 +253,8 @@ const PLAIN_JOB: &str = "soak_plain_job";
 const HOG_JOB: &str = "soak_hog%";
 /// The no-op jobs enqueued in a burst just before a write stall.
 const BURST_JOB: &str = "soak_burst_job";
+/// The no-op jobs with a large payload, for a frozen claimant.
+const BIG_JOB: &str = "soak_big_job";
 
 #[tokio::main]
 async fn main() -> ExitCode {

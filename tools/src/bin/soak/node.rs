@@ -52,6 +52,7 @@ pub(crate) async fn node_main(config_path: String) -> ExitCode {
         .job(soak_tx_job)
         .job(soak_plain_job)
         .job(soak_burst_job)
+        .job(soak_big_job)
         .job(soak_hog_n1)
         .job(soak_hog_n2)
         .job(soak_hog_n3);
@@ -306,6 +307,23 @@ async fn soak_plain_job(ctx: JobContext, args: TickArgs) -> Result<(), JobError>
 #[forge::job(name = "soak_burst_job", max_attempts = 100)]
 pub(crate) async fn soak_burst_job(ctx: JobContext, _args: HogArgs) -> Result<(), JobError> {
     let _mark = HandlerMark::start(&ctx);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+/// The arguments of a job whose claim's answer is large: a payload of this many bytes.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct BigArgs {
+    pub(crate) payload: String,
+}
+
+/// A no-op of 100 ms with a large payload, enqueued by the harness in a batch so that a claim's
+/// answer exceeds the socket buffers: the harness freezes a node while such an answer is on its
+/// way (issue 31, item 5).
+#[forge::job(name = "soak_big_job", max_attempts = 100)]
+pub(crate) async fn soak_big_job(ctx: JobContext, args: BigArgs) -> Result<(), JobError> {
+    let _mark = HandlerMark::start(&ctx);
+    std::hint::black_box(args.payload.len());
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(())
 }

@@ -121,10 +121,17 @@ pub(crate) enum FaultKind {
     TableLock,
     StepDownStorm,
     ConnectionsFull,
+    DbClockAhead,
+    DbClockBehind,
+    DbClockDownAfter,
+    NodeClockSkew,
+    KillInWriteStall,
+    FrozenLargeClaim,
+    DelayedRequests,
 }
 
 impl FaultKind {
-    pub(crate) const ALL: [FaultKind; 19] = [
+    pub(crate) const ALL: [FaultKind; 26] = [
         FaultKind::SigKill,
         FaultKind::SigTerm,
         FaultKind::SigStop,
@@ -144,7 +151,25 @@ impl FaultKind {
         FaultKind::TableLock,
         FaultKind::StepDownStorm,
         FaultKind::ConnectionsFull,
+        FaultKind::DbClockAhead,
+        FaultKind::DbClockBehind,
+        FaultKind::DbClockDownAfter,
+        FaultKind::NodeClockSkew,
+        FaultKind::KillInWriteStall,
+        FaultKind::FrozenLargeClaim,
+        FaultKind::DelayedRequests,
     ];
+
+    /// Kinds that need libfaketime (a steppable database clock, a skewed node clock).
+    pub(crate) fn needs_faketime(self) -> bool {
+        matches!(
+            self,
+            FaultKind::DbClockAhead
+                | FaultKind::DbClockBehind
+                | FaultKind::DbClockDownAfter
+                | FaultKind::NodeClockSkew
+        )
+    }
 
     /// The name `--only` takes.
     pub(crate) fn key(self) -> &'static str {
@@ -168,6 +193,13 @@ impl FaultKind {
             FaultKind::TableLock => "table-lock",
             FaultKind::StepDownStorm => "step-down-storm",
             FaultKind::ConnectionsFull => "connections-full",
+            FaultKind::DbClockAhead => "db-clock-ahead",
+            FaultKind::DbClockBehind => "db-clock-behind",
+            FaultKind::DbClockDownAfter => "db-clock-down-after",
+            FaultKind::NodeClockSkew => "node-clock-skew",
+            FaultKind::KillInWriteStall => "kill-in-write-stall",
+            FaultKind::FrozenLargeClaim => "frozen-large-claim",
+            FaultKind::DelayedRequests => "delayed-requests",
         }
     }
 
@@ -192,6 +224,13 @@ impl FaultKind {
             FaultKind::TableLock => "LOCK TABLE forge.jobs",
             FaultKind::StepDownStorm => "step-down storm",
             FaultKind::ConnectionsFull => "connections full, node session cut",
+            FaultKind::DbClockAhead => "database clock stepped ahead 90 s",
+            FaultKind::DbClockBehind => "database clock stepped back 90 s",
+            FaultKind::DbClockDownAfter => "database clock stepped by down_after",
+            FaultKind::NodeClockSkew => "node clock skewed 5 min",
+            FaultKind::KillInWriteStall => "SIGKILL in a write stall, same id",
+            FaultKind::FrozenLargeClaim => "claimant frozen, large answer",
+            FaultKind::DelayedRequests => "pool requests delayed past the bound",
         }
     }
 }

@@ -11,6 +11,20 @@ use forge_testkit::Filter;
 use tokio::time::Instant;
 
 use super::{Armed, FaultRecord, Harness, Phase, build_standby};
+
+/// How long the cluster is watched after a fault of the clock and claim kinds ends before its
+/// outcome is read (a harm done by the fault's end, such as a clock put back, shows within it).
+pub(super) const SETTLE: Duration = Duration::from_secs(5);
+
+/// The cluster's history and figures before a fault, to tell what the fault changed.
+pub(super) struct Snapshot {
+    /// The last `forge.events` id.
+    event_id: i64,
+    /// Rescued attempts (`errors` entries `rescued`) in all.
+    rescues: i64,
+    /// Ticks recorded `skipped` in all.
+    skipped: i64,
+}
 use crate::node::{HogArgs, hog_job};
 use crate::options::FaultKind;
 use crate::{ADMIN_TIMEOUT, DOWN_AFTER, LEASE, POOL_SIZE, SLOW_COMMIT_SECS};
@@ -24,7 +38,7 @@ impl Harness {
             && self.armed.as_ref().is_none_or(|a| a.slot != i)
     }
 
-    async fn scheduler_leader(&self) -> Option<String> {
+    pub(super) async fn scheduler_leader(&self) -> Option<String> {
         tokio::time::timeout(
             ADMIN_TIMEOUT,
             sqlx::query_scalar::<_, String>(
@@ -71,10 +85,97 @@ impl Harness {
         Some((pick, note))
     }
 
+    /// SIGTERMs slot `i`'s running process (restarted once it exited); `None` if it was not
+    /// running.
+    pub(super) fn terminate_slot(&mut self, i: usize) -> Option<Result<(), forge_testkit::Error>> {
+        let now = Instant::now();
+        let phase = std::mem::replace(&mut self.slots[i].phase, Phase::Dead { restart_at: now });
+        let Phase::Running { proc } = phase else {
+            self.slots[i].phase = phase;
+            return None;
+        };
+        let sent = proc.terminate();
+        self.slots[i].phase = Phase::Terminating { proc, since: now };
+        Some(sent)
+    }
+
+    /// What a fault's outcome is compared with: the cluster's history and figures now.
+    pub(super) async fn snapshot(&self) -> Option<Snapshot> {
+        let (event_id, rescues, skipped): (i64, i64, i64) = tokio::time::timeout(
+            ADMIN_TIMEOUT,
+            sqlx::query_as(
+                "SELECT (SELECT coalesce(max(id), 0) FROM forge.events),
+                        (SELECT count(*) FROM forge.jobs j, jsonb_array_elements(j.errors) e
+                          WHERE e->>'reason' = 'rescued'),
+                        (SELECT count(*) FROM forge.cron_ticks WHERE state = 'skipped')",
+            )
+            .fetch_one(&self.admin),
+        )
+        .await
+        .ok()?
+        .ok()?;
+        Some(Snapshot {
+            event_id,
+            rescues,
+            skipped,
+        })
+    }
+
+    /// What the cluster did since `before`: its leadership and membership events, the jobs it
+    /// rescued, the ticks it skipped.
+    pub(super) async fn outcome_since(&self, before: &Snapshot) -> String {
+        let Some(now) = self.snapshot().await else {
+            return "(the database could not be asked)".into();
+        };
+        let events: Vec<(String, i64)> = tokio::time::timeout(
+            ADMIN_TIMEOUT,
+            sqlx::query_as(
+                "SELECT kind, count(*) FROM forge.events WHERE id > $1 AND id <= $2 GROUP BY 1",
+            )
+            .bind(before.event_id)
+            .bind(now.event_id)
+            .fetch_all(&self.admin),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+        let count = |kind: &str| {
+            events
+                .iter()
+                .find(|(k, _)| k == kind)
+                .map_or(0, |(_, n)| *n)
+        };
+        format!(
+            "leader_elected {}, leader_lost {}, leader_fenced {}, leader_rebalanced {}, node_drifted {}, node_down {}; jobs rescued {}, ticks skipped {}",
+            count("leader_elected"),
+            count("leader_lost"),
+            count("leader_fenced"),
+            count("leader_rebalanced"),
+            count("node_drifted"),
+            count("node_down"),
+            now.rescues - before.rescues,
+            now.skipped - before.skipped
+        )
+    }
+
+    /// Prints a fault's outcome and keeps it for the report.
+    pub(super) fn outcome(&mut self, kind: FaultKind, text: String) {
+        self.note(format!("OUTCOME {}: {text}", kind.key()));
+        self.outcomes.push((kind, text));
+    }
+
     /// Applies the next applicable fault of the deck; false if none was applicable now.
     pub(super) async fn fault(&mut self) -> bool {
         if self.deck.is_empty() {
-            let mut deck = self.only.clone().unwrap_or_else(|| FaultKind::ALL.to_vec());
+            let faketime = self.faketime;
+            let mut deck: Vec<FaultKind> = self
+                .only
+                .clone()
+                .unwrap_or_else(|| FaultKind::ALL.to_vec())
+                .into_iter()
+                .filter(|kind| faketime || !kind.needs_faketime())
+                .collect();
             for i in (1..deck.len()).rev() {
                 let j = self.rng.below(i + 1);
                 deck.swap(i, j);
@@ -88,7 +189,12 @@ impl Harness {
                 let at = self.secs();
                 let n = self.faults.len() + 1;
                 self.note(format!("FAULT #{n}: {text}"));
-                self.faults.push(FaultRecord { at, kind, text });
+                self.faults.push(FaultRecord {
+                    at,
+                    kind,
+                    text,
+                    ended: None,
+                });
                 applied = true;
                 break;
             }
@@ -114,16 +220,7 @@ impl Harness {
             }
             FaultKind::SigTerm => {
                 let (i, note) = self.pick_node(true).await?;
-                let now = Instant::now();
-                let phase =
-                    std::mem::replace(&mut self.slots[i].phase, Phase::Dead { restart_at: now });
-                let Phase::Running { proc } = phase else {
-                    self.slots[i].phase = phase;
-                    return None;
-                };
-                let sent = proc.terminate();
-                self.slots[i].phase = Phase::Terminating { proc, since: now };
-                Some(match sent {
+                Some(match self.terminate_slot(i)? {
                     Ok(()) => format!(
                         "SIGTERM {}{note} (graceful: drain, hand over); restart once it exited",
                         self.slots[i].id
@@ -237,10 +334,17 @@ impl Harness {
             FaultKind::LostReplyJob => self.arm_lost_reply(false).await,
             FaultKind::FreezeJobTx => self.arm_freeze(false).await,
             FaultKind::FreezeCronTx => self.arm_freeze(true).await,
-            FaultKind::WriteStall => self.start_write_stall().await,
             FaultKind::TableLock => self.lock_jobs_table().await,
             FaultKind::StepDownStorm => self.start_storm(),
             FaultKind::ConnectionsFull => self.start_fill().await,
+            FaultKind::DbClockAhead | FaultKind::DbClockBehind | FaultKind::DbClockDownAfter => {
+                self.step_db_clock(kind).await
+            }
+            FaultKind::NodeClockSkew => self.start_skew().await,
+            FaultKind::KillInWriteStall => self.start_write_stall(true).await,
+            FaultKind::WriteStall => self.start_write_stall(false).await,
+            FaultKind::FrozenLargeClaim => self.freeze_large_claim().await,
+            FaultKind::DelayedRequests => self.delay_requests().await,
         }
     }
 

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use super::{ConnFill, FillStage, Harness, Phase, describe_status};
-use crate::{ADMIN_TIMEOUT, BURST_JOB, CRON, HOG_JOB, PLAIN_JOB, TX_JOB};
+use crate::{ADMIN_TIMEOUT, BIG_JOB, BURST_JOB, CRON, HOG_JOB, PLAIN_JOB, TX_JOB};
 
 impl Harness {
     /// After the faults: nothing armed, nothing paused or black-holed, dead nodes restarted.
@@ -15,6 +15,8 @@ impl Harness {
             let done = self.fail_over_now().await;
             self.note(done);
         }
+        self.heal_clocks().await;
+        self.heal_claims().await;
         if let Some(freeze) = self.freeze.take() {
             let id = self.slots[freeze.slot].id.clone();
             self.set_flag(freeze.flag, &id, false).await;
@@ -92,7 +94,7 @@ impl Harness {
                      WHERE kind IN ($3, $4) AND (args->>'tick_us')::bigint <= $5
                        AND state NOT IN ('completed', 'dead', 'cancelled')),
                    (SELECT count(*) FROM forge.jobs
-                     WHERE (kind LIKE $6 OR kind = $7)
+                     WHERE (kind LIKE $6 OR kind = ANY ($7))
                        AND state NOT IN ('completed', 'dead', 'cancelled'))",
             )
             .bind(CRON)
@@ -101,7 +103,7 @@ impl Harness {
             .bind(PLAIN_JOB)
             .bind(cutoff.timestamp_micros())
             .bind(HOG_JOB)
-            .bind(BURST_JOB)
+            .bind([BURST_JOB, BIG_JOB])
             .fetch_one(&self.admin),
         )
         .await
@@ -119,7 +121,9 @@ impl Harness {
             missing.push(format!("{open} jobs of those ticks not finished"));
         }
         if hogs > 0 {
-            missing.push(format!("{hogs} pool hogs and burst jobs not finished"));
+            missing.push(format!(
+                "{hogs} pool hogs, burst jobs and large jobs not finished"
+            ));
         }
         Some(missing.join(", "))
     }

@@ -160,7 +160,7 @@ impl Harness {
                 let down = tokio::time::timeout(
                     ADMIN_TIMEOUT,
                     sqlx::query_scalar::<_, Option<DateTime<Utc>>>(
-                        "SELECT min(at) FROM forge.events
+                        "SELECT min(at) FROM soak_events
                           WHERE kind = 'node_down' AND node_id = $1 AND at >= $2",
                     )
                     .bind(&id)

@@ -18,6 +18,8 @@ impl Harness {
     /// Reads the `SOAK-HANDLER` lines of slot `i`'s current process past its cursor.
     pub(super) fn scan_handlers(&mut self, i: usize, lines: &[String]) {
         let from = self.slots[i].cursor.min(lines.len());
+        // A process with a skewed wall clock prints skewed times.
+        let skew_us = self.slots[i].clock_us;
         for line in &lines[from..] {
             let Some(rest) = line.strip_prefix("SOAK-HANDLER ") else {
                 continue;
@@ -27,7 +29,10 @@ impl Harness {
                 fields.first(),
                 fields.get(1).and_then(|v| v.parse::<i64>().ok()),
                 fields.get(2).and_then(|v| v.parse::<i32>().ok()),
-                fields.get(3).and_then(|v| v.parse::<i64>().ok()),
+                fields
+                    .get(3)
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .map(|us| us - skew_us),
             ) else {
                 continue;
             };

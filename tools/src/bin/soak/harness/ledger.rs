@@ -9,8 +9,8 @@ use super::Harness;
 use super::figures::{EffectStats, JobStats, cron_figures};
 use crate::options::FaultKind;
 use crate::{
-    BURST_JOB, BoxError, CRON, DEFAULT_CRON, DRAIN_DEADLINE, HOG_JOB, PLAIN_JOB, SAMPLE_EVERY,
-    STRANDED_AFTER, TX_JOB,
+    BIG_JOB, BURST_JOB, BoxError, CRON, DEFAULT_CRON, DRAIN_DEADLINE, HOG_JOB, PLAIN_JOB,
+    SAMPLE_EVERY, STRANDED_AFTER, TX_JOB,
 };
 
 impl Harness {
@@ -37,14 +37,14 @@ impl Harness {
             "SELECT CASE WHEN kind LIKE $4 THEN 'soak_hog' ELSE kind END, state, count(*),
                     count(*) FILTER (WHERE attempt > 1) FROM forge.jobs
               WHERE (kind IN ($1, $2) AND (args->>'tick_us')::bigint <= $3) OR kind LIKE $4
-                 OR kind = $5
+                 OR kind = ANY ($5)
               GROUP BY 1, 2 ORDER BY 1, 2",
         )
         .bind(TX_JOB)
         .bind(PLAIN_JOB)
         .bind(cutoff_us)
         .bind(HOG_JOB)
-        .bind(BURST_JOB)
+        .bind([BURST_JOB, BIG_JOB])
         .fetch_all(db)
         .await?;
         let mut job_stats: BTreeMap<String, JobStats> = BTreeMap::new();
@@ -166,7 +166,7 @@ impl Harness {
                     coalesce(string_agg(format('epoch %s on %s at %s', w.epoch, w.node,
                                                to_char(w.at, 'HH24:MI:SS.MS')), '; ') FILTER (WHERE true), '')
                FROM {WORK} w
-              WHERE EXISTS (SELECT 1 FROM forge.events e
+              WHERE EXISTS (SELECT 1 FROM soak_events e
                              WHERE e.kind = 'leader_elected' AND e.role = w.role
                                AND e.epoch > w.epoch AND e.at <= w.at)
               GROUP BY 1 ORDER BY 1"
@@ -192,7 +192,7 @@ impl Harness {
         let regressions: Vec<(String, i64)> = sqlx::query_as(
             "SELECT role, count(*) FROM (
                  SELECT role, epoch, lag(epoch) OVER (PARTITION BY role ORDER BY at, id) AS prev
-                   FROM forge.events WHERE kind = 'leader_elected') s
+                   FROM soak_events WHERE kind = 'leader_elected') s
               WHERE prev IS NOT NULL AND epoch <= prev GROUP BY 1 ORDER BY 1",
         )
         .fetch_all(db)
@@ -200,7 +200,7 @@ impl Harness {
         let events: Vec<(String, String, i64, i64)> = sqlx::query_as(
             "SELECT kind, coalesce(role, ''), count(*),
                     count(*) FILTER (WHERE coalesce((detail->>'failover')::boolean, false))
-               FROM forge.events GROUP BY 1, 2 ORDER BY 1, 2",
+               FROM soak_events GROUP BY 1, 2 ORDER BY 1, 2",
         )
         .fetch_all(db)
         .await?;
@@ -437,6 +437,8 @@ impl Harness {
             .liveness_report(&mut out, default_cron.as_ref())
             .await?;
 
+        let flaps = self.moves_report(&mut out).await?;
+
         let (memory_ok, memory_text) = self.memory_report(&mut out);
 
         let _ = writeln!(
@@ -555,6 +557,12 @@ impl Harness {
             format!(
                 "0 jobs rescued from a live node (its handler running, the node neither SIGSTOPped nor black-holed): {}",
                 liveness.rescued_live
+            ),
+        ));
+        targets.push((
+            flaps == 0,
+            format!(
+                "0 flaps (a role A -> B -> A with no fault in between, the first change a placement move or unexplained): {flaps}"
             ),
         ));
         if !self.fill_reports.is_empty() {

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::{Harness, RssSample};
+use crate::options::FaultKind;
 use crate::{ADMIN_TIMEOUT, RSS_CAP_KIB};
 
 impl Harness {
@@ -99,24 +100,35 @@ impl Harness {
             );
         }
         // Growth within one process: from its first sample after 60 s of uptime to its last,
-        // for processes that lived at least 5 minutes after that first sample.
+        // for processes that lived at least 5 minutes after that first sample. The large jobs
+        // of a frozen-claim fault (a claim's answer of about 16 MB) raise every node's high
+        // water mark for good: the first sample is taken after the last of them.
+        let after_large = self
+            .faults
+            .iter()
+            .filter(|f| f.kind == FaultKind::FrozenLargeClaim)
+            .map(|f| f.ended.unwrap_or(f.at) + 10.0)
+            .fold(0.0, f64::max);
         let mut judged = 0;
         let mut grown = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
-            let mut by_process: BTreeMap<u32, Vec<(f64, u64)>> = BTreeMap::new();
+            let mut by_process: BTreeMap<u32, Vec<(f64, f64, u64)>> = BTreeMap::new();
             for sample in &self.rss {
                 if let Some((incarnation, uptime, kib)) = sample.nodes[i] {
                     by_process
                         .entry(incarnation)
                         .or_default()
-                        .push((uptime, kib));
+                        .push((sample.at, uptime, kib));
                 }
             }
             for (incarnation, samples) in by_process {
-                let Some(&(t0, base)) = samples.iter().find(|(uptime, _)| *uptime >= 60.0) else {
+                let Some(&(_, t0, base)) = samples
+                    .iter()
+                    .find(|(at, uptime, _)| *uptime >= 60.0 && *at >= after_large)
+                else {
                     continue;
                 };
-                let Some(&(t1, last)) = samples.last() else {
+                let Some(&(_, t1, last)) = samples.last() else {
                     continue;
                 };
                 if t1 - t0 < 300.0 {
@@ -139,7 +151,7 @@ impl Harness {
             format!("grew: {}", grown.join(", "))
         } else if judged == 0 {
             format!(
-                "max {:.1} MiB; no node process lived 6 min, growth not judged",
+                "max {:.1} MiB; no node process lived 6 min (after the last large claim), growth not judged",
                 max_all as f64 / 1024.0
             )
         } else {

@@ -41,6 +41,10 @@ impl Harness {
                 after_busy = true;
             } else if after_busy {
                 after_busy = false;
+                let at = self.secs();
+                if let Some(last) = self.faults.last_mut() {
+                    last.ended = Some(at);
+                }
                 next_fault = Instant::now() + self.rng.secs(self.interval.0, self.interval.1);
             }
             if Instant::now() >= next_fault && !self.busy() {
@@ -57,7 +61,13 @@ impl Harness {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
 
-        // Heal everything and bring every node back.
+        // Heal everything and bring every node back (a fault still under way ends here).
+        let at = self.secs();
+        if self.busy()
+            && let Some(last) = self.faults.last_mut()
+        {
+            last.ended = Some(at);
+        }
         self.note("faults over: healing, restarting dead nodes");
         self.heal_all().await;
         let ready_by = Instant::now() + Duration::from_secs(120);
@@ -158,6 +168,20 @@ impl Harness {
             .env_remove("DATABASE_URL")
             .env_remove("FORGE_ROLES")
             .env_remove("FORGE_METRICS_LISTEN");
+        slot.clock_us = 0;
+        if let Some((offset, secs)) = slot.skew {
+            match forge_testkit::skewed_clock_env(offset) {
+                Ok(env) => {
+                    command.envs(env);
+                    slot.clock_us = secs * 1_000_000;
+                }
+                Err(err) => {
+                    let message = format!("cannot skew {}'s clock: {err}", slot.id);
+                    self.finding(message);
+                    return;
+                }
+            }
+        }
         match NodeProcess::spawn(command) {
             Ok(proc) => {
                 let proc = proc.named(&slot.id);
@@ -233,6 +257,10 @@ impl Harness {
         self.tend_write_stall().await;
         self.tend_fill().await;
         self.tend_storm().await;
+        self.tend_db_clock().await;
+        self.tend_skew().await;
+        self.tend_large_claim().await;
+        self.tend_delayed().await;
         self.tend_standby().await;
         if Instant::now() >= self.next_sample {
             self.next_sample = Instant::now() + SAMPLE_EVERY;

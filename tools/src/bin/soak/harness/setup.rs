@@ -7,24 +7,33 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use forge::Config;
-use forge_testkit::{PgOptions, PgProxy, PgServer};
+use forge_testkit::{PgOptions, PgProxy, PgServer, faketime_library};
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::time::Instant;
 
 use super::{Harness, Phase, Slot, as_node_role, build_standby};
 use crate::node::node_config;
-use crate::options::{Options, Rng};
+use crate::options::{FaultKind, Options, Rng};
 use crate::{
     ADMIN_TIMEOUT, BoxError, DOWN_AFTER, LEASE, MAX_CONNECTIONS, NODE_IDS, NODE_ROLE, POOL_SIZE,
 };
 
-/// The application's tables, made by the harness before the nodes start. No unique key on
+/// The application's tables, made by the harness before the nodes start. Their times are true
+/// times (`soak_now()`: the server's clock less the offset the harness stepped it by, kept in
+/// `soak_clock`), so that the ledger can compare them across the database's clock steps. No unique key on
 /// the effects: a repeated effect is a second row, so duplicates can be counted. The deferred
 /// constraint triggers make a COMMIT sleep on the server while a flag names the committing
 /// node (lost replies), and record the commit's key in the same transaction, so that a commit
 /// that completed after its node died can be found afterwards.
 const SETUP_SQL: &str = r#"
+CREATE TABLE soak_clock (offset_us bigint NOT NULL);
+INSERT INTO soak_clock VALUES (0);
+
+CREATE FUNCTION soak_now() RETURNS timestamptz LANGUAGE sql STABLE AS $$
+    SELECT clock_timestamp() - (SELECT offset_us FROM soak_clock) * interval '1 microsecond'
+$$;
+
 CREATE TABLE soak_cron_effects (
     id           bigserial   PRIMARY KEY,
     cron         text        NOT NULL,
@@ -33,7 +42,7 @@ CREATE TABLE soak_cron_effects (
     node         text        NOT NULL,
     epoch        bigint      NOT NULL,
     tenure       bigint      NOT NULL,
-    at           timestamptz NOT NULL DEFAULT clock_timestamp()
+    at           timestamptz NOT NULL DEFAULT soak_now()
 );
 CREATE INDEX soak_cron_effects_tick ON soak_cron_effects (cron, scheduled_at);
 
@@ -44,7 +53,7 @@ CREATE TABLE soak_job_effects (
     attempt integer     NOT NULL,
     node    text        NOT NULL,
     tick_us bigint      NOT NULL,
-    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+    at      timestamptz NOT NULL DEFAULT soak_now()
 );
 CREATE INDEX soak_job_effects_job ON soak_job_effects (job_id);
 
@@ -54,7 +63,7 @@ CREATE TABLE soak_leader_work (
     epoch  bigint      NOT NULL,
     tenure bigint      NOT NULL,
     node   text        NOT NULL,
-    at     timestamptz NOT NULL DEFAULT clock_timestamp()
+    at     timestamptz NOT NULL DEFAULT soak_now()
 );
 
 CREATE TABLE soak_flags (
@@ -68,7 +77,7 @@ CREATE TABLE soak_lost_replies (
     node        text        NOT NULL,
     key         bigint      NOT NULL,
     backend_pid integer     NOT NULL,
-    at          timestamptz NOT NULL DEFAULT clock_timestamp()
+    at          timestamptz NOT NULL DEFAULT soak_now()
 );
 
 CREATE FUNCTION soak_slow_cron_commit() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -114,7 +123,7 @@ CREATE TABLE soak_job_moves (
     state   text        NOT NULL,
     attempt integer     NOT NULL,
     node    text,
-    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+    at      timestamptz NOT NULL DEFAULT soak_now()
 );
 
 CREATE FUNCTION soak_job_moved() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -128,6 +137,28 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+
+-- The true time of each cluster event (forge.events.at is the server's clock, stepped by the
+-- clock faults); the soak reads events through the view soak_events.
+CREATE TABLE soak_event_times (
+    id bigint      PRIMARY KEY,
+    at timestamptz NOT NULL
+);
+
+CREATE FUNCTION soak_event_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO soak_event_times (id, at)
+    VALUES (NEW.id, NEW.at - (SELECT offset_us FROM soak_clock) * interval '1 microsecond');
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER soak_event_seen AFTER INSERT ON forge.events
+    FOR EACH ROW EXECUTE FUNCTION soak_event_seen();
+
+CREATE VIEW soak_events AS
+    SELECT e.id, coalesce(t.at, e.at) AS at, e.namespace, e.kind, e.node_id, e.role, e.epoch,
+           e.detail, e.at - coalesce(t.at, e.at) AS server_ahead
+      FROM forge.events e LEFT JOIN soak_event_times t ON t.id = e.id;
 
 CREATE CONSTRAINT TRIGGER soak_job_inserted AFTER INSERT OR DELETE ON forge.jobs
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION soak_job_moved();
@@ -150,12 +181,36 @@ pub(crate) async fn soak(options: Options) -> Result<bool, BoxError> {
         "seed {} (rerun with --seed {} to replay the same fault choices and timings)",
         options.seed, options.seed
     );
-    let primary = tokio::task::spawn_blocking(|| {
-        PgServer::start_with(
-            PgOptions::default()
-                .durable(true)
-                .max_connections(MAX_CONNECTIONS),
-        )
+    // The clock faults need libfaketime: PostgreSQL (primary and standbys) runs under it, and
+    // so do node processes with a skewed clock. Without it those kinds leave the deck, loudly.
+    let faketime = faketime_library().is_some();
+    if !faketime {
+        let kinds: Vec<&str> = FaultKind::ALL
+            .iter()
+            .filter(|k| k.needs_faketime())
+            .map(|k| k.key())
+            .collect();
+        println!(
+            "libfaketime NOT found (Debian/Ubuntu: apt-get install libfaketime, or set FORGE_FAKETIME_LIB): the fault kinds {} are left out of this run",
+            kinds.join(", ")
+        );
+        if options
+            .only
+            .as_ref()
+            .is_some_and(|only| only.iter().all(|k| k.needs_faketime()))
+        {
+            return Err("--only names clock faults alone, and libfaketime is missing".into());
+        }
+    }
+    let primary = tokio::task::spawn_blocking(move || {
+        let options = PgOptions::default()
+            .durable(true)
+            .max_connections(MAX_CONNECTIONS);
+        PgServer::start_with(if faketime {
+            options.steppable_clock()
+        } else {
+            options
+        })
     })
     .await??;
     let primary = Arc::new(primary);
@@ -220,12 +275,19 @@ pub(crate) async fn soak(options: Options) -> Result<bool, BoxError> {
             open: HashMap::new(),
             paused_since_us: None,
             blackhole_since_us: None,
+            skew: None,
+            clock_us: 0,
         });
     }
     println!(
-        "PostgreSQL primary on 127.0.0.1:{} (fsync on), streaming standby on 127.0.0.1:{}, one proxy per node",
+        "PostgreSQL primary on 127.0.0.1:{} (fsync on), streaming standby on 127.0.0.1:{}, one proxy per node{}",
         primary.port(),
-        standby.port()
+        standby.port(),
+        if faketime {
+            "; both under libfaketime (a wall clock the harness steps)"
+        } else {
+            ""
+        }
     );
     println!(
         "timings: lease {} s, refresh 1 s, lock_timeout 1 s, check 500 ms, drain 2 s, heartbeat 500 ms, drift 1.5 s, down {} s, pool {}",
@@ -281,6 +343,14 @@ pub(crate) async fn soak(options: Options) -> Result<bool, BoxError> {
         step_downs: Vec::new(),
         fill_reports: Vec::new(),
         stop_began: None,
+        faketime,
+        db_clock: None,
+        skew: None,
+        skews: 0,
+        down_after_steps: 0,
+        large_claim: None,
+        delayed: None,
+        outcomes: Vec::new(),
     };
     harness.run(options.minutes).await
 }

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::{Harness, TableLock, WriteStall};
 use crate::node::{HogArgs, soak_burst_job};
+use crate::options::FaultKind;
 use crate::{ADMIN_TIMEOUT, BURST, STATEMENT_BOUND};
 
 impl Harness {
@@ -76,11 +77,22 @@ impl Harness {
 
     // --- A write stall: the standby made synchronous, its WAL receiver frozen.
 
-    pub(super) async fn start_write_stall(&mut self) -> Option<String> {
+    /// A write stall; with `kill`, a node is SIGKILLed 1-3 s into it (its claims of the burst
+    /// waiting at commit) and restarted at once with the same id: its old backends' claims
+    /// commit when the stall ends, after the new process looked for its own jobs.
+    pub(super) async fn start_write_stall(&mut self, kill: bool) -> Option<String> {
         if self.standby_build.is_some() || self.pending_failover.is_some() {
             return None;
         }
         let standby = self.standby.clone()?;
+        let kill = if kill {
+            let (i, note) = self.pick_node(true).await?;
+            let before = self.snapshot().await?;
+            let at = Instant::now() + self.rng.secs(1.0, 3.0);
+            Some((i, note, at, before))
+        } else {
+            None
+        };
         let primary = self.primary.clone();
         if let Err(err) = primary
             .set_synchronous_standby(Some(&standby), Duration::from_secs(10))
@@ -115,14 +127,22 @@ impl Harness {
         let hold = STATEMENT_BOUND + self.rng.secs(1.0, 10.0);
         let now = Instant::now();
         self.stalls.push((now, None));
+        let killing = kill.as_ref().map_or(String::new(), |(i, note, at, _)| {
+            format!(
+                "; SIGKILL {}{note} {:.1} s into it, restarted at once with the same id",
+                self.slots[*i].id,
+                at.saturating_duration_since(now).as_secs_f64()
+            )
+        });
         self.write_stall = Some(WriteStall {
             standby,
             since: now,
             until: now + hold,
             resumed: false,
+            kill: kill.map(|(i, _, at, before)| (i, at, before)),
         });
         Some(format!(
-            "write stall for {:.1} s (statement bound {} s): the standby is made synchronous, {} no-op jobs are enqueued and its WAL receiver (pid {pid}) SIGSTOPped while they are claimed; commits on the primary wait, reads do not",
+            "write stall for {:.1} s (statement bound {} s): the standby is made synchronous, {} no-op jobs are enqueued and its WAL receiver (pid {pid}) SIGSTOPped while they are claimed; commits on the primary wait, reads do not{killing}",
             hold.as_secs_f64(),
             STATEMENT_BOUND.as_secs(),
             if burst { BURST } else { 0 }
@@ -130,6 +150,37 @@ impl Harness {
     }
 
     pub(super) async fn tend_write_stall(&mut self) {
+        let Some(stall) = &self.write_stall else {
+            return;
+        };
+        if let Some((i, at, _)) = &stall.kill
+            && !stall.resumed
+            && Instant::now() >= *at
+        {
+            let i = *i;
+            let incarnation = self.slots[i].incarnation;
+            let waiting = self
+                .count(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE application_name = $1 AND wait_event = 'SyncRep'",
+                    &format!("forge:pool:{}", self.slots[i].id),
+                )
+                .await
+                .unwrap_or(-1);
+            if let Some(WriteStall {
+                kill: Some((_, at, _)),
+                ..
+            }) = &mut self.write_stall
+            {
+                // Killed once: the restarted process is not killed again.
+                *at = Instant::now() + Duration::from_secs(3600 * 24);
+            }
+            self.kill_slot(i, Duration::ZERO).await;
+            self.note(format!(
+                "SIGKILL {} (incarnation {incarnation}) in the write stall, {waiting} of its pool sessions waiting at commit; restarted at once with the same id",
+                self.slots[i].id
+            ));
+        }
         let Some(stall) = &self.write_stall else {
             return;
         };
@@ -155,13 +206,33 @@ impl Harness {
             .await
         {
             Ok(()) => {
-                let took = self
-                    .write_stall
-                    .take()
-                    .map_or(0.0, |s| s.since.elapsed().as_secs_f64());
+                let Some(stall) = self.write_stall.take() else {
+                    return;
+                };
+                let took = stall.since.elapsed().as_secs_f64();
                 self.note(format!(
                     "write stall over after {took:.1} s: the WAL receiver runs again, the primary is asynchronous again"
                 ));
+                if let Some((i, _, before)) = stall.kill {
+                    let id = self.slots[i].id.clone();
+                    let running = self
+                        .count(
+                            "SELECT count(*) FROM forge.jobs WHERE state = 'running' AND node_id = $1",
+                            &id,
+                        )
+                        .await
+                        .unwrap_or(-1);
+                    let what = self.outcome_since(&before).await;
+                    self.outcome(
+                        FaultKind::KillInWriteStall,
+                        format!(
+                            "{id} killed in a {took:.1} s write stall and restarted with the same id (incarnation {} now, {}); at the stall's end {running} jobs running on {id} in the database, {} handlers open in its process: {what}",
+                            self.slots[i].incarnation,
+                            self.slots[i].phase.label(),
+                            self.slots[i].open.len()
+                        ),
+                    );
+                }
             }
             Err(err) => self.note(format!(
                 "making the primary asynchronous again failed ({err}); retrying"
