@@ -331,6 +331,23 @@ async fn a_claim_whose_reply_was_lost_does_not_cost_an_attempt() {
     )
     .await
     .unwrap();
+    // The node's start-up is over: its previous run's jobs rescued, then its worker started and
+    // took its lane. (A job planted before that rescue would be one of a previous run's.)
+    wait_until(
+        "node a's worker to take its lane",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT 1::int8 FROM forge.job_lanes WHERE node_id = 'a' AND lane = 'default'",
+            )
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await
+    .unwrap();
     // A job claimed by a's worker (one attempt allowed) whose reply never reached it.
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO forge.jobs (namespace, queue, kind, args, state, run_at, attempt,
