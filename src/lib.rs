@@ -188,8 +188,11 @@ pub mod config_sections {
 /// this module is `crons`, as the jobs' is [`jobs`] beside [`forge::job`](macro@job).)
 pub mod crons {
     pub use forge_scheduler::cron::{
-        CatchUp, Cron, CronJob, Crons, Interrupted, IntoCronResult, Overlap, TickState,
+        CatchUp, CronJob, CronRunner, Interrupted, IntoCron, IntoCronResult, Overlap, TickState,
     };
+    // Former names, deprecated (their uses warn): see CHANGELOG.md, "Renamed".
+    #[allow(deprecated)]
+    pub use forge_scheduler::cron::{Cron, Crons};
 }
 
 /// Durable jobs: declaring, enqueueing, running, inspecting. The handler's context and error
@@ -204,8 +207,11 @@ pub mod crons {
 pub mod jobs {
     pub use forge_scheduler::jobs::{
         AttemptError, Backoff, CancelOutcome, CancelReason, Enqueued, FailAction, IntoJobResult,
-        Job, JobAction, JobActions, JobId, JobInfo, JobOptions, JobQueue, JobState, Jobs, NewJob,
+        Job, JobAction, JobActions, JobId, JobInfo, JobOptions, JobRunner, JobState, Jobs, NewJob,
     };
+    // The former name of `JobRunner`, deprecated: see CHANGELOG.md, "Renamed".
+    #[allow(deprecated)]
+    pub use forge_scheduler::jobs::JobQueue;
 }
 
 /// The admin HTTP API (axum): cluster status, leaders, history, nodes, events, crons, jobs,
@@ -270,7 +276,7 @@ pub use forge_core::sql::check_values as sql_check_values;
 pub mod __private {
     pub use forge_core::{Error, Result};
     pub use forge_scheduler::__private::{
-        Backoff, CatchUp, Cron, CronContext, CronJob, CronRegistration, Interrupted,
+        Backoff, CatchUp, CronContext, CronJob, CronRegistration, Interrupted, IntoCron,
         IntoCronResult, IntoJobResult, Job, JobContext, JobError, JobOptions, JobRegistration,
         JobRegistry, Overlap, Role, Schedule, inventory, register_jobs, registered_crons,
     };

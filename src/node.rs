@@ -11,8 +11,8 @@ use forge_core::{
     Runtime,
 };
 use forge_scheduler::inspect::Workload;
-use forge_scheduler::jobs::{Job, JobQueue, JobRegistry, Jobs};
-use forge_scheduler::{Cron, CronJob, Crons};
+use forge_scheduler::jobs::{Job, JobRegistry, JobRunner, Jobs};
+use forge_scheduler::{CronJob, CronRunner, IntoCron};
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use tokio::sync::{oneshot, watch};
@@ -72,7 +72,7 @@ impl NodeBuilder {
     }
 
     /// Registers a cron (a `#[cron]` function, or a [`CronJob`] built in code).
-    pub fn cron(mut self, cron: impl Cron) -> Self {
+    pub fn cron(mut self, cron: impl IntoCron) -> Self {
         match cron.cron_job() {
             Ok(job) => self.crons.push(job),
             Err(err) => {
@@ -195,9 +195,12 @@ impl NodeBuilder {
         }
         let mut assembly = Assembly::new(self.config.core())?;
         assembly.schema(crate::migrate::SCHEMA);
-        let crons = Crons::new(self.crons, self.config.cron.clone())?;
+        let crons = CronRunner::new(self.crons, self.config.cron.clone())?;
         assembly.install(Box::new(crons))?;
-        assembly.install(Box::new(JobQueue::new(self.jobs, self.config.jobs.clone())))?;
+        assembly.install(Box::new(JobRunner::new(
+            self.jobs,
+            self.config.jobs.clone(),
+        )))?;
         for component in self.components {
             assembly.install(component)?;
         }

@@ -111,7 +111,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
         return Ok(quote! {
             #item
             #(#cfgs)*
-            impl ::forge::__private::Cron for #ident {
+            impl ::forge::__private::IntoCron for #ident {
                 fn cron_job(&self) -> ::forge::__private::Result<::forge::__private::CronJob> {
                     ::core::result::Result::Err(::forge::__private::Error::Registration {
                         message: ::std::string::String::from("#[cron] reported a compile error"),
@@ -161,7 +161,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
         #item
 
         #(#cfgs)*
-        impl ::forge::__private::Cron for #ident {
+        impl ::forge::__private::IntoCron for #ident {
             fn cron_job(&self) -> ::forge::__private::Result<::forge::__private::CronJob> {
                 ::core::result::Result::Ok(
                     ::forge::__private::CronJob::new(
@@ -179,7 +179,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
         #(#cfgs)*
         ::forge::__private::inventory::submit! {
             ::forge::__private::CronRegistration {
-                make: || ::forge::__private::Cron::cron_job(&#ident),
+                make: || ::forge::__private::IntoCron::cron_job(&#ident),
             }
         }
     })

@@ -12,7 +12,7 @@
 //!
 //! becomes a unit struct `compact` (same name and visibility, the fn's doc comments) with the
 //! body as an associated fn, `compact::run(ctx).await`, plus an implementation of the trait the
-//! node registers (`forge::crons::Cron`, `forge::jobs::Job`). Everything in the attribute is checked at
+//! node registers (`forge::crons::IntoCron`, `forge::jobs::Job`). Everything in the attribute is checked at
 //! compile time, with the same parsers the runtime uses: a mistake is a compile error on the
 //! offending literal that says what is valid.
 //!
@@ -120,7 +120,7 @@ use proc_macro::TokenStream;
 /// `async fn(ctx: forge::CronContext)` (the context is optional) returning `()` or
 /// `Result<(), E: Into<forge::CronError>>`.
 ///
-/// The fn becomes a unit struct of the same name that implements `forge::crons::Cron`, with the body
+/// The fn becomes a unit struct of the same name that implements `forge::crons::IntoCron`, with the body
 /// callable as `name::run(ctx)`. The expression and every option are checked at compile time
 /// with the runtime's own parsers.
 ///

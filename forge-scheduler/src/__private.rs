@@ -1,7 +1,9 @@
 //! What `#[cron]` and `#[job]` expand to refers to these, through `::forge::__private`. Not
 //! a public API: it changes whenever the macros change.
 
-pub use crate::cron::{CatchUp, Cron, CronContext, CronJob, Interrupted, IntoCronResult, Overlap};
+pub use crate::cron::{
+    CatchUp, CronContext, CronJob, Interrupted, IntoCron, IntoCronResult, Overlap,
+};
 pub use crate::jobs::{Backoff, IntoJobResult, Job, JobContext, JobError, JobOptions, JobRegistry};
 pub use forge_core::Role;
 pub use forge_cron::Schedule;

@@ -1,8 +1,8 @@
 //! FORGE scheduler: leader-only crons with an exactly-once tick ledger, and the durable job
 //! queue, as components of a FORGE node.
 //!
-//! Users depend on the `forge` facade, whose `Node` installs both components ([`Crons`],
-//! [`jobs::JobQueue`]). See the crate docs of `forge` for examples, and [`cron`] and [`jobs`]
+//! Users depend on the `forge` facade, whose `Node` installs both components ([`CronRunner`],
+//! [`jobs::JobRunner`]). See the crate docs of `forge` for examples, and [`cron`] and [`jobs`]
 //! for exactly what is guaranteed.
 
 mod clients;
@@ -19,7 +19,9 @@ pub mod __private;
 
 pub use config::{CronConfig, JobsConfig};
 pub use cron::{
-    CatchUp, Cron, CronContext, CronError, CronJob, Crons, Interrupted, IntoCronResult, Overlap,
-    TickState,
+    CatchUp, CronContext, CronError, CronJob, CronRunner, Interrupted, IntoCron, IntoCronResult,
+    Overlap, TickState,
 };
+#[allow(deprecated)]
+pub use cron::{Cron, Crons};
 pub use forge_cron::{Schedule, ScheduleError};

@@ -17,15 +17,19 @@ use crate::metrics::{CRON_DURATION, CRON_LAG, CRON_METRICS, CRON_MISSED, CRON_RU
 
 /// The crons of a node, as a [`Component`]. The `forge` facade's `NodeBuilder` builds it from
 /// the registered crons.
-pub struct Crons {
+pub struct CronRunner {
     crons: Vec<CronJob>,
     config: CronConfig,
 }
 
-impl Crons {
+/// The former name of [`CronRunner`], kept for one release.
+#[deprecated(since = "0.2.0", note = "renamed `CronRunner`")]
+pub type Crons = CronRunner;
+
+impl CronRunner {
     /// The component for `crons`: rejects two different crons with one name and drops exact
     /// duplicates (a cron registered both automatically and explicitly).
-    pub fn new(crons: Vec<CronJob>, config: CronConfig) -> Result<Crons> {
+    pub fn new(crons: Vec<CronJob>, config: CronConfig) -> Result<CronRunner> {
         let mut kept: Vec<CronJob> = Vec::new();
         for cron in crons {
             validate(&cron)?;
@@ -40,7 +44,7 @@ impl Crons {
                 None => kept.push(cron),
             }
         }
-        Ok(Crons {
+        Ok(CronRunner {
             crons: kept,
             config,
         })
@@ -75,7 +79,7 @@ fn validate(cron: &CronJob) -> Result<()> {
     Ok(())
 }
 
-impl Component for Crons {
+impl Component for CronRunner {
     fn name(&self) -> &'static str {
         "crons"
     }

@@ -60,7 +60,8 @@ use forge_cron::Schedule;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 
-pub use component::Crons;
+#[allow(deprecated)]
+pub use component::{CronRunner, Crons};
 
 forge_core::sql_enum! {
     /// The state of a tick in the ledger (`forge.cron_ticks.state`).
@@ -385,14 +386,23 @@ impl fmt::Debug for CronJob {
     }
 }
 
-/// Something that defines a cron: a `#[cron]` function, or a [`CronJob`].
-pub trait Cron {
+/// Something that defines a cron: a `#[cron]` function, or a [`CronJob`]. What
+/// `NodeBuilder::cron` takes.
+pub trait IntoCron {
     /// The cron's definition; an error when it cannot be used (for `#[cron]` functions the
     /// macro has already validated everything at compile time).
     fn cron_job(&self) -> Result<CronJob>;
 }
 
-impl Cron for CronJob {
+/// The former name of [`IntoCron`], kept for one release: every `IntoCron` is a `Cron`, so
+/// `impl Cron` bounds still compile. (Implement `IntoCron` itself.)
+#[deprecated(since = "0.2.0", note = "renamed `IntoCron`")]
+pub trait Cron: IntoCron {}
+
+#[allow(deprecated)]
+impl<T: IntoCron + ?Sized> Cron for T {}
+
+impl IntoCron for CronJob {
     fn cron_job(&self) -> Result<CronJob> {
         Ok(self.clone())
     }

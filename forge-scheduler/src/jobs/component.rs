@@ -23,15 +23,19 @@ use crate::metrics::{JOB_FIGURES, JOB_SERIES};
 
 /// The job queue of a node, as a [`Component`]. The `forge` facade's `NodeBuilder` builds it
 /// from the registered jobs.
-pub struct JobQueue {
+pub struct JobRunner {
     registry: JobRegistry,
     config: JobsConfig,
 }
 
-impl JobQueue {
+/// The former name of [`JobRunner`], kept for one release.
+#[deprecated(since = "0.2.0", note = "renamed `JobRunner`")]
+pub type JobQueue = JobRunner;
+
+impl JobRunner {
     /// The component for `registry`.
-    pub fn new(registry: JobRegistry, config: JobsConfig) -> JobQueue {
-        JobQueue { registry, config }
+    pub fn new(registry: JobRegistry, config: JobsConfig) -> JobRunner {
+        JobRunner { registry, config }
     }
 }
 
@@ -57,7 +61,7 @@ fn check_type(ty: &JobType) -> Result<Option<Role>> {
         .transpose()
 }
 
-impl JobQueue {
+impl JobRunner {
     /// The node's workers and the role workers, by checking every registered type.
     ///
     /// A node works the queues `listed` (`[node] queues`), or, unset, every queue a job type of
@@ -128,7 +132,7 @@ impl JobQueue {
     }
 }
 
-impl Component for JobQueue {
+impl Component for JobRunner {
     fn name(&self) -> &'static str {
         "jobs"
     }

@@ -132,7 +132,8 @@ use forge_rules::{Name, check_name};
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 
-pub use component::JobQueue;
+#[allow(deprecated)]
+pub use component::{JobQueue, JobRunner};
 pub(crate) use enqueue::JobRow;
 pub(crate) use enqueue::cancel;
 pub use enqueue::{AttemptError, CancelOutcome, Enqueued, JobInfo, Jobs, NewJob};

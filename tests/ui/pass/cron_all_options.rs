@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use forge::crons::{CatchUp, Cron, Interrupted, Overlap};
+use forge::crons::{CatchUp, Interrupted, IntoCron, Overlap};
 use forge::{Role, Schedule};
 
 mod crons {

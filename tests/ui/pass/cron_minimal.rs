@@ -1,6 +1,6 @@
 //! The smallest cron: no context, no return value, no options; and its defaults.
 
-use forge::crons::{CatchUp, Cron, Interrupted, Overlap};
+use forge::crons::{CatchUp, Interrupted, IntoCron, Overlap};
 use forge::{Role, Schedule};
 
 #[forge::cron("0 * * * *")]

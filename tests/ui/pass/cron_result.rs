@@ -37,7 +37,7 @@ async fn daily() -> Result<(), std::io::Error> {
 async fn hourly(_: CronContext) {}
 
 fn main() {
-    use forge::crons::Cron;
+    use forge::crons::IntoCron;
     assert_eq!(
         weekdays.cron_job().unwrap().schedule().to_string(),
         "0 9 * * mon-fri"
