@@ -187,6 +187,7 @@ pub mod config_sections {
 /// [`CronError`]; a schedule is a [`Schedule`]. (The attribute is [`forge::cron`](macro@cron);
 /// this module is `crons`, as the jobs' is [`jobs`] beside [`forge::job`](macro@job).)
 pub mod crons {
+    pub use forge_scheduler::cron::StoredCron;
     pub use forge_scheduler::cron::{
         CatchUp, CronJob, CronRunner, Interrupted, IntoCron, IntoCronResult, Overlap, TickState,
     };
@@ -266,6 +267,7 @@ pub mod inspect {
         LeadershipState, NodeCounts, NodeState, NodeView, Page, PageRequest, RoleStatus,
         SeriesPoint, StepDown, TenureEnd, TenureView, UnservedWork, WorkKind,
     };
+    pub use forge_scheduler::inspect::Upserted;
     pub use forge_scheduler::inspect::{CronView, JobFilter, QueueView, TickView, Workload};
 }
 

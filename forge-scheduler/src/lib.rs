@@ -20,7 +20,7 @@ pub mod __private;
 pub use config::{CronConfig, JobsConfig};
 pub use cron::{
     CatchUp, CronContext, CronError, CronJob, CronRunner, Interrupted, IntoCron, IntoCronResult,
-    Overlap, TickState,
+    Overlap, StoredCron, TickState,
 };
 #[allow(deprecated)]
 pub use cron::{Cron, Crons};

@@ -63,5 +63,6 @@ mod routing;
 mod schema;
 mod skew;
 mod stalls;
+mod stored_crons;
 mod support;
 mod ui;

@@ -46,6 +46,7 @@
 mod clock;
 mod component;
 mod ledger;
+mod stored;
 mod supervisor;
 
 use std::fmt;
@@ -62,6 +63,8 @@ use tokio_util::sync::CancellationToken;
 
 #[allow(deprecated)]
 pub use component::{CronRunner, Crons};
+pub(crate) use stored::EnqueueTick;
+pub use stored::StoredCron;
 
 forge_core::sql_enum! {
     /// The state of a tick in the ledger (`forge.cron_ticks.state`).

@@ -887,6 +887,13 @@ impl JobRegistry {
     pub fn kinds(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.types.keys().copied()
     }
+
+    /// A job of a registered kind with JSON arguments and the kind's declared options (for a
+    /// stored cron's tick and the test kit); `None` when no type of this kind is registered.
+    pub fn new_job(&self, kind: &str, args: serde_json::Value) -> Option<NewJob> {
+        let job = self.types.get(kind)?;
+        Some(NewJob::declared(job.kind, job.options.clone(), Ok(args)))
+    }
 }
 
 fn validate_kind(kind: &str) -> Result<()> {

@@ -54,16 +54,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use forge_core::Leadership;
+use forge_core::{Leadership, Role};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::clock::DbClock;
 use super::ledger::{self, Board, Resume};
+use super::stored::{EnqueueTick, keep_stored, report_shadowed};
 use super::{CatchUp, CronJob};
 use crate::metrics::{CRON_MISSED, CRON_UNKNOWN};
-use batch::{Batchers, batches};
+pub(super) use batch::Batchers;
+use batch::batches;
 use gates::GatePassed;
 use outcomes::CronMetrics;
 use recovery::recover;
@@ -87,6 +90,8 @@ pub(super) struct Settings {
     pub(super) refresh_board: Arc<tokio::sync::Notify>,
     /// `[metrics] per_cron`: the cron metrics' series are per cron (else per role).
     pub(super) per_cron: bool,
+    /// How a stored cron's tick enqueues its job; `None`: this node runs no stored crons.
+    pub(super) stored: Option<EnqueueTick>,
 }
 
 /// The leader task of one role's crons.
@@ -96,18 +101,19 @@ pub(super) async fn supervise(
     settings: Arc<Settings>,
 ) {
     let mut delay = Duration::from_millis(100);
-    let (clock, mut resume) = loop {
+    let (clock, mut loaded) = loop {
         let loaded = async {
             let clock = DbClock::read(&leadership).await?;
             Ok::<_, forge_core::Error>((clock, ledger::load(&crons, &leadership).await?))
         };
         match loaded.await {
-            Ok((clock, (resume, unknown))) => {
+            Ok((clock, loaded)) => {
                 // The registry service is the board's one writer (a read of ours could be
                 // older than its latest and undo it): ask it to read the board again.
                 settings.refresh_board.notify_one();
-                report_unknown(&leadership, &unknown);
-                break (Arc::new(clock), resume);
+                report_unknown(&leadership, &loaded.unknown);
+                report_shadowed(&loaded.shadowed);
+                break (Arc::new(clock), loaded);
             }
             Err(err) => {
                 warn!(target: "forge::cron", role = %leadership.role(), epoch = %leadership.epoch(), error = %err,
@@ -139,11 +145,32 @@ pub(super) async fn supervise(
     let gate_passed = batchers.gate_passed.clone();
     let mut loops = JoinSet::new();
     for cron in crons.iter() {
-        let resume = resume.remove(&cron.name).unwrap_or_default();
+        if loaded.shadowed.contains(&cron.name) {
+            continue;
+        }
+        let resume = loaded.resume.remove(&cron.name).unwrap_or_default();
         loops.spawn(run_cron(
             cron.clone(),
             leadership.clone(),
             resume,
+            settings.clone(),
+            batchers.clone(),
+            CancellationToken::new(),
+        ));
+    }
+    if let Some(enqueue) = settings.stored.clone()
+        && *leadership.role() == Role::SCHEDULER
+    {
+        // The crons of code running in this tenure (a shadowed one is not: the stored one is).
+        let code = crons
+            .iter()
+            .map(|c| c.name.clone())
+            .filter(|name| !loaded.shadowed.contains(name))
+            .collect();
+        loops.spawn(keep_stored(
+            code,
+            enqueue,
+            leadership.clone(),
             settings.clone(),
             batchers.clone(),
         ));
@@ -197,13 +224,15 @@ fn report_unknown(leadership: &Leadership, unknown: &[(String, String)]) {
         .set(unknown.len() as f64);
 }
 
-/// One cron's loop for one tenure.
-async fn run_cron(
+/// One cron's loop for one tenure, until the tenure ends or `stop` (a stored cron changed or
+/// deleted) is cancelled; either way its runs in progress end first.
+pub(super) async fn run_cron(
     cron: CronJob,
     leadership: Leadership,
     resume: Resume,
     settings: Arc<Settings>,
     batchers: Batchers,
+    stop: CancellationToken,
 ) {
     let mut runs = Runs {
         metrics: Arc::new(CronMetrics::new(&cron, &leadership, settings.per_cron)),
@@ -263,6 +292,7 @@ async fn run_cron(
             tokio::select! {
                 biased;
                 _ = leadership.stopping() => break false,
+                _ = stop.cancelled() => break false,
                 _ = clock.sleep_until(claim_at) => break true,
                 changed = board.changed() => if changed.is_err() {
                     // The board's sender lives as long as the node: not reached.
