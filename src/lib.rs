@@ -187,10 +187,10 @@ pub mod config_sections {
 /// [`CronError`]; a schedule is a [`Schedule`]. (The attribute is [`forge::cron`](macro@cron);
 /// this module is `crons`, as the jobs' is [`jobs`] beside [`forge::job`](macro@job).)
 pub mod crons {
-    pub use forge_scheduler::cron::StoredCron;
     pub use forge_scheduler::cron::{
         CatchUp, CronJob, CronRunner, Interrupted, IntoCron, IntoCronResult, Overlap, TickState,
     };
+    pub use forge_scheduler::cron::{StoredCron, StoredCronSpec};
     // Former names, deprecated (their uses warn): see CHANGELOG.md, "Renamed".
     #[allow(deprecated)]
     pub use forge_scheduler::cron::{Cron, Crons};

@@ -13,7 +13,9 @@ use forge_testkit::{NodeProcess, wait_until};
 use sqlx::PgPool;
 use tokio::process::Command;
 
-use crate::jobs::{Behave, job_config, plain, setup};
+use crate::admin::Api;
+use crate::cli::forge;
+use crate::jobs::{Behave, job_config, plain, served_job_config, setup};
 use crate::support::*;
 
 fn workload(pool: &PgPool) -> Workload {
@@ -398,4 +400,106 @@ async fn a_stored_cron_enqueues_exactly_once_per_tick_across_a_sigkill_of_its_le
     );
     n2.terminate().unwrap();
     n2.wait_exit(SOON).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_and_the_cli_store_change_and_delete_crons() {
+    let (db, pool) = setup().await;
+    let mut config = served_job_config(db.url(), "n1", false);
+    config.admin.token = Some("stored-crons-token".into());
+    let node = start(config).await;
+    wait_single_leader(&[&node], &forge::Role::SCHEDULER).await;
+    let api = Api::of(&node).with_token("stored-crons-token");
+    let body = r#"{"expression": "* * * * * *", "kind": "plain", "args": {"tag": "api"}}"#;
+    let reply = api.call("PUT", "/api/crons/from-api", Some(body)).await;
+    assert_eq!(
+        (reply.status, &reply.body["result"]),
+        (200, &serde_json::json!("created")),
+        "{:?}",
+        reply.body
+    );
+    wait_until(
+        "a job of the API's cron",
+        SOON,
+        Duration::from_millis(20),
+        || async { (jobs_tagged(&pool, "api").await >= 1).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let bad = r#"{"expression": "* * * * * *", "kind": "plain", "catch_up": "sometimes"}"#;
+    let reply = api.call("PUT", "/api/crons/from-api", Some(bad)).await;
+    assert_eq!(reply.status, 400, "{:?}", reply.body);
+    assert!(
+        reply
+            .body
+            .to_string()
+            .contains("catch_up must be one of skip, latest, all"),
+        "{:?}",
+        reply.body
+    );
+    assert_eq!(
+        api.call("DELETE", "/api/crons/from-api", None).await.status,
+        200
+    );
+    assert_eq!(
+        api.call("DELETE", "/api/crons/from-api", None).await.status,
+        404
+    );
+
+    let add = [
+        "crons",
+        "add",
+        "from-cli",
+        "* * * * * *",
+        "--kind",
+        "plain",
+        "--args",
+        r#"{"tag":"cli"}"#,
+    ];
+    let run = forge(db.url(), &add).await;
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("created stored cron from-cli"),
+        "{}",
+        run.stdout
+    );
+    wait_until(
+        "a job of the CLI's cron",
+        SOON,
+        Duration::from_millis(20),
+        || async { (jobs_tagged(&pool, "cli").await >= 1).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let again = forge(db.url(), &add).await;
+    assert_ne!(again.code, 0);
+    assert!(again.stderr.contains("forge crons set"), "{}", again.stderr);
+    let set = [
+        "crons",
+        "set",
+        "from-cli",
+        "*/2 * * * * *",
+        "--kind",
+        "plain",
+        "--args",
+        r#"{"tag":"cli2"}"#,
+    ];
+    let run = forge(db.url(), &set).await;
+    assert!(
+        run.stdout.contains("updated stored cron from-cli"),
+        "{}{}",
+        run.stdout,
+        run.stderr
+    );
+    let view = workload(&pool).cron("from-cli").await.unwrap().unwrap();
+    assert_eq!(view.expression, "*/2 * * * * *");
+    let run = forge(db.url(), &["crons", "delete", "from-cli"]).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let actions: Vec<String> = audited(&pool, "from-cli")
+        .await
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect();
+    assert_eq!(actions, ["upsert_cron", "upsert_cron", "delete_cron"]);
+    node.shutdown().await;
 }

@@ -64,7 +64,7 @@ use tokio_util::sync::CancellationToken;
 #[allow(deprecated)]
 pub use component::{CronRunner, Crons};
 pub(crate) use stored::EnqueueTick;
-pub use stored::StoredCron;
+pub use stored::{StoredCron, StoredCronSpec};
 
 forge_core::sql_enum! {
     /// The state of a tick in the ledger (`forge.cron_ticks.state`).

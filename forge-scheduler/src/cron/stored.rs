@@ -224,6 +224,114 @@ impl StoredCron {
     }
 }
 
+/// A stored cron as an operator writes it (the admin API's `PUT /api/crons/{name}` body, the
+/// CLI's `forge crons add` options): words and human durations, checked by
+/// [`StoredCronSpec::into_cron`], which says what is wrong.
+///
+/// ```
+/// use forge_scheduler::cron::StoredCronSpec;
+///
+/// let spec: StoredCronSpec = serde_json::from_value(serde_json::json!({
+///     "expression": "*/5 * * * *",
+///     "kind": "send_report",
+///     "args": {"to": "ops@example.com"},
+///     "catch_up": "skip",
+/// })).unwrap();
+/// let cron = spec.into_cron("reports").unwrap();
+/// assert_eq!(cron.schedule().expression(), "*/5 * * * *");
+/// ```
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredCronSpec {
+    /// The cron expression (5 or 6 fields, or an `@` alias).
+    pub expression: String,
+    /// An IANA time zone; default UTC.
+    #[serde(default)]
+    pub timezone: Option<String>,
+    /// The kind of the job each tick enqueues.
+    pub kind: String,
+    /// The job's arguments (JSON); default `null`.
+    #[serde(default)]
+    pub args: Value,
+    /// `"skip"`, `"latest"` (default) or `"all"`.
+    #[serde(default)]
+    pub catch_up: Option<String>,
+    /// A duration such as `"1h"`; default 24 h.
+    #[serde(default)]
+    pub catch_up_window: Option<String>,
+    /// `"skip"`, `"wait"` or `"allow"`; default per the catch-up policy.
+    #[serde(default)]
+    pub overlap: Option<String>,
+    /// `"rerun"` (default) or `"abandon"`.
+    #[serde(default)]
+    pub interrupted: Option<String>,
+    /// A duration such as `"30s"`; default none.
+    #[serde(default)]
+    pub timeout: Option<String>,
+}
+
+impl StoredCronSpec {
+    /// The stored cron named `name`, or an [`Error::InvalidInput`] naming the field that is
+    /// wrong and what is valid.
+    pub fn into_cron(self, name: &str) -> Result<StoredCron> {
+        let zone = self.timezone.as_deref().unwrap_or("UTC");
+        let schedule = Schedule::parse_in(&self.expression, zone)
+            .map_err(|err| invalid(format!("cron `{name}`: {err}")))?;
+        let mut cron = StoredCron::new(name, schedule, self.kind, self.args)?;
+        fn word<T>(
+            field: &str,
+            text: Option<&str>,
+            parse: fn(&str) -> Option<T>,
+            valid: &str,
+        ) -> Result<Option<T>> {
+            text.map(|t| {
+                parse(t)
+                    .ok_or_else(|| invalid(format!("{field} must be one of {valid}, not {t:?}")))
+            })
+            .transpose()
+        }
+        fn duration(field: &str, text: Option<&str>) -> Result<Option<Duration>> {
+            text.map(|t| {
+                forge_rules::parse_duration(t)
+                    .map_err(|message| invalid(format!("{field}: {message}")))
+            })
+            .transpose()
+        }
+        if let Some(c) = word(
+            "catch_up",
+            self.catch_up.as_deref(),
+            CatchUp::parse,
+            "skip, latest, all",
+        )? {
+            cron = cron.catch_up(c);
+        }
+        if let Some(o) = word(
+            "overlap",
+            self.overlap.as_deref(),
+            Overlap::parse,
+            "skip, wait, allow",
+        )? {
+            cron = cron.overlap(o);
+        }
+        if let Some(i) = word(
+            "interrupted",
+            self.interrupted.as_deref(),
+            Interrupted::parse,
+            "rerun, abandon",
+        )? {
+            cron = cron.interrupted(i);
+        }
+        if let Some(w) = duration("catch_up_window", self.catch_up_window.as_deref())? {
+            cron = cron.catch_up_window(w);
+        }
+        if let Some(t) = duration("timeout", self.timeout.as_deref())? {
+            cron = cron.timeout(t);
+        }
+        cron.validate()?;
+        Ok(cron)
+    }
+}
+
 fn invalid(message: String) -> Error {
     Error::InvalidInput { message }
 }
