@@ -67,6 +67,8 @@ pub mod alerts;
 mod config;
 pub mod migrate;
 mod node;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use config::Config;
 pub use node::{Node, NodeBuilder};

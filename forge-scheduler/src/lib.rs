@@ -13,6 +13,7 @@ pub mod jobs;
 mod metrics;
 #[cfg(test)]
 mod schema;
+pub mod testing;
 
 #[doc(hidden)]
 pub mod __private;

@@ -65,4 +65,5 @@ mod skew;
 mod stalls;
 mod stored_crons;
 mod support;
+mod testing_kit;
 mod ui;

@@ -46,6 +46,7 @@
 mod clock;
 mod component;
 mod ledger;
+pub(crate) mod plan;
 mod stored;
 mod supervisor;
 

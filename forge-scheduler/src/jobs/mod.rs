@@ -673,6 +673,36 @@ impl JobContext {
     }
 }
 
+impl JobContext {
+    /// The context of one attempt run outside a worker, by the test kit
+    /// (`forge_scheduler::testing::run_job`): the job's row is `running` under this attempt and
+    /// node, so [`JobContext::complete`] works as it does on a node; nothing cancels it.
+    pub(crate) fn detached(
+        id: JobId,
+        namespace: LockNamespace,
+        kind: &'static str,
+        queue: &str,
+        (attempt, max_attempts): (u32, u32),
+        node_id: NodeId,
+        pool: PgPool,
+    ) -> JobContext {
+        JobContext {
+            id,
+            namespace,
+            kind,
+            queue: queue.into(),
+            attempt,
+            max_attempts,
+            node_id,
+            pool,
+            cancel: Arc::default(),
+            leadership: None,
+            keep_completed: true,
+            metrics: forge_core::Metrics::new(),
+        }
+    }
+}
+
 impl fmt::Debug for JobContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JobContext")

@@ -53,17 +53,18 @@ mod runs;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, Utc};
 use forge_core::{Leadership, Role};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::CronJob;
 use super::clock::DbClock;
 use super::ledger::{self, Board, Resume};
+use super::plan::{self, to_delta};
 use super::stored::{EnqueueTick, keep_stored, report_shadowed};
-use super::{CatchUp, CronJob};
 use crate::metrics::{CRON_MISSED, CRON_UNKNOWN};
 pub(super) use batch::Batchers;
 use batch::batches;
@@ -348,30 +349,7 @@ fn backlog(
     settings: &Settings,
     why: &str,
 ) -> Vec<DateTime<Utc>> {
-    if from >= now {
-        return Vec::new();
-    }
-    let window_start = now
-        .checked_sub_signed(to_delta(cron.catch_up_window))
-        .unwrap_or(DateTime::<Utc>::MIN_UTC);
-    let threshold = to_delta(settings.misfire_threshold);
-    let mut missed = 0u64;
-    let mut due: Vec<DateTime<Utc>> = Vec::new();
-    for tick in cron.schedule.ticks_between(from, now) {
-        let eligible = match cron.catch_up {
-            CatchUp::Skip => now - tick <= threshold,
-            CatchUp::Latest | CatchUp::All => tick >= window_start,
-        };
-        if !eligible {
-            missed += 1;
-        } else if cron.catch_up == CatchUp::Latest && !due.is_empty() {
-            // Only the most recent eligible tick runs.
-            missed += 1;
-            due[0] = tick;
-        } else {
-            due.push(tick);
-        }
-    }
+    let (due, missed) = plan::catch_up(cron, (from, now), settings.misfire_threshold);
     if missed > 0 {
         leadership
             .metrics()
@@ -381,10 +359,6 @@ fn backlog(
               "{why}");
     }
     due
-}
-
-fn to_delta(d: Duration) -> TimeDelta {
-    TimeDelta::from_std(d).unwrap_or(TimeDelta::MAX)
 }
 
 /// A cron's labels in the cron metrics: its name and role, or its role alone (`[metrics]
