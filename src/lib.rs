@@ -67,6 +67,8 @@ pub mod alerts;
 mod config;
 pub mod migrate;
 mod node;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use config::Config;
 pub use node::{Node, NodeBuilder};
@@ -190,6 +192,7 @@ pub mod crons {
     pub use forge_scheduler::cron::{
         CatchUp, CronJob, CronRunner, Interrupted, IntoCron, IntoCronResult, Overlap, TickState,
     };
+    pub use forge_scheduler::cron::{StoredCron, StoredCronSpec};
     // Former names, deprecated (their uses warn): see CHANGELOG.md, "Renamed".
     #[allow(deprecated)]
     pub use forge_scheduler::cron::{Cron, Crons};
@@ -266,6 +269,7 @@ pub mod inspect {
         LeadershipState, NodeCounts, NodeState, NodeView, Page, PageRequest, RoleStatus,
         SeriesPoint, StepDown, TenureEnd, TenureView, UnservedWork, WorkKind,
     };
+    pub use forge_scheduler::inspect::Upserted;
     pub use forge_scheduler::inspect::{CronView, JobFilter, QueueView, TickView, Workload};
 }
 

@@ -195,7 +195,8 @@ impl NodeBuilder {
         }
         let mut assembly = Assembly::new(self.config.core())?;
         assembly.schema(crate::migrate::SCHEMA);
-        let crons = CronRunner::new(self.crons, self.config.cron.clone())?;
+        let crons =
+            CronRunner::new(self.crons, self.config.cron.clone())?.stored_crons(self.jobs.clone());
         assembly.install(Box::new(crons))?;
         assembly.install(Box::new(JobRunner::new(
             self.jobs,

@@ -35,6 +35,8 @@
 //! | `GET /api/crons/{name}/ticks?limit=&before=` | a page of its ticks (`before`: the `next` cursor) |
 //! | `POST /api/crons/{name}/pause`, `.../resume` | pause or resume it |
 //! | `POST /api/crons/{name}/trigger` | run it now on its role's leader (202, with the tick's instant) |
+//! | `PUT /api/crons/{name}` | create or change a stored cron (body: `expression`, `kind`, optional `timezone`, `args`, `catch_up`, `catch_up_window`, `overlap`, `interrupted`, `timeout`): `result` `created`, `updated` or `unchanged`; 409 for a cron of code's name |
+//! | `DELETE /api/crons/{name}` | delete a stored cron (409 for a cron of code) |
 //! | `GET /api/jobs?state=&queue=&kind=&args=&limit=&before=` | jobs, newest first (`state`: comma-separated; `args`: JSON the arguments contain) |
 //! | `GET /api/jobs/{id}` | one job, with each failed attempt's error |
 //! | `POST /api/jobs/{id}/retry`, `.../cancel`; `DELETE /api/jobs/{id}` | one job (409 when its state refuses: deleting a running job) |
@@ -92,6 +94,7 @@ mod extract;
 mod leader;
 mod meta;
 mod redact;
+mod stored;
 mod views;
 mod work;
 
@@ -390,7 +393,12 @@ pub fn router(state: AdminState) -> Router {
             post(cluster::step_down),
         )
         .route("/api/crons", get(work::crons))
-        .route("/api/crons/{name}", get(work::cron))
+        .route(
+            "/api/crons/{name}",
+            get(work::cron)
+                .put(stored::upsert_cron)
+                .delete(stored::delete_cron),
+        )
         .route("/api/crons/{name}/ticks", get(work::ticks))
         .route("/api/crons/{name}/pause", work::cron_paused(true))
         .route("/api/crons/{name}/resume", work::cron_paused(false))

@@ -169,6 +169,50 @@ pub(crate) enum CronsCommand {
         /// The cron's name.
         name: String,
     },
+    /// Creates a cron stored in the database, which enqueues a job at each tick on the
+    /// scheduler's leader (refused when a cron has the name: `set` changes one).
+    Add(StoredCronArgs),
+    /// Creates or changes a cron stored in the database; the leader runs the new definition
+    /// within a second.
+    Set(StoredCronArgs),
+    /// Deletes a cron stored in the database (not a cron of code).
+    Delete {
+        /// The cron's name.
+        name: String,
+    },
+}
+
+/// A stored cron's definition on the command line.
+#[derive(Debug, Args)]
+pub(crate) struct StoredCronArgs {
+    /// The cron's name.
+    pub(crate) name: String,
+    /// Its expression, such as "*/5 * * * *" (5 or 6 fields, or an @ alias).
+    pub(crate) expression: String,
+    /// The kind of the job each tick enqueues (a #[job] of the nodes).
+    #[arg(long)]
+    pub(crate) kind: String,
+    /// The job's arguments, as JSON.
+    #[arg(long, default_value = "null")]
+    pub(crate) args: String,
+    /// An IANA time zone.
+    #[arg(long, default_value = "UTC")]
+    pub(crate) timezone: String,
+    /// skip, latest or all (default latest).
+    #[arg(long)]
+    pub(crate) catch_up: Option<String>,
+    /// How far back catch-up looks, such as 1h (default 24h).
+    #[arg(long)]
+    pub(crate) catch_up_window: Option<String>,
+    /// skip, wait or allow.
+    #[arg(long)]
+    pub(crate) overlap: Option<String>,
+    /// rerun or abandon (default rerun).
+    #[arg(long)]
+    pub(crate) interrupted: Option<String>,
+    /// Bounds a tick's enqueue, such as 30s.
+    #[arg(long)]
+    pub(crate) timeout: Option<String>,
 }
 
 /// Which jobs.

@@ -36,6 +36,7 @@ mod doctor;
 mod fail;
 mod migrate;
 mod out;
+mod stored;
 mod work;
 
 use args::{

@@ -138,6 +138,9 @@ pub(crate) async fn crons(ctx: &Ctx, action: &CronsCommand, json: bool) -> Outco
             }
             Ok(0)
         }
+        CronsCommand::Add(cron) => crate::stored::store(ctx, cron, true, json).await,
+        CronsCommand::Set(cron) => crate::stored::store(ctx, cron, false, json).await,
+        CronsCommand::Delete { name } => crate::stored::delete(ctx, name, json).await,
     }
 }
 

@@ -12,7 +12,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{FromRow, PgPool, Postgres};
 
-use crate::cron::TickState;
+use crate::cron::{StoredCron, TickState};
 use crate::jobs::{CancelOutcome, JobAction, JobActions, JobId, JobInfo, JobRow, JobState};
 
 /// A cron the cluster knows (registered by some node).
@@ -43,8 +43,25 @@ pub struct CronView {
     /// Ticks of the last 24 hours (since it was first registered) with no ledger row: due while
     /// the role had no leader and not caught up.
     pub missing_24h: i64,
-    /// The node that last registered it.
+    /// The node that last registered it (for a stored cron: who last stored it).
     pub last_seen_by: String,
+    /// For a cron stored in the database (`Workload::upsert_cron`): the kind of the job each
+    /// tick enqueues; `None` for a cron of code.
+    pub job_kind: Option<String>,
+    /// For a stored cron: the job's arguments.
+    pub job_args: Option<serde_json::Value>,
+}
+
+/// What [`Workload::upsert_cron`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Upserted {
+    /// A new stored cron.
+    Created,
+    /// Its definition changed.
+    Updated,
+    /// It was stored with this definition already: nothing was written or audited.
+    Unchanged,
 }
 
 /// One tick of a cron, from the ledger.
@@ -221,6 +238,100 @@ impl Workload {
             .bind(by)
             .fetch_one(&self.pool)
             .await?)
+    }
+
+    /// Creates or changes a cron stored in the database, which enqueues its job at each tick on
+    /// the scheduler's leader; the leader runs the new definition within a second, with no
+    /// restart (a run in progress ends first; ticks of a changed schedule due before the change
+    /// are not caught up). Audited (`upsert_cron`, with the definition). Refused with
+    /// [`Error::Conflict`](forge_core::Error::Conflict) when a cron of code has the name, and
+    /// with [`Error::InvalidInput`](forge_core::Error::InvalidInput) for invalid durations. The
+    /// kind is not checked here (this process may not know the kinds): a tick whose kind the
+    /// leader's binary lacks fails, saying so.
+    pub async fn upsert_cron(&self, cron: &StoredCron, by: &str) -> Result<Upserted> {
+        cron.validate()?;
+        let mut tx = forge_core::begin(&self.pool).await?;
+        let answer: String =
+            sqlx::query_scalar("SELECT forge.cron_store($1, $2, $3, $4, $5, $6, $7, $8)")
+                .bind(&self.namespace)
+                .bind(cron.name())
+                .bind(cron.schedule().expression())
+                .bind(cron.schedule().timezone().name())
+                .bind(cron.kind())
+                .bind(cron.args())
+                .bind(cron.options())
+                .bind(by)
+                .fetch_one(&mut *tx)
+                .await?;
+        let upserted = match answer.as_str() {
+            "created" => Upserted::Created,
+            "updated" => Upserted::Updated,
+            "unchanged" => Upserted::Unchanged,
+            _ => {
+                return Err(forge_core::Error::Conflict {
+                    message: format!(
+                        "a cron of code is named `{}`: its name is taken; store this cron under another name",
+                        cron.name()
+                    ),
+                });
+            }
+        };
+        if upserted != Upserted::Unchanged {
+            let detail = serde_json::json!({
+                "expression": cron.schedule().expression(),
+                "timezone": cron.schedule().timezone().name(),
+                "kind": cron.kind(),
+                "args": cron.args(),
+                "options": cron.options(),
+                "created": upserted == Upserted::Created,
+            });
+            audit(
+                &mut *tx,
+                &self.namespace,
+                "upsert_cron",
+                cron.name(),
+                by,
+                detail,
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(upserted)
+    }
+
+    /// Deletes a cron stored in the database: the scheduler's leader stops its loop within a
+    /// second (a run in progress ends first); its ticks stay in the ledger until retention
+    /// prunes them. Audited (`delete_cron`). False when no cron has the name; refused with
+    /// [`Error::Conflict`](forge_core::Error::Conflict) for a cron of code (deploy without it).
+    pub async fn delete_cron(&self, name: &str, by: &str) -> Result<bool> {
+        let mut tx = forge_core::begin(&self.pool).await?;
+        let answer: String = sqlx::query_scalar("SELECT forge.cron_unstore($1, $2)")
+            .bind(&self.namespace)
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?;
+        match answer.as_str() {
+            "deleted" => {}
+            "missing" => return Ok(false),
+            _ => {
+                return Err(forge_core::Error::Conflict {
+                    message: format!(
+                        "`{name}` is a cron of code, not a stored cron: it is deleted by deploying without it"
+                    ),
+                });
+            }
+        }
+        audit(
+            &mut *tx,
+            &self.namespace,
+            "delete_cron",
+            name,
+            by,
+            serde_json::json!({}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Makes a job available again now, with room for one more attempt (from dead,
@@ -613,7 +724,8 @@ const BULK_BATCH: i64 = 1000;
 
 /// The crons with their newest tick and their last day's skipped ticks; `$1` namespace.
 const CRONS_SQL: &str = "SELECT c.name, c.role, c.expression, c.timezone, c.paused_at,
-        c.paused_by, c.trigger_requested_at, c.first_seen_at, c.last_seen_by, t.*,
+        c.paused_by, c.trigger_requested_at, c.first_seen_at, c.last_seen_by, c.job_kind,
+        c.job_args, t.*,
         (SELECT count(*) FROM forge.cron_ticks s
           WHERE s.namespace = c.namespace AND s.cron = c.name AND s.state = 'skipped'
             AND s.scheduled_at > clock_timestamp() - interval '24 hours') AS skipped_24h,
@@ -650,6 +762,8 @@ struct CronRow {
     trigger_requested_at: Option<DateTime<Utc>>,
     first_seen_at: DateTime<Utc>,
     last_seen_by: String,
+    job_kind: Option<String>,
+    job_args: Option<serde_json::Value>,
     skipped_24h: i64,
     rows_24h: i64,
     /// The newest tick's instant: `None` when the cron has no tick yet.
@@ -683,6 +797,8 @@ fn cron_from_row(row: &PgRow) -> Result<CronView> {
         skipped_24h: cron.skipped_24h,
         missing_24h,
         last_seen_by: cron.last_seen_by,
+        job_kind: cron.job_kind,
+        job_args: cron.job_args,
     })
 }
 

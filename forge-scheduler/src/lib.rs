@@ -13,6 +13,7 @@ pub mod jobs;
 mod metrics;
 #[cfg(test)]
 mod schema;
+pub mod testing;
 
 #[doc(hidden)]
 pub mod __private;
@@ -20,7 +21,7 @@ pub mod __private;
 pub use config::{CronConfig, JobsConfig};
 pub use cron::{
     CatchUp, CronContext, CronError, CronJob, CronRunner, Interrupted, IntoCron, IntoCronResult,
-    Overlap, TickState,
+    Overlap, StoredCron, TickState,
 };
 #[allow(deprecated)]
 pub use cron::{Cron, Crons};

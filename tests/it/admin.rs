@@ -26,9 +26,9 @@ const READ_TOKEN: &str = "admin-read-token-9876543210";
 
 /// One HTTP answer: the status, the body as JSON (a string if it is not JSON), and its text.
 #[derive(Debug)]
-struct Reply {
-    status: u16,
-    body: Value,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) body: Value,
     text: String,
 }
 
@@ -63,14 +63,14 @@ impl Reply {
 
 /// A client of one admin API, with or without a bearer token.
 #[derive(Clone)]
-struct Api {
+pub(crate) struct Api {
     addr: SocketAddr,
     token: Option<String>,
 }
 
 impl Api {
     /// The API `node` serves, from the URL it records in membership.
-    fn of(node: &Node) -> Api {
+    pub(crate) fn of(node: &Node) -> Api {
         let url = node.admin_url().expect("the node serves the admin API");
         let addr = url
             .strip_prefix("http://")
@@ -79,7 +79,7 @@ impl Api {
         Api { addr, token: None }
     }
 
-    fn with_token(&self, token: &str) -> Api {
+    pub(crate) fn with_token(&self, token: &str) -> Api {
         Api {
             addr: self.addr,
             token: Some(token.to_owned()),
@@ -104,7 +104,7 @@ impl Api {
 
     /// One request; panics without an answer within 30 s (longer than the API's own bounds
     /// on PostgreSQL, so that a 503 for a slow database arrives first).
-    async fn call(&self, method: &str, path: &str, body: Option<&str>) -> Reply {
+    pub(crate) async fn call(&self, method: &str, path: &str, body: Option<&str>) -> Reply {
         let bound = Duration::from_secs(30);
         match tokio::time::timeout(bound, self.send(method, path, body)).await {
             Ok(Ok(reply)) => reply,

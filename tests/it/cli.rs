@@ -22,10 +22,10 @@ use crate::jobs::{Behave, mailer, plain};
 use crate::support::*;
 
 /// What one run of the command did.
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Run {
@@ -93,7 +93,7 @@ async fn forge_env(url: Option<&str>, env: &[(&str, &str)], args: &[&str]) -> Ru
 }
 
 /// Runs `forge ARGS` against `url`.
-async fn forge(url: &str, args: &[&str]) -> Run {
+pub(crate) async fn forge(url: &str, args: &[&str]) -> Run {
     forge_env(Some(url), &[], args).await
 }
 

@@ -63,5 +63,7 @@ mod routing;
 mod schema;
 mod skew;
 mod stalls;
+mod stored_crons;
 mod support;
+mod testing_kit;
 mod ui;

@@ -28,6 +28,9 @@ async fn main() -> forge::Result<()> {
     node.run_until_signal().await
 }
 
+#[cfg(test)]
+mod user_tests;
+
 /// The README's first snippet.
 #[rustfmt::skip]
 mod quick_start {

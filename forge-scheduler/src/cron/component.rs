@@ -10,6 +10,7 @@ use forge_rules::{Name, check_duration, check_name};
 use tokio::sync::{Notify, watch};
 use tracing::debug;
 
+use super::stored::{EnqueueTick, report_shadowed};
 use super::supervisor::{Settings, SharedBoard, supervise};
 use super::{CronJob, TickState, ledger};
 use crate::config::{CronConfig, invalid};
@@ -20,6 +21,9 @@ use crate::metrics::{CRON_DURATION, CRON_LAG, CRON_METRICS, CRON_MISSED, CRON_RU
 pub struct CronRunner {
     crons: Vec<CronJob>,
     config: CronConfig,
+    /// How a stored cron's tick enqueues its job (`CronRunner::stored_crons`); `None`: the
+    /// node runs no stored crons.
+    pub(crate) stored: Option<EnqueueTick>,
 }
 
 /// The former name of [`CronRunner`], kept for one release.
@@ -47,6 +51,7 @@ impl CronRunner {
         Ok(CronRunner {
             crons: kept,
             config,
+            stored: None,
         })
     }
 
@@ -90,7 +95,7 @@ impl Component for CronRunner {
             "prune_ticks",
             self.config.ledger_retention,
         );
-        if self.crons.is_empty() {
+        if self.crons.is_empty() && self.stored.is_none() {
             return Ok(());
         }
         let per_cron = node.config().metrics.per_cron;
@@ -105,8 +110,13 @@ impl Component for CronRunner {
             board: board.clone(),
             refresh_board: refresh.clone(),
             per_cron,
+            stored: self.stored.clone(),
         });
         let mut by_role: BTreeMap<Role, Vec<CronJob>> = BTreeMap::new();
+        if self.stored.is_some() {
+            // Stored crons run on the scheduler's leader, whether or not it has crons of code.
+            by_role.entry(Role::SCHEDULER).or_default();
+        }
         for cron in &self.crons {
             by_role
                 .entry(cron.role.clone())
@@ -210,7 +220,7 @@ async fn announce(crons: Arc<Vec<CronJob>>, ctx: NodeContext) {
     let mut delay = Duration::from_millis(200);
     for _ in 0..10 {
         match ledger::register(ctx.pool(), ctx.namespace(), ctx.node_id(), &crons).await {
-            Ok(()) => return,
+            Ok(shadowed) => return report_shadowed(&shadowed),
             Err(err) => debug!(target: "forge::cron", error = %err, "cannot record crons yet"),
         }
         tokio::select! {

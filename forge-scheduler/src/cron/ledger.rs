@@ -11,8 +11,9 @@ use forge_core::{Error, Leadership, Result};
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, Postgres, Row, Transaction};
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
+use super::stored::StoredCron;
 use super::{CronJob, TickState};
 
 forge_core::sql_enum! {
@@ -374,6 +375,8 @@ pub(super) struct Board {
     pub(super) paused: std::collections::BTreeSet<String>,
     /// Pending manual runs: the cron and the instant of its manual tick.
     pub(super) triggers: BTreeMap<String, DateTime<Utc>>,
+    /// The crons stored in the database, by name.
+    pub(super) stored: BTreeMap<String, StoredCron>,
 }
 
 /// Reads the [`Board`].
@@ -381,20 +384,53 @@ pub(super) async fn board(
     pool: &sqlx::PgPool,
     namespace: &forge_core::LockNamespace,
 ) -> Result<Board, sqlx::Error> {
-    let rows: Vec<(String, bool, Option<DateTime<Utc>>)> = sqlx::query_as(
-        "SELECT name, paused_at IS NOT NULL, trigger_requested_at FROM forge.crons
-          WHERE namespace = $1 AND (paused_at IS NOT NULL OR trigger_requested_at IS NOT NULL)",
+    /// A paused, triggered or stored cron.
+    #[derive(sqlx::FromRow)]
+    struct BoardRow {
+        name: String,
+        paused: bool,
+        trigger_requested_at: Option<DateTime<Utc>>,
+        expression: String,
+        timezone: String,
+        job_kind: Option<String>,
+        job_args: Option<serde_json::Value>,
+        options: Option<serde_json::Value>,
+    }
+    let rows: Vec<BoardRow> = sqlx::query_as(
+        "SELECT name, paused_at IS NOT NULL AS paused, trigger_requested_at, expression, timezone,
+                job_kind, job_args, options
+           FROM forge.crons
+          WHERE namespace = $1
+            AND (paused_at IS NOT NULL OR trigger_requested_at IS NOT NULL OR job_kind IS NOT NULL)",
     )
     .bind(namespace)
     .fetch_all(pool)
     .await?;
     let mut board = Board::default();
-    for (name, paused, trigger) in rows {
-        if let Some(at) = trigger {
-            board.triggers.insert(name.clone(), at);
+    for row in rows {
+        if let Some(at) = row.trigger_requested_at {
+            board.triggers.insert(row.name.clone(), at);
         }
-        if paused {
-            board.paused.insert(name);
+        if row.paused {
+            board.paused.insert(row.name.clone());
+        }
+        if let (Some(kind), Some(args), Some(options)) = (row.job_kind, row.job_args, row.options) {
+            match StoredCron::from_stored(
+                row.name.clone(),
+                &row.expression,
+                &row.timezone,
+                kind,
+                args,
+                &options,
+            ) {
+                Ok(cron) => {
+                    board.stored.insert(row.name, cron);
+                }
+                Err(message) => {
+                    warn!(target: "forge::cron", cron = %row.name, %message,
+                          "a stored cron cannot be read by this binary: it does not run on this node");
+                }
+            }
         }
     }
     Ok(board)
@@ -403,10 +439,7 @@ pub(super) async fn board(
 /// Takes back the ticks earlier tenures claimed ahead and never started, registers the role's
 /// crons, reads each one's frontier and interrupted ticks, and counts crons the cluster knows
 /// for this role that this binary lacks. Three statements.
-pub(super) async fn load(
-    crons: &[CronJob],
-    leadership: &Leadership,
-) -> Result<(BTreeMap<String, Resume>, Vec<(String, String)>)> {
+pub(super) async fn load(crons: &[CronJob], leadership: &Leadership) -> Result<Loaded> {
     let namespace = leadership.namespace();
     let role = leadership.role();
     // First the claims of earlier tenures that were never started (made ahead of an instant
@@ -453,6 +486,7 @@ pub(super) async fn load(
              ON CONFLICT (namespace, name) DO UPDATE
                 SET role = EXCLUDED.role, expression = EXCLUDED.expression, timezone = EXCLUDED.timezone,
                     last_seen_at = clock_timestamp(), last_seen_by = EXCLUDED.last_seen_by
+              WHERE c.job_kind IS NULL
              RETURNING c.name, c.first_seen_at)
          SELECT up.name, up.first_seen_at,
                 (SELECT max(t.scheduled_at) FROM forge.cron_ticks t
@@ -468,6 +502,12 @@ pub(super) async fn load(
     .fetch_all(&mut *leadership.session().await?)
     .await?;
     let mut resume: BTreeMap<String, Resume> = BTreeMap::new();
+    // A cron of code not registered: a stored cron has its name (see `stored.rs`).
+    let shadowed: Vec<String> = names
+        .iter()
+        .filter(|name| !rows.iter().any(|row| row.name == **name))
+        .map(|name| name.to_string())
+        .collect();
     for row in rows {
         let entry = resume.entry(row.name).or_default();
         entry.first_seen = row.first_seen_at;
@@ -490,7 +530,7 @@ pub(super) async fn load(
          UNION ALL
          SELECT $7, name, NULL, NULL, NULL, last_seen_by
            FROM forge.crons
-          WHERE namespace = $1 AND role = $2 AND NOT (name = ANY($4))
+          WHERE namespace = $1 AND role = $2 AND NOT (name = ANY($4)) AND job_kind IS NULL
           ORDER BY 3",
     )
     .bind(namespace)
@@ -515,7 +555,53 @@ pub(super) async fn load(
             }
         }
     }
-    Ok((resume, unknown))
+    Ok(Loaded {
+        resume,
+        unknown,
+        shadowed,
+    })
+}
+
+/// What [`load`] found at a tenure's start.
+pub(super) struct Loaded {
+    /// Where each cron of code resumes.
+    pub(super) resume: BTreeMap<String, Resume>,
+    /// Crons of code of the role that this binary lacks, and the node that last had each.
+    pub(super) unknown: Vec<(String, String)>,
+    /// This binary's crons of code named like a stored cron: they do not run.
+    pub(super) shadowed: Vec<String>,
+}
+
+/// Where a stored cron's loop resumes: its frontier (never before its definition was stored)
+/// and the ticks earlier tenures left running. Two statements on the lock session.
+pub(super) async fn resume_stored(leadership: &Leadership, name: &str) -> Result<Resume> {
+    let namespace = leadership.namespace();
+    let (stored_at, frontier): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT (SELECT stored_at FROM forge.crons WHERE namespace = $1 AND name = $2),
+                (SELECT max(t.scheduled_at) FROM forge.cron_ticks t
+                  WHERE t.namespace = $1 AND t.cron = $2 AND NOT t.manual)",
+    )
+    .bind(namespace)
+    .bind(name)
+    .fetch_one(&mut *leadership.session().await?)
+    .await?;
+    let interrupted: Vec<(DateTime<Utc>, i32, i64)> = sqlx::query_as(
+        "SELECT scheduled_at, attempt, epoch FROM forge.cron_ticks
+          WHERE namespace = $1 AND cron = $2 AND state = $3 AND tenure <> $4
+          ORDER BY scheduled_at",
+    )
+    .bind(namespace)
+    .bind(name)
+    .bind(TickState::Running)
+    .bind(leadership.tenure_id())
+    .fetch_all(&mut *leadership.session().await?)
+    .await?;
+    let stored_at = stored_at.unwrap_or_else(Utc::now);
+    Ok(Resume {
+        first_seen: Some(stored_at),
+        frontier: Some(super::stored::stored_from(frontier, stored_at)),
+        interrupted,
+    })
 }
 
 /// Records this node's crons in `forge.crons`, so that a leader whose binary lacks one of
@@ -525,18 +611,23 @@ pub(super) async fn register(
     namespace: &forge_core::LockNamespace,
     node: &forge_core::NodeId,
     crons: &[CronJob],
-) -> Result<(), sqlx::Error> {
+) -> Result<Vec<String>, sqlx::Error> {
     let names: Vec<&str> = crons.iter().map(|c| c.name.as_str()).collect();
     let roles: Vec<&str> = crons.iter().map(|c| c.role.name()).collect();
     let expressions: Vec<&str> = crons.iter().map(|c| c.schedule.expression()).collect();
     let zones: Vec<&str> = crons.iter().map(|c| c.schedule.timezone().name()).collect();
-    sqlx::query(
-        "INSERT INTO forge.crons AS c (namespace, name, role, expression, timezone, last_seen_by)
-         SELECT $1, name, role, expression, timezone, $6
-           FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS m(name, role, expression, timezone)
-         ON CONFLICT (namespace, name) DO UPDATE
-            SET role = EXCLUDED.role, expression = EXCLUDED.expression, timezone = EXCLUDED.timezone,
-                last_seen_at = clock_timestamp(), last_seen_by = EXCLUDED.last_seen_by",
+    // A stored cron's row is not taken over: its name is answered (shadowed, see `stored.rs`).
+    let shadowed = sqlx::query_scalar(
+        "WITH up AS (
+             INSERT INTO forge.crons AS c (namespace, name, role, expression, timezone, last_seen_by)
+             SELECT $1, name, role, expression, timezone, $6
+               FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS m(name, role, expression, timezone)
+             ON CONFLICT (namespace, name) DO UPDATE
+                SET role = EXCLUDED.role, expression = EXCLUDED.expression, timezone = EXCLUDED.timezone,
+                    last_seen_at = clock_timestamp(), last_seen_by = EXCLUDED.last_seen_by
+              WHERE c.job_kind IS NULL
+             RETURNING c.name)
+         SELECT name FROM unnest($2::text[]) AS m(name) WHERE name NOT IN (SELECT name FROM up)",
     )
     .bind(namespace)
     .bind(&names)
@@ -544,7 +635,7 @@ pub(super) async fn register(
     .bind(&expressions)
     .bind(&zones)
     .bind(node)
-    .execute(pool)
+    .fetch_all(pool)
     .await?;
-    Ok(())
+    Ok(shadowed)
 }

@@ -46,6 +46,8 @@
 mod clock;
 mod component;
 mod ledger;
+pub(crate) mod plan;
+mod stored;
 mod supervisor;
 
 use std::fmt;
@@ -62,6 +64,8 @@ use tokio_util::sync::CancellationToken;
 
 #[allow(deprecated)]
 pub use component::{CronRunner, Crons};
+pub(crate) use stored::EnqueueTick;
+pub use stored::{StoredCron, StoredCronSpec};
 
 forge_core::sql_enum! {
     /// The state of a tick in the ledger (`forge.cron_ticks.state`).

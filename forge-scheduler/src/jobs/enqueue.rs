@@ -50,10 +50,19 @@ impl NewJob {
     /// A job of type `J` with these arguments and `J`'s declared options. An argument that
     /// cannot be serialized is reported when the job is enqueued.
     pub fn new<J: Job>(job: J, args: J::Args) -> NewJob {
-        let options = job.options();
+        let args = serde_json::to_value(&args).map_err(|err| err.to_string());
+        NewJob::declared(J::KIND, job.options(), args)
+    }
+
+    /// A job of `kind` with these arguments and the kind's declared `options`.
+    pub(crate) fn declared(
+        kind: &'static str,
+        options: super::JobOptions,
+        args: std::result::Result<serde_json::Value, String>,
+    ) -> NewJob {
         NewJob {
-            kind: J::KIND,
-            args: serde_json::to_value(&args).map_err(|err| err.to_string()),
+            kind,
+            args,
             queue: options.queue,
             role: options.role,
             priority: options.priority,

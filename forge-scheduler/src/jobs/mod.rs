@@ -673,6 +673,36 @@ impl JobContext {
     }
 }
 
+impl JobContext {
+    /// The context of one attempt run outside a worker, by the test kit
+    /// (`forge_scheduler::testing::run_job`): the job's row is `running` under this attempt and
+    /// node, so [`JobContext::complete`] works as it does on a node; nothing cancels it.
+    pub(crate) fn detached(
+        id: JobId,
+        namespace: LockNamespace,
+        kind: &'static str,
+        queue: &str,
+        (attempt, max_attempts): (u32, u32),
+        node_id: NodeId,
+        pool: PgPool,
+    ) -> JobContext {
+        JobContext {
+            id,
+            namespace,
+            kind,
+            queue: queue.into(),
+            attempt,
+            max_attempts,
+            node_id,
+            pool,
+            cancel: Arc::default(),
+            leadership: None,
+            keep_completed: true,
+            metrics: forge_core::Metrics::new(),
+        }
+    }
+}
+
 impl fmt::Debug for JobContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JobContext")
@@ -886,6 +916,13 @@ impl JobRegistry {
     /// The registered kinds.
     pub fn kinds(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.types.keys().copied()
+    }
+
+    /// A job of a registered kind with JSON arguments and the kind's declared options (for a
+    /// stored cron's tick and the test kit); `None` when no type of this kind is registered.
+    pub fn new_job(&self, kind: &str, args: serde_json::Value) -> Option<NewJob> {
+        let job = self.types.get(kind)?;
+        Some(NewJob::declared(job.kind, job.options.clone(), Ok(args)))
     }
 }
 

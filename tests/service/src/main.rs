@@ -146,3 +146,69 @@ async fn main() -> ExitCode {
         }
     }
 }
+
+/// The service's own tests of its handlers, with FORGE's test kit (`forge::testing`, the
+/// `testing` feature): no cluster, a fresh database each.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn database() -> forge::testing::TestDb {
+        let db = forge::testing::database().await.unwrap();
+        forge::migrate!("migrations").run(db.pool()).await.unwrap();
+        db
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn shipping_an_order_writes_one_shipment_and_completes_the_job() {
+        let db = database().await;
+        let order_id: i64 =
+            forge::sqlx::query_scalar("INSERT INTO orders DEFAULT VALUES RETURNING id")
+                .fetch_one(db.pool())
+                .await
+                .unwrap();
+        let run = forge::testing::run_job(db.pool(), ship, Ship { order_id })
+            .await
+            .unwrap();
+        assert!(run.result.is_ok(), "{:?}", run.result);
+        assert_eq!(run.state, forge::jobs::JobState::Completed);
+        let shipments: i64 =
+            forge::sqlx::query_scalar("SELECT count(*) FROM shipments WHERE order_id = $1")
+                .bind(order_id)
+                .fetch_one(db.pool())
+                .await
+                .unwrap();
+        assert_eq!(shipments, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_audit_cron_writes_its_tick_on_the_leader() {
+        let db = database().await;
+        let run = forge::testing::run_cron(&db, audit).await.unwrap();
+        assert_eq!(
+            run.state,
+            forge::crons::TickState::Succeeded,
+            "{:?}",
+            run.error
+        );
+        let audits: i64 = forge::sqlx::query_scalar("SELECT count(*) FROM audits WHERE tick = $1")
+            .bind(run.scheduled_at)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+        assert_eq!(audits, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_ship_job_is_enqueued_only_if_the_orders_transaction_commits() {
+        let db = database().await;
+        let jobs = forge::jobs::Jobs::new(db.pool().clone(), &forge::LockNamespace::default());
+        let mut tx = db.pool().begin().await.unwrap();
+        jobs.enqueue_in(&mut *tx, ship, Ship { order_id: 1 })
+            .await
+            .unwrap();
+        forge::testing::assert_enqueued(&mut *tx, "ship", Ship { order_id: 1 }).await;
+        tx.rollback().await.unwrap();
+        forge::testing::assert_not_enqueued(db.pool(), "ship", Ship { order_id: 1 }).await;
+    }
+}

@@ -27,7 +27,7 @@ pub(super) type Finisher = mpsc::UnboundedSender<Ask<FinishRequest, Finish>>;
 /// What the cron loops of one tenure share: its batchers, the gate's latest answer and the
 /// database's clock.
 #[derive(Clone)]
-pub(super) struct Batchers {
+pub(in crate::cron) struct Batchers {
     /// Claims of scheduled ticks.
     pub(super) claimer: Claimer,
     /// The gate before claimed ticks start.

@@ -53,17 +53,21 @@ mod runs;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
-use forge_core::Leadership;
+use chrono::{DateTime, Utc};
+use forge_core::{Leadership, Role};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::CronJob;
 use super::clock::DbClock;
 use super::ledger::{self, Board, Resume};
-use super::{CatchUp, CronJob};
+use super::plan::{self, to_delta};
+use super::stored::{EnqueueTick, keep_stored, report_shadowed};
 use crate::metrics::{CRON_MISSED, CRON_UNKNOWN};
-use batch::{Batchers, batches};
+pub(super) use batch::Batchers;
+use batch::batches;
 use gates::GatePassed;
 use outcomes::CronMetrics;
 use recovery::recover;
@@ -87,6 +91,8 @@ pub(super) struct Settings {
     pub(super) refresh_board: Arc<tokio::sync::Notify>,
     /// `[metrics] per_cron`: the cron metrics' series are per cron (else per role).
     pub(super) per_cron: bool,
+    /// How a stored cron's tick enqueues its job; `None`: this node runs no stored crons.
+    pub(super) stored: Option<EnqueueTick>,
 }
 
 /// The leader task of one role's crons.
@@ -96,18 +102,19 @@ pub(super) async fn supervise(
     settings: Arc<Settings>,
 ) {
     let mut delay = Duration::from_millis(100);
-    let (clock, mut resume) = loop {
+    let (clock, mut loaded) = loop {
         let loaded = async {
             let clock = DbClock::read(&leadership).await?;
             Ok::<_, forge_core::Error>((clock, ledger::load(&crons, &leadership).await?))
         };
         match loaded.await {
-            Ok((clock, (resume, unknown))) => {
+            Ok((clock, loaded)) => {
                 // The registry service is the board's one writer (a read of ours could be
                 // older than its latest and undo it): ask it to read the board again.
                 settings.refresh_board.notify_one();
-                report_unknown(&leadership, &unknown);
-                break (Arc::new(clock), resume);
+                report_unknown(&leadership, &loaded.unknown);
+                report_shadowed(&loaded.shadowed);
+                break (Arc::new(clock), loaded);
             }
             Err(err) => {
                 warn!(target: "forge::cron", role = %leadership.role(), epoch = %leadership.epoch(), error = %err,
@@ -139,11 +146,32 @@ pub(super) async fn supervise(
     let gate_passed = batchers.gate_passed.clone();
     let mut loops = JoinSet::new();
     for cron in crons.iter() {
-        let resume = resume.remove(&cron.name).unwrap_or_default();
+        if loaded.shadowed.contains(&cron.name) {
+            continue;
+        }
+        let resume = loaded.resume.remove(&cron.name).unwrap_or_default();
         loops.spawn(run_cron(
             cron.clone(),
             leadership.clone(),
             resume,
+            settings.clone(),
+            batchers.clone(),
+            CancellationToken::new(),
+        ));
+    }
+    if let Some(enqueue) = settings.stored.clone()
+        && *leadership.role() == Role::SCHEDULER
+    {
+        // The crons of code running in this tenure (a shadowed one is not: the stored one is).
+        let code = crons
+            .iter()
+            .map(|c| c.name.clone())
+            .filter(|name| !loaded.shadowed.contains(name))
+            .collect();
+        loops.spawn(keep_stored(
+            code,
+            enqueue,
+            leadership.clone(),
             settings.clone(),
             batchers.clone(),
         ));
@@ -197,13 +225,15 @@ fn report_unknown(leadership: &Leadership, unknown: &[(String, String)]) {
         .set(unknown.len() as f64);
 }
 
-/// One cron's loop for one tenure.
-async fn run_cron(
+/// One cron's loop for one tenure, until the tenure ends or `stop` (a stored cron changed or
+/// deleted) is cancelled; either way its runs in progress end first.
+pub(super) async fn run_cron(
     cron: CronJob,
     leadership: Leadership,
     resume: Resume,
     settings: Arc<Settings>,
     batchers: Batchers,
+    stop: CancellationToken,
 ) {
     let mut runs = Runs {
         metrics: Arc::new(CronMetrics::new(&cron, &leadership, settings.per_cron)),
@@ -263,6 +293,7 @@ async fn run_cron(
             tokio::select! {
                 biased;
                 _ = leadership.stopping() => break false,
+                _ = stop.cancelled() => break false,
                 _ = clock.sleep_until(claim_at) => break true,
                 changed = board.changed() => if changed.is_err() {
                     // The board's sender lives as long as the node: not reached.
@@ -318,30 +349,7 @@ fn backlog(
     settings: &Settings,
     why: &str,
 ) -> Vec<DateTime<Utc>> {
-    if from >= now {
-        return Vec::new();
-    }
-    let window_start = now
-        .checked_sub_signed(to_delta(cron.catch_up_window))
-        .unwrap_or(DateTime::<Utc>::MIN_UTC);
-    let threshold = to_delta(settings.misfire_threshold);
-    let mut missed = 0u64;
-    let mut due: Vec<DateTime<Utc>> = Vec::new();
-    for tick in cron.schedule.ticks_between(from, now) {
-        let eligible = match cron.catch_up {
-            CatchUp::Skip => now - tick <= threshold,
-            CatchUp::Latest | CatchUp::All => tick >= window_start,
-        };
-        if !eligible {
-            missed += 1;
-        } else if cron.catch_up == CatchUp::Latest && !due.is_empty() {
-            // Only the most recent eligible tick runs.
-            missed += 1;
-            due[0] = tick;
-        } else {
-            due.push(tick);
-        }
-    }
+    let (due, missed) = plan::catch_up(cron, (from, now), settings.misfire_threshold);
     if missed > 0 {
         leadership
             .metrics()
@@ -351,10 +359,6 @@ fn backlog(
               "{why}");
     }
     due
-}
-
-fn to_delta(d: Duration) -> TimeDelta {
-    TimeDelta::from_std(d).unwrap_or(TimeDelta::MAX)
 }
 
 /// A cron's labels in the cron metrics: its name and role, or its role alone (`[metrics]
