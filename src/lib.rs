@@ -209,6 +209,7 @@ pub mod jobs {
         AttemptError, Backoff, CancelOutcome, CancelReason, Enqueued, FailAction, IntoJobResult,
         Job, JobAction, JobActions, JobId, JobInfo, JobOptions, JobRunner, JobState, Jobs, NewJob,
     };
+    pub use forge_scheduler::jobs::BackoffFn;
     // The former name of `JobRunner`, deprecated: see CHANGELOG.md, "Renamed".
     #[allow(deprecated)]
     pub use forge_scheduler::jobs::JobQueue;

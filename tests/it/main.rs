@@ -62,6 +62,7 @@ mod readme;
 mod routing;
 mod schema;
 mod skew;
+mod snooze;
 mod stalls;
 mod support;
 mod ui;
