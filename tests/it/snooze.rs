@@ -31,12 +31,16 @@ async fn nap(ctx: &JobContext) -> Result<i64, JobError> {
     Ok(count)
 }
 
-/// Snoozes for `snooze_ms` on its first `snoozes` attempts, then completes. One attempt
-/// allowed, three snoozes.
-#[forge::job(max_attempts = 1, max_snoozes = 3)]
+/// Snoozes for `snooze_ms` on its first `snoozes` attempts, then fails once (retried at
+/// once), then completes. Two attempts allowed, three snoozes.
+#[forge::job(max_attempts = 2, max_snoozes = 3, backoff = "fixed", backoff_base = "1ms")]
 async fn napper(ctx: JobContext, (snoozes, snooze_ms): (i64, u64)) -> Result<(), JobError> {
-    if nap(&ctx).await? <= snoozes {
+    let ran = nap(&ctx).await?;
+    if ran <= snoozes {
         return Err(JobError::snooze(Duration::from_millis(snooze_ms)));
+    }
+    if ran == snoozes + 1 {
+        return Err(JobError::retry("failed once"));
     }
     Ok(())
 }
@@ -102,16 +106,17 @@ async fn a_snooze_counts_no_attempt_shows_in_the_history_and_frees_its_slot() {
     config.jobs.default_concurrency = 1;
     let node = start(config).await;
 
-    // Three snoozes of 300 ms with one attempt allowed: it still completes.
+    // Three snoozes of 300 ms, then a failure, with two attempts allowed: the failure is
+    // retried (the snoozes counted no attempt), and the job completes.
     let id = inserted(node.jobs().enqueue(napper, (3, 300)).await.unwrap());
     let job = wait_state(&pool, id, JobState::Completed).await;
-    let snoozes: Vec<_> = job.errors.iter().map(|e| e.reason.as_str()).collect();
-    assert_eq!(snoozes, ["snoozed"; 3], "{:?}", job.errors);
+    let reasons: Vec<_> = job.errors.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(reasons, ["snoozed", "snoozed", "snoozed", "error"], "{:?}", job.errors);
     assert_eq!(job.errors[0].error, "snoozed for 300ms");
     assert_eq!(job.errors[0].node.as_deref(), Some("a"));
     let naps = nap_times(&pool, id).await;
-    assert_eq!(naps.len(), 4, "{naps:?}");
-    for pair in naps.windows(2) {
+    assert_eq!(naps.len(), 5, "{naps:?}");
+    for pair in naps[..4].windows(2) {
         let gap = pair[1].1 - pair[0].1;
         assert!(gap >= 0.3, "a snooze of 300 ms ran again after {gap}s: {naps:?}");
     }
@@ -124,7 +129,7 @@ async fn a_snooze_counts_no_attempt_shows_in_the_history_and_frees_its_slot() {
     let job = client(&pool).get(sleeper).await.unwrap().unwrap();
     assert_eq!(job.state, JobState::Scheduled, "{job:?}");
     assert_eq!(job.attempt, 1);
-    assert_eq!(job.max_attempts, Some(2), "the snoozed attempt is given back");
+    assert_eq!(job.max_attempts, Some(3), "the snoozed attempt is given back");
     node.shutdown().await;
 }
 
@@ -132,7 +137,7 @@ async fn a_snooze_counts_no_attempt_shows_in_the_history_and_frees_its_slot() {
 async fn a_job_snoozed_more_than_max_snoozes_is_dead_lettered_saying_so() {
     let (db, pool) = setup_naps().await;
     let node = start(job_config(db.url(), "a")).await;
-    // max_snoozes = 3: the fourth snooze dead-letters it.
+    // max_snoozes = 3: the fourth snooze dead-letters it, whatever attempts are left.
     let id = inserted(node.jobs().enqueue(napper, (10, 10)).await.unwrap());
     let job = wait_state(&pool, id, JobState::Dead).await;
     assert_eq!(nap_times(&pool, id).await.len(), 4);
@@ -155,7 +160,10 @@ async fn a_job_snoozed_more_than_max_snoozes_is_dead_lettered_saying_so() {
     // The type's declaration (3) won over `[jobs] max_snoozes` (100).
     assert_eq!(
         napper.options(),
-        forge::jobs::JobOptions::new().max_attempts(1).max_snoozes(3)
+        forge::jobs::JobOptions::new()
+            .max_attempts(2)
+            .max_snoozes(3)
+            .backoff(forge::jobs::Backoff::fixed(Duration::from_millis(1)))
     );
     node.shutdown().await;
 }
