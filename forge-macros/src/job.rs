@@ -72,6 +72,20 @@ const ATTR: Attr = Attr {
             kind: Kind::Int,
             example: "10",
         },
+        Spec {
+            name: "unique_period",
+            kind: Kind::Duration,
+            example: "\"1h\"",
+        },
+        Spec {
+            name: "unique_mode",
+            kind: Kind::Choice(&[
+                ("keep", "the default"),
+                ("replace", ""),
+                ("keep_earliest_run_at", ""),
+            ]),
+            example: "\"replace\"",
+        },
     ],
     aliases: &[
         ("kind", "name"),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use forge::jobs::{Job, JobState};
+use forge::jobs::{Backoff, Job, JobOptions, JobState};
 use forge::{Config, JobContext, JobError, Node};
 use sqlx::PgPool;
 
@@ -31,10 +31,44 @@ async fn nap(ctx: &JobContext) -> Result<i64, JobError> {
     Ok(count)
 }
 
+/// A job type `$name` running `$run` (not `#[job]`: this binary's nodes would all register it).
+macro_rules! job_type {
+    ($name:ident, $args:ty, $options:expr, $run:ident) => {
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug)]
+        pub(crate) struct $name;
+
+        impl Job for $name {
+            type Args = $args;
+            const KIND: &'static str = stringify!($name);
+
+            fn options(&self) -> JobOptions {
+                $options
+            }
+
+            async fn run(&self, ctx: JobContext, args: $args) -> Result<(), JobError> {
+                $run(ctx, args).await
+            }
+        }
+    };
+}
+
+job_type!(
+    napper,
+    (i64, u64),
+    JobOptions::new()
+        .max_attempts(2)
+        .max_snoozes(3)
+        .backoff(Backoff::fixed(Duration::from_millis(1))),
+    nap_then_fail_once
+);
+
 /// Snoozes for `snooze_ms` on its first `snoozes` attempts, then fails once (retried at
 /// once), then completes. Two attempts allowed, three snoozes.
-#[forge::job(max_attempts = 2, max_snoozes = 3, backoff = "fixed", backoff_base = "1ms")]
-async fn napper(ctx: JobContext, (snoozes, snooze_ms): (i64, u64)) -> Result<(), JobError> {
+async fn nap_then_fail_once(
+    ctx: JobContext,
+    (snoozes, snooze_ms): (i64, u64),
+) -> Result<(), JobError> {
     let ran = nap(&ctx).await?;
     if ran <= snoozes {
         return Err(JobError::snooze(Duration::from_millis(snooze_ms)));
@@ -45,9 +79,10 @@ async fn napper(ctx: JobContext, (snoozes, snooze_ms): (i64, u64)) -> Result<(),
     Ok(())
 }
 
+job_type!(quick, (), JobOptions::new(), nap_once);
+
 /// Completes at once.
-#[forge::job]
-async fn quick(ctx: JobContext, _: ()) -> Result<(), JobError> {
+async fn nap_once(ctx: JobContext, _: ()) -> Result<(), JobError> {
     nap(&ctx).await?;
     Ok(())
 }
@@ -62,9 +97,17 @@ fn as_asked(attempt: u32, error: &JobError) -> Duration {
     Duration::from_millis(ms + u64::from(attempt))
 }
 
+job_type!(
+    picky,
+    Vec<u64>,
+    JobOptions::new()
+        .backoff(Backoff::custom(as_asked))
+        .max_attempts(5),
+    fail_asking
+);
+
 /// Fails each attempt asking for the next delay of `waits_ms`, then completes.
-#[forge::job(backoff = as_asked, max_attempts = 5)]
-async fn picky(ctx: JobContext, waits_ms: Vec<u64>) -> Result<(), JobError> {
+async fn fail_asking(ctx: JobContext, waits_ms: Vec<u64>) -> Result<(), JobError> {
     let ran = nap(&ctx).await? as usize;
     match waits_ms.get(ran - 1) {
         Some(ms) => Err(JobError::retry(format_args!("wait {ms}"))),
@@ -137,7 +180,8 @@ async fn a_snooze_counts_no_attempt_shows_in_the_history_and_frees_its_slot() {
 async fn a_job_snoozed_more_than_max_snoozes_is_dead_lettered_saying_so() {
     let (db, pool) = setup_naps().await;
     let node = start(job_config(db.url(), "a")).await;
-    // max_snoozes = 3: the fourth snooze dead-letters it, whatever attempts are left.
+    // The type's max_snoozes = 3 (not `[jobs] max_snoozes`, 100): the fourth snooze
+    // dead-letters it, whatever attempts are left.
     let id = inserted(node.jobs().enqueue(napper, (10, 10)).await.unwrap());
     let job = wait_state(&pool, id, JobState::Dead).await;
     assert_eq!(nap_times(&pool, id).await.len(), 4);
@@ -157,14 +201,6 @@ async fn a_job_snoozed_more_than_max_snoozes_is_dead_lettered_saying_so() {
     let labels = r#"{queue="default",kind="napper"}"#;
     wait_until_metric(&node, &format!("forge_job_dead_total{labels}"), 1.0).await;
 
-    // The type's declaration (3) won over `[jobs] max_snoozes` (100).
-    assert_eq!(
-        napper.options(),
-        forge::jobs::JobOptions::new()
-            .max_attempts(2)
-            .max_snoozes(3)
-            .backoff(forge::jobs::Backoff::fixed(Duration::from_millis(1)))
-    );
     node.shutdown().await;
 }
 
@@ -187,9 +223,10 @@ async fn max_snoozes_of_the_config_bounds_a_type_that_declares_none() {
     node.shutdown().await;
 }
 
-/// Always snoozes; declares no max_snoozes.
-#[forge::job]
-async fn fidget(_: ()) -> Result<(), JobError> {
+job_type!(fidget, (), JobOptions::new(), always_snooze);
+
+/// Always snoozes (fidget declares no max_snoozes).
+async fn always_snooze(_: JobContext, _: ()) -> Result<(), JobError> {
     Err(JobError::snooze(Duration::from_millis(10)))
 }
 

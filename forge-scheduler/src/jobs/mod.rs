@@ -187,6 +187,62 @@ pub struct JobOptions {
     pub(crate) unique: bool,
     /// `None`: `[jobs] max_snoozes`.
     pub(crate) max_snoozes: Option<u32>,
+    /// How long a unique key holds, and in which states, and what a duplicate does.
+    pub(crate) uniqueness: Uniqueness,
+}
+
+/// What a unique job's key covers (see [`NewJob::unique_key`]): a period, the states of the
+/// job holding the key, and what a duplicate does.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Uniqueness {
+    pub(crate) period: Option<Duration>,
+    pub(crate) states: Option<Vec<JobState>>,
+    pub(crate) mode: UniqueMode,
+}
+
+impl Uniqueness {
+    /// The states a key covers when none are given: the unfinished ones, and with a period
+    /// `completed` too (a period counts finished jobs; dead and cancelled ones do not block).
+    pub(crate) fn states(&self) -> Vec<JobState> {
+        self.states.clone().unwrap_or_else(|| {
+            let mut states = vec![
+                JobState::Available,
+                JobState::Scheduled,
+                JobState::Running,
+                JobState::Retryable,
+            ];
+            if self.period.is_some() {
+                states.push(JobState::Completed);
+            }
+            states
+        })
+    }
+}
+
+/// What enqueueing a duplicate of a unique job does (the job holding the key blocks it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum UniqueMode {
+    /// Nothing is inserted; [`Enqueued::Duplicate`] names the job holding the key.
+    #[default]
+    Keep,
+    /// Debounce: the holder, if it waits (available, scheduled or retryable), takes the new
+    /// arguments and run-at ([`Enqueued::Replaced`]). A running holder keeps running and the
+    /// new job is inserted, holding the key from then on; a finished holder (with a period)
+    /// blocks as with `Keep`.
+    Replace,
+    /// As [`UniqueMode::Replace`], but the holder keeps the earlier of both run-at times
+    /// (graphile-worker's `preserve_run_at`).
+    KeepEarliestRunAt,
+}
+
+impl UniqueMode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            UniqueMode::Keep => "keep",
+            UniqueMode::Replace => "replace",
+            UniqueMode::KeepEarliestRunAt => "keep_earliest_run_at",
+        }
+    }
 }
 
 impl Default for JobOptions {
@@ -212,7 +268,30 @@ impl JobOptions {
             priority: 0,
             unique: false,
             max_snoozes: None,
+            uniqueness: Uniqueness::default(),
         }
+    }
+
+    /// A unique job's key holds for `period` after the job holding it was enqueued (database
+    /// clock), counting finished jobs too: "one per key per hour". Without a period it holds
+    /// while the job is in the covered states (by default the unfinished ones).
+    pub fn unique_period(mut self, period: Duration) -> Self {
+        self.uniqueness.period = Some(period);
+        self
+    }
+
+    /// The states of the job holding a unique key in which it blocks another (default: the
+    /// unfinished ones - available, scheduled, running, retryable -, and with a period
+    /// `completed` too).
+    pub fn unique_states(mut self, states: impl IntoIterator<Item = JobState>) -> Self {
+        self.uniqueness.states = Some(states.into_iter().collect());
+        self
+    }
+
+    /// What a duplicate of a unique job does (default [`UniqueMode::Keep`]).
+    pub fn unique_mode(mut self, mode: UniqueMode) -> Self {
+        self.uniqueness.mode = mode;
+        self
     }
 
     /// How many times a job may snooze ([`JobError::snooze`]) before the next snooze
