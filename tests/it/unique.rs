@@ -37,18 +37,23 @@ async fn count_jobs(pool: &PgPool, key: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_concurrent_enqueues_of_one_key_in_a_period_create_one_job() {
     let (db, pool) = setup().await;
-    // Many connections; half of the enqueues inside transactions of their own that commit.
-    let wide = wide_pool(db.url(), 25).await;
+    // 20 sessions, each enqueue on its own, released together 20 at a time; half of them
+    // inside transactions of their own that commit.
+    let wide = wide_pool(db.url(), 20).await;
+    let together = std::sync::Arc::new(tokio::sync::Barrier::new(20));
     let tasks: Vec<_> = (0..100)
         .map(|i| {
             let pool = wide.clone();
+            let together = together.clone();
             tokio::spawn(async move {
                 let job = keyed(&format!("n{i}"), "sync:42").unique_period(Duration::from_secs(3600));
                 let jobs = client(&pool);
+                let mut conn = pool.acquire().await.unwrap();
+                together.wait().await;
                 if i % 2 == 0 {
-                    jobs.enqueue_job(job).await.unwrap()
+                    jobs.enqueue_job_in(&mut *conn, job).await.unwrap()
                 } else {
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
                     let result = jobs.enqueue_job_in(&mut *tx, job).await.unwrap();
                     tx.commit().await.unwrap();
                     result
