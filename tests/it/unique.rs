@@ -85,7 +85,11 @@ async fn a_hundred_concurrent_enqueues_of_one_key_in_a_period_create_one_job() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_period_counts_finished_and_pruned_jobs_and_then_ends() {
     let (db, pool) = setup().await;
-    let node = Node::builder(job_config(db.url(), "a"))
+    let mut config = job_config(db.url(), "a");
+    // The compactor too, often: it prunes the keys that block nothing any more.
+    config.node.roles = Some(vec!["scheduler".into(), "log_compactor".into()]);
+    config.cluster.compaction_interval = Duration::from_secs(1);
+    let node = Node::builder(config)
         .auto_register(false)
         .job(plain)
         .start()
@@ -157,6 +161,31 @@ async fn a_period_counts_finished_and_pruned_jobs_and_then_ends() {
         .await
         .unwrap();
     assert_eq!(held, 1);
+
+    // A key whose job is gone and whose period is over is pruned; one still held is not.
+    let gone = inserted(
+        jobs.enqueue_job(keyed("gone", "gone").unique_period(Duration::from_millis(200)))
+            .await
+            .unwrap(),
+    );
+    wait_state(&pool, gone, JobState::Completed).await;
+    sqlx::query("DELETE FROM forge.jobs WHERE id = $1")
+        .bind(gone.0)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let keys = || async {
+        sqlx::query_scalar::<_, String>("SELECT unique_key FROM forge.job_keys ORDER BY 1")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+    forge_testkit::wait_until("the compactor to prune the key", SOON, Duration::from_millis(50), || async {
+        (!keys().await.contains(&"gone".to_owned())).then_some(())
+    })
+    .await
+    .unwrap();
+    assert!(keys().await.contains(&"hourly".to_owned()));
     node.shutdown().await;
 }
 
