@@ -1,5 +1,4 @@
-// A custom backoff of the wrong signature, one that does not exist, and one with the options
-// of the built-in backoffs.
+// A custom backoff of the wrong signature, and one with the options of the built-in backoffs.
 
 use std::time::Duration;
 
@@ -16,10 +15,7 @@ fn linear(attempt: u32, _error: &JobError) -> Duration {
 #[forge::job(backoff = by_attempt)]
 async fn a(_args: String) {}
 
-#[forge::job(backoff = no_such_fn)]
-async fn b(_args: String) {}
-
 #[forge::job(backoff = linear, backoff_base = "1s", backoff_max = "1m")]
-async fn c(_args: String) {}
+async fn b(_args: String) {}
 
 fn main() {}
