@@ -212,6 +212,7 @@ pub mod jobs {
         AttemptError, Backoff, CancelOutcome, CancelReason, Enqueued, FailAction, IntoJobResult,
         Job, JobAction, JobActions, JobId, JobInfo, JobOptions, JobRunner, JobState, Jobs, NewJob,
     };
+    pub use forge_scheduler::jobs::{BackoffFn, UniqueMode};
     // The former name of `JobRunner`, deprecated: see CHANGELOG.md, "Renamed".
     #[allow(deprecated)]
     pub use forge_scheduler::jobs::JobQueue;
@@ -284,6 +285,7 @@ pub mod __private {
         IntoCronResult, IntoJobResult, Job, JobContext, JobError, JobOptions, JobRegistration,
         JobRegistry, Overlap, Role, Schedule, inventory, register_jobs, registered_crons,
     };
+    pub use forge_scheduler::__private::UniqueMode;
 
     use sqlx::SqlSafeStr as _;
     use sqlx::migrate::{Migration, MigrationType, Migrator};

@@ -39,7 +39,7 @@ const ATTR: Attr = Attr {
         },
         Spec {
             name: "backoff",
-            kind: Kind::Str,
+            kind: Kind::StrOrFn,
             example: "\"exponential\"",
         },
         Spec {
@@ -67,6 +67,25 @@ const ATTR: Attr = Attr {
             kind: Kind::Bool,
             example: "true",
         },
+        Spec {
+            name: "max_snoozes",
+            kind: Kind::Int,
+            example: "10",
+        },
+        Spec {
+            name: "unique_period",
+            kind: Kind::Duration,
+            example: "\"1h\"",
+        },
+        Spec {
+            name: "unique_mode",
+            kind: Kind::Choice(&[
+                ("keep", "the default"),
+                ("replace", ""),
+                ("keep_earliest_run_at", ""),
+            ]),
+            example: "\"replace\"",
+        },
     ],
     aliases: &[
         ("kind", "name"),
@@ -89,6 +108,8 @@ enum Backoff {
         max: Option<Duration>,
     },
     Fixed(Duration),
+    /// `backoff = my_backoff`: the user's `fn(u32, &JobError) -> Duration`.
+    Custom(syn::Path),
 }
 
 /// Everything the attribute said, validated.
@@ -234,6 +255,10 @@ fn builder_call(spec: &Spec, value: &Value, errors: &mut Errors) -> Option<Token
 
 fn backoff_tokens(backoff: Backoff) -> TokenStream {
     match backoff {
+        // At the user's path: a function of another signature is reported there.
+        Backoff::Custom(path) => {
+            quote_spanned!(path.span()=> ::forge::__private::Backoff::custom(#path))
+        }
         Backoff::Fixed(delay) => {
             let delay = options::duration_tokens(delay);
             quote!(::forge::__private::Backoff::fixed(#delay))
@@ -325,6 +350,14 @@ fn parse_definition(args: TokenStream, ident: &Ident, errors: &mut Errors) -> De
             ),
         }
     }
+    if let Some((value, expr)) = options.int("max_snoozes")
+        && u32::try_from(value).is_err()
+    {
+        errors.spanned(
+            expr,
+            format!("`max_snoozes` must be from 0 to {}", u32::MAX),
+        );
+    }
     if let Some((value, expr)) = options.int("priority")
         && i16::try_from(value).is_err()
     {
@@ -351,6 +384,20 @@ fn parse_definition(args: TokenStream, ident: &Ident, errors: &mut Errors) -> De
 
 /// `backoff`, `backoff_base` and `backoff_max` together.
 fn backoff(options: &Options, errors: &mut Errors) -> Option<Backoff> {
+    if let Some(path) = options.path("backoff") {
+        for other in ["backoff_base", "backoff_max"] {
+            if let Some(key) = options.key(other) {
+                errors.at(
+                    key.span(),
+                    format!(
+                        "`{other}` does not apply to a custom backoff: `{}` decides every delay",
+                        quote!(#path).to_string().replace(' ', "")
+                    ),
+                );
+            }
+        }
+        return Some(Backoff::Custom(path.clone()));
+    }
     let strategy = options.str("backoff").and_then(|lit| {
         options::one_of(
             "backoff",

@@ -53,6 +53,8 @@ pub(crate) enum Kind {
     Duration,
     Int,
     Bool,
+    /// A string, or the path of a function (`backoff = my_backoff`).
+    StrOrFn,
 }
 
 impl Kind {
@@ -62,6 +64,7 @@ impl Kind {
             Kind::Duration => "a duration string with a unit",
             Kind::Int => "an integer",
             Kind::Bool => "`true` or `false`",
+            Kind::StrOrFn => "a string or a function's name",
         }
     }
 }
@@ -101,6 +104,8 @@ pub(crate) enum Value {
     /// The value with its sign, and the literal (with its `-`) for error spans.
     Int(i128, Expr),
     Bool(bool),
+    /// A function's path, for [`Kind::StrOrFn`].
+    Path(syn::Path),
 }
 
 /// The options given, each with a value of the right literal type.
@@ -147,6 +152,13 @@ impl Options {
     pub(crate) fn duration(&self, name: &str) -> Option<Duration> {
         match self.value(name) {
             Some(Value::Duration(duration)) => Some(*duration),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn path(&self, name: &str) -> Option<&syn::Path> {
+        match self.value(name) {
+            Some(Value::Path(path)) => Some(path),
             _ => None,
         }
     }
@@ -288,6 +300,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 fn literal(expr: &Expr, spec: &Spec) -> syn::Result<Value> {
+    if let (Kind::StrOrFn, Expr::Path(path)) = (spec.kind, expr) {
+        return Ok(Value::Path(path.path.clone()));
+    }
     let (lit, negative) = match expr {
         Expr::Lit(ExprLit { lit, .. }) => (lit, false),
         Expr::Unary(ExprUnary {
@@ -310,7 +325,7 @@ fn literal(expr: &Expr, spec: &Spec) -> syn::Result<Value> {
         }
     };
     let value = match (spec.kind, lit, negative) {
-        (Kind::Str | Kind::Choice(_), Lit::Str(lit), false) => Value::Str(lit.clone()),
+        (Kind::Str | Kind::Choice(_) | Kind::StrOrFn, Lit::Str(lit), false) => Value::Str(lit.clone()),
         (Kind::Duration, Lit::Str(lit), false) => Value::Duration(duration(spec.name, lit)?),
         (Kind::Int, Lit::Int(lit), _) => {
             let value: i128 = lit.base10_parse()?;
@@ -451,6 +466,7 @@ pub(crate) fn builder_call(spec: &Spec, value: &Value, errors: &mut Errors) -> O
             }
         }
         (_, Value::Bool(value)) => quote!(#value),
+        (_, Value::Path(path)) => quote!(#path),
     };
     Some(quote!(.#method(#argument)))
 }

@@ -107,6 +107,9 @@ pub struct JobsConfig {
     /// against `max_attempts`).
     #[serde(with = "duration")]
     pub drain_timeout: Duration,
+    /// How many times a job may snooze (`JobError::snooze`) before the next snooze
+    /// dead-letters it, for a job type that does not declare `max_snoozes`.
+    pub max_snoozes: u32,
 }
 
 impl Default for JobsConfig {
@@ -119,6 +122,7 @@ impl Default for JobsConfig {
             completed_retention: Duration::from_secs(24 * 3600),
             dead_retention: Duration::from_secs(7 * 24 * 3600),
             drain_timeout: Duration::from_secs(30),
+            max_snoozes: 100,
         }
     }
 }

@@ -124,6 +124,7 @@ pub(crate) fn inserted(result: Enqueued) -> JobId {
     match result {
         Enqueued::Inserted(id) => id,
         Enqueued::Duplicate(id) => panic!("expected an insert, got a duplicate of {id}"),
+        Enqueued::Replaced(id) => panic!("expected an insert, got {id} replaced"),
     }
 }
 
@@ -1803,7 +1804,7 @@ async fn wait_for_row_lock_wait(pool: &PgPool) {
 
 /// Waits until a session that `matches` (an SQL condition on `pg_stat_activity`, `$1` being
 /// `arg`) waits for a lock.
-async fn wait_for_lock_waiter(pool: &PgPool, what: &str, matches: &str, arg: &str) {
+pub(crate) async fn wait_for_lock_waiter(pool: &PgPool, what: &str, matches: &str, arg: &str) {
     let sql = format!(
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND {matches}"
     );

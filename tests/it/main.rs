@@ -62,6 +62,8 @@ mod readme;
 mod routing;
 mod schema;
 mod skew;
+mod snooze;
+mod unique;
 mod stalls;
 mod stored_crons;
 mod support;

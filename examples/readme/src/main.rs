@@ -171,6 +171,55 @@ mod jobs {
     }
 }
 
+/// The guide's "Jobs": unique jobs over time, snooze, a custom backoff.
+#[rustfmt::skip]
+mod flow_control {
+    #[forge::job(unique = true, unique_period = "1h")]
+    async fn sync_customer(ctx: forge::JobContext, customer_id: i64) -> Result<(), forge::JobError> {
+        // At most one per customer per hour, finished ones included: the arguments are the key.
+        Ok(())
+    }
+
+    #[forge::job]
+    async fn reindex(ctx: forge::JobContext, doc_id: i64) -> Result<(), forge::JobError> {
+        Ok(())
+    }
+
+    pub(crate) async fn on_edit(node: &forge::Node, doc_id: i64) -> forge::Result<()> {
+        // Debounce: one waiting job per document, with the last edit's arguments, 10 s after it.
+        node.jobs().enqueue_job(forge::jobs::NewJob::new(reindex, doc_id)
+            .unique_key(format!("reindex:{doc_id}"))
+            .unique_mode(forge::jobs::UniqueMode::Replace)
+            .delay(std::time::Duration::from_secs(10))).await?;
+        Ok(())
+    }
+
+    #[forge::job(max_snoozes = 20)]
+    async fn charge(ctx: forge::JobContext, order_id: i64) -> Result<(), forge::JobError> {
+        let busy: bool = forge::sqlx::query_scalar("SELECT busy FROM provider_status")
+            .fetch_one(ctx.pool())
+            .await?;
+        if busy {
+            return Err(forge::JobError::snooze(std::time::Duration::from_secs(30)));   // not an attempt
+        }
+        Ok(())
+    }
+
+    fn polite(attempt: u32, error: &forge::JobError) -> std::time::Duration {
+        // The provider's rate limit: a minute; anything else: 5 s more per attempt.
+        if error.message().contains("429") {
+            std::time::Duration::from_secs(60)
+        } else {
+            std::time::Duration::from_secs(5 * u64::from(attempt))
+        }
+    }
+
+    #[forge::job(backoff = polite, max_attempts = 8)]
+    async fn notify_provider(ctx: forge::JobContext, order_id: i64) -> Result<(), forge::JobError> {
+        Ok(())
+    }
+}
+
 /// The guide's "Alerts and metrics", "Your metrics and FORGE's in one scrape".
 #[rustfmt::skip]
 mod one_scrape {

@@ -58,6 +58,69 @@ pub(super) enum AttemptResult {
     Interrupted(CancelReason),
     /// The handler panicked (with this message).
     Panicked(String),
+    /// The handler snoozed the job (`JobError::snooze`); the task asked the database itself.
+    Snoozed(Snoozed),
+}
+
+/// What the database made of a snooze (`forge.jobs_snooze`).
+pub(super) enum Snoozed {
+    /// Recorded (the job waits; or it was cancelled meanwhile), or not this attempt's any more
+    /// (rescued; or recorded by an earlier call whose reply was lost): nothing to report.
+    Done,
+    /// The job had snoozed `max_snoozes` times already: the worker dead-letters it.
+    TooMany(u32),
+    /// The database could not be asked (this error): the worker releases the attempt instead.
+    Failed(String),
+}
+
+/// What an attempt's task needs to record a snooze itself, in its own transaction, before the
+/// attempt ends (so the slot it frees is free in the database too).
+struct Snoozer {
+    pool: PgPool,
+    namespace: LockNamespace,
+    node_id: NodeId,
+    max_snoozes: u32,
+    default_max_attempts: i32,
+    statement_bound: Duration,
+}
+
+impl Snoozer {
+    /// Asks `forge.jobs_snooze` up to three times: a call whose reply was lost is harmless to
+    /// repeat (the function's guard makes it idempotent per attempt).
+    async fn snooze(&self, id: i64, attempt: i32, delay: Duration, message: &str) -> Snoozed {
+        let delay_ms = delay.min(forge_rules::MAX_DURATION).as_millis() as i64;
+        let max = self.max_snoozes.min(i32::MAX as u32) as i32;
+        let mut failure = String::new();
+        for _ in 0..3 {
+            let call = sqlx::query_scalar::<_, Option<String>>(
+                "SELECT forge.jobs_snooze($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(&self.namespace)
+            .bind(id)
+            .bind(attempt)
+            .bind(self.node_id.as_str())
+            .bind(delay_ms)
+            .bind(max)
+            .bind(self.default_max_attempts)
+            .bind(message)
+            .fetch_one(&self.pool);
+            match tokio::time::timeout(self.statement_bound, call).await {
+                Ok(Ok(Some(reply))) if reply == "too_many_snoozes" => {
+                    return Snoozed::TooMany(self.max_snoozes);
+                }
+                Ok(Ok(_)) => return Snoozed::Done,
+                Ok(Err(err)) => failure = err.to_string(),
+                Err(_) => {
+                    failure = format!(
+                        "no answer within {}",
+                        fmt_duration(self.statement_bound)
+                    );
+                }
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+        Snoozed::Failed(failure)
+    }
 }
 
 /// An outcome to record.
@@ -139,6 +202,12 @@ pub(super) struct Origin {
     pub(super) keep_completed: bool,
     /// The node's metrics, for the handlers' job clients.
     pub(super) metrics: forge_core::Metrics,
+    /// `[jobs] max_snoozes`, for job types that do not declare theirs.
+    pub(super) max_snoozes: u32,
+    /// `[jobs] default_max_attempts`, for a snooze (it adds one).
+    pub(super) default_max_attempts: i32,
+    /// How long one statement may take (a snooze's, recorded by the attempt's task).
+    pub(super) statement_bound: Duration,
 }
 
 /// The span an attempt runs in (so do the handler's own log lines): the job's id, kind,
@@ -268,6 +337,14 @@ impl Attempts {
         let span = attempt_span(id, attempt, ty.kind, origin);
         let handler = (ty.handler)(ctx, args);
         let signal = cancel.clone();
+        let snoozer = Snoozer {
+            pool: origin.pool.clone(),
+            namespace: origin.namespace.clone(),
+            node_id: origin.node_id.clone(),
+            max_snoozes: ty.options.max_snoozes.unwrap_or(origin.max_snoozes),
+            default_max_attempts: origin.default_max_attempts,
+            statement_bound: origin.statement_bound,
+        };
         let task = self.tasks.spawn(
             async move {
             let timed_out = async {
@@ -289,6 +366,17 @@ impl Attempts {
                     AttemptResult::TimedOut(limit)
                 }
                 result = handler => AttemptResult::Done(result),
+            };
+            // A snooze is recorded here, before the attempt ends: the worker reports no
+            // outcome for it (see forge.jobs_snooze).
+            let result = match result {
+                AttemptResult::Done(Err(err)) => match err.action() {
+                    FailAction::Snooze(delay) => AttemptResult::Snoozed(
+                        snoozer.snooze(id, attempt, delay, err.message()).await,
+                    ),
+                    _ => AttemptResult::Done(Err(err)),
+                },
+                other => other,
             };
             (id, result)
         }
@@ -410,30 +498,27 @@ fn outcome_of(
             } else {
                 AttemptReason::Error
             };
-            failure(running, id, reason, err.message(), err.action(), origin)
+            failure(running, id, reason, &err, origin)
         }
         AttemptResult::Panicked(message) => failure(
             running,
             id,
             AttemptReason::Panic,
-            &format!("panicked: {message}"),
-            FailAction::Retry,
+            &JobError::retry(format_args!("panicked: {message}")),
             origin,
         ),
         AttemptResult::TimedOut(limit) => failure(
             running,
             id,
             AttemptReason::Timeout,
-            &format!("timed out after {}", fmt_duration(limit)),
-            FailAction::Retry,
+            &JobError::retry(format_args!("timed out after {}", fmt_duration(limit))),
             origin,
         ),
         AttemptResult::Interrupted(CancelReason::TimedOut) => failure(
             running,
             id,
             AttemptReason::Timeout,
-            "timed out",
-            FailAction::Retry,
+            &JobError::retry("timed out"),
             origin,
         ),
         AttemptResult::Interrupted(CancelReason::Requested) => {
@@ -442,6 +527,27 @@ fn outcome_of(
         }
         // The job is no longer this node's: nothing to record.
         AttemptResult::Interrupted(CancelReason::Rescued) => return None,
+        AttemptResult::Snoozed(Snoozed::Done) => {
+            debug!(target: "forge::job", queue = %origin.queue, job = kind, id, attempt = running.attempt, "snoozed");
+            return None;
+        }
+        AttemptResult::Snoozed(Snoozed::TooMany(max)) => failure(
+            running,
+            id,
+            AttemptReason::TooManySnoozes,
+            &JobError::discard(format_args!(
+                "snoozed more than max_snoozes ({max}) times, so dead-lettered: raise \
+                 max_snoozes on the job type or in [jobs], or make the handler fail instead"
+            )),
+            origin,
+        ),
+        AttemptResult::Snoozed(Snoozed::Failed(why)) => record(Outcome::Released).because(
+            AttemptReason::Released,
+            format!(
+                "snoozed, but the snooze could not be recorded ({why}): available again at once \
+                 (the attempt does not count against max_attempts)"
+            ),
+        ),
         AttemptResult::Interrupted(reason @ (CancelReason::Shutdown | CancelReason::CutOff)) => {
             let why = if reason == CancelReason::CutOff {
                 "its node lost contact with the cluster for longer than it may hold its jobs"
@@ -463,10 +569,10 @@ fn failure(
     running: &Running,
     id: i64,
     reason: AttemptReason,
-    message: &str,
-    action: FailAction,
+    err: &JobError,
     origin: &Origin,
 ) -> Record {
+    let (message, action) = (err.message(), err.action());
     let attempt = running.attempt.max(1) as u32;
     let kind = running.ty.kind;
     let mut base = Record::new(id, running.attempt, kind, Outcome::Dead).because(reason, message);
@@ -478,7 +584,7 @@ fn failure(
     }
     let delay = match action {
         FailAction::RetryAfter(delay) => delay,
-        _ => running.ty.options.backoff.delay(attempt),
+        _ => running.ty.options.backoff.delay_after(attempt, err),
     };
     warn!(target: "forge::job", queue = %origin.queue, job = kind, id, attempt,
           max_attempts = running.max_attempts, reason = %reason, error = %message,

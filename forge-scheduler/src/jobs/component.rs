@@ -150,6 +150,8 @@ impl Component for JobRunner {
                 self.config.completed_retention,
             )
             .prune("jobs_dead", "prune_dead_jobs", self.config.dead_retention)
+            // After the jobs: a key whose job was just pruned goes in the same pass.
+            .prune("job_keys", "prune_job_keys", Duration::ZERO)
             .leader_task(Role::METRICS_AGGREGATOR, "job-figures", move |leadership| {
                 figures::run(leadership, every, width)
             });

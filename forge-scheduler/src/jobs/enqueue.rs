@@ -10,7 +10,7 @@ use forge_core::sql::Lenient;
 use forge_core::{Error, LockNamespace, Metrics, Result};
 use sqlx::{Executor, PgPool, Postgres};
 
-use super::{Job, JobActions, JobId, JobState, validate_queue};
+use super::{Job, JobActions, JobId, JobState, UniqueMode, Uniqueness, validate_queue};
 use crate::metrics::JOB_ENQUEUED;
 
 /// A job to enqueue, with per-job options on top of its type's declared [`super::JobOptions`].
@@ -44,6 +44,7 @@ pub struct NewJob {
     pub(crate) timeout: Option<Duration>,
     pub(crate) unique: bool,
     pub(crate) unique_key: Option<String>,
+    pub(crate) uniqueness: Uniqueness,
 }
 
 impl NewJob {
@@ -72,6 +73,7 @@ impl NewJob {
             timeout: options.timeout,
             unique: options.unique,
             unique_key: None,
+            uniqueness: options.uniqueness,
         }
     }
 
@@ -128,6 +130,60 @@ impl NewJob {
         self
     }
 
+    /// The key holds for `period` after the job holding it was enqueued, counting finished
+    /// jobs (see [`JobOptions::unique_period`](super::JobOptions::unique_period)).
+    pub fn unique_period(mut self, period: Duration) -> Self {
+        self.uniqueness.period = Some(period);
+        self
+    }
+
+    /// The states in which the job holding the key blocks this one (see
+    /// [`JobOptions::unique_states`](super::JobOptions::unique_states)).
+    pub fn unique_states(mut self, states: impl IntoIterator<Item = JobState>) -> Self {
+        self.uniqueness.states = Some(states.into_iter().collect());
+        self
+    }
+
+    /// What this job does if it is a duplicate (see [`UniqueMode`]).
+    pub fn unique_mode(mut self, mode: UniqueMode) -> Self {
+        self.uniqueness.mode = mode;
+        self
+    }
+
+    /// `forge.jobs_enqueue`'s options of a unique job, checked.
+    fn unique_opts(&self) -> Result<Option<serde_json::Value>> {
+        let u = &self.uniqueness;
+        if self.unique_key.is_none() && !self.unique {
+            if *u != Uniqueness::default() {
+                return Err(self.invalid(
+                    "unique_period, unique_states and unique_mode apply to a unique job: give it \
+                     a unique_key, or declare it unique = true (its arguments are the key)"
+                        .into(),
+                ));
+            }
+            return Ok(None);
+        }
+        if let Some(period) = u.period {
+            if period.is_zero() {
+                return Err(self.invalid("a unique_period must be longer than zero".into()));
+            }
+            forge_rules::check_duration(period).map_err(|message| self.invalid(message))?;
+        }
+        let states = u.states();
+        if states.is_empty() {
+            return Err(self.invalid(
+                "unique_states is empty, so the key would block nothing: name the states of the \
+                 holding job that block a duplicate, or leave the default"
+                    .into(),
+            ));
+        }
+        Ok(Some(serde_json::json!({
+            "period_ms": u.period.map(|p| p.as_millis() as u64),
+            "states": states.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+            "mode": u.mode.as_str(),
+        })))
+    }
+
     fn invalid(&self, message: String) -> Error {
         Error::InvalidInput {
             message: format!("job `{}`: {message}", self.kind),
@@ -140,22 +196,26 @@ impl NewJob {
 pub enum Enqueued {
     /// The job was inserted with this id (it exists once the transaction commits).
     Inserted(JobId),
-    /// A unique job: an unfinished job of the same kind and key exists (this id); nothing was
-    /// inserted.
+    /// A unique job: the job holding the same kind and key (this id) blocks it - unfinished, or
+    /// within the key's period -; nothing was inserted.
     Duplicate(JobId),
+    /// A unique job with [`UniqueMode::Replace`] or [`UniqueMode::KeepEarliestRunAt`]: the
+    /// waiting job holding the key (this id) took its arguments and run-at; nothing was
+    /// inserted.
+    Replaced(JobId),
 }
 
 impl Enqueued {
     /// The inserted job's id, or the id of the job it duplicates.
     pub fn id(&self) -> JobId {
         match *self {
-            Enqueued::Inserted(id) | Enqueued::Duplicate(id) => id,
+            Enqueued::Inserted(id) | Enqueued::Duplicate(id) | Enqueued::Replaced(id) => id,
         }
     }
 
-    /// Whether nothing was inserted because of a unique key.
+    /// Whether nothing was inserted because of a unique key (a duplicate, kept or replaced).
     pub fn is_duplicate(&self) -> bool {
-        matches!(self, Enqueued::Duplicate(_))
+        matches!(self, Enqueued::Duplicate(_) | Enqueued::Replaced(_))
     }
 }
 
@@ -403,6 +463,7 @@ struct Batch {
     roles: Vec<Option<String>>,
     unique_keys: Vec<Option<String>>,
     unique: Vec<bool>,
+    unique_opts: Vec<Option<serde_json::Value>>,
 }
 
 /// Inserts `jobs` into `namespace` with one statement.
@@ -452,6 +513,7 @@ where
         batch.roles.push(job.role.clone());
         batch.unique_keys.push(job.unique_key.clone());
         batch.unique.push(job.unique);
+        batch.unique_opts.push(job.unique_opts()?);
     }
     /// One row of `forge.jobs_enqueue`: the job at position `ord` (from 1) of the batch.
     #[derive(sqlx::FromRow)]
@@ -459,9 +521,10 @@ where
         ord: i32,
         id: Option<i64>,
         inserted: bool,
+        replaced: bool,
     }
     let rows: Vec<EnqueueRow> = sqlx::query_as(
-        "SELECT ord, id, inserted FROM forge.jobs_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        "SELECT ord, id, inserted, replaced FROM forge.jobs_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind(namespace)
     .bind(&batch.queues)
@@ -475,10 +538,17 @@ where
     .bind(&batch.roles)
     .bind(&batch.unique_keys)
     .bind(&batch.unique)
+    .bind(&batch.unique_opts)
     .fetch_all(executor)
     .await?;
     let mut results = vec![None; jobs.len()];
-    for EnqueueRow { ord, id, inserted } in rows {
+    for EnqueueRow {
+        ord,
+        id,
+        inserted,
+        replaced,
+    } in rows
+    {
         let Some(id) = id else {
             // The colliding job finished and was deleted between the insert and the lookup.
             return Err(Error::Conflict {
@@ -491,6 +561,8 @@ where
             .ok_or_else(|| unexpected(format!("forge.jobs_enqueue answered the position {ord}")))?;
         *slot = Some(if inserted {
             Enqueued::Inserted(JobId(id))
+        } else if replaced {
+            Enqueued::Replaced(JobId(id))
         } else {
             Enqueued::Duplicate(JobId(id))
         });

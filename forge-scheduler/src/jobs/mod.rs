@@ -185,6 +185,64 @@ pub struct JobOptions {
     pub(crate) timeout: Option<Duration>,
     pub(crate) priority: i16,
     pub(crate) unique: bool,
+    /// `None`: `[jobs] max_snoozes`.
+    pub(crate) max_snoozes: Option<u32>,
+    /// How long a unique key holds, and in which states, and what a duplicate does.
+    pub(crate) uniqueness: Uniqueness,
+}
+
+/// What a unique job's key covers (see [`NewJob::unique_key`]): a period, the states of the
+/// job holding the key, and what a duplicate does.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Uniqueness {
+    pub(crate) period: Option<Duration>,
+    pub(crate) states: Option<Vec<JobState>>,
+    pub(crate) mode: UniqueMode,
+}
+
+impl Uniqueness {
+    /// The states a key covers when none are given: the unfinished ones, and with a period
+    /// `completed` too (a period counts finished jobs; dead and cancelled ones do not block).
+    pub(crate) fn states(&self) -> Vec<JobState> {
+        self.states.clone().unwrap_or_else(|| {
+            let mut states = vec![
+                JobState::Available,
+                JobState::Scheduled,
+                JobState::Running,
+                JobState::Retryable,
+            ];
+            if self.period.is_some() {
+                states.push(JobState::Completed);
+            }
+            states
+        })
+    }
+}
+
+/// What enqueueing a duplicate of a unique job does (the job holding the key blocks it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum UniqueMode {
+    /// Nothing is inserted; [`Enqueued::Duplicate`] names the job holding the key.
+    #[default]
+    Keep,
+    /// Debounce: the holder, if it waits (available, scheduled or retryable), takes the new
+    /// arguments and run-at ([`Enqueued::Replaced`]). A running holder keeps running and the
+    /// new job is inserted, holding the key from then on; a finished holder (with a period)
+    /// blocks as with `Keep`.
+    Replace,
+    /// As [`UniqueMode::Replace`], but the holder keeps the earlier of both run-at times
+    /// (graphile-worker's `preserve_run_at`).
+    KeepEarliestRunAt,
+}
+
+impl UniqueMode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            UniqueMode::Keep => "keep",
+            UniqueMode::Replace => "replace",
+            UniqueMode::KeepEarliestRunAt => "keep_earliest_run_at",
+        }
+    }
 }
 
 impl Default for JobOptions {
@@ -209,7 +267,38 @@ impl JobOptions {
             timeout: None,
             priority: 0,
             unique: false,
+            max_snoozes: None,
+            uniqueness: Uniqueness::default(),
         }
+    }
+
+    /// A unique job's key holds for `period` after the job holding it was enqueued (database
+    /// clock), counting finished jobs too: "one per key per hour". Without a period it holds
+    /// while the job is in the covered states (by default the unfinished ones).
+    pub fn unique_period(mut self, period: Duration) -> Self {
+        self.uniqueness.period = Some(period);
+        self
+    }
+
+    /// The states of the job holding a unique key in which it blocks another (default: the
+    /// unfinished ones - available, scheduled, running, retryable -, and with a period
+    /// `completed` too).
+    pub fn unique_states(mut self, states: impl IntoIterator<Item = JobState>) -> Self {
+        self.uniqueness.states = Some(states.into_iter().collect());
+        self
+    }
+
+    /// What a duplicate of a unique job does (default [`UniqueMode::Keep`]).
+    pub fn unique_mode(mut self, mode: UniqueMode) -> Self {
+        self.uniqueness.mode = mode;
+        self
+    }
+
+    /// How many times a job may snooze ([`JobError::snooze`]) before the next snooze
+    /// dead-letters it (default: `[jobs] max_snoozes`).
+    pub fn max_snoozes(mut self, snoozes: u32) -> Self {
+        self.max_snoozes = Some(snoozes);
+        self
     }
 
     /// The queue: nodes work the queues their job types declare, or those their `[node] queues`
@@ -269,7 +358,7 @@ impl JobOptions {
 }
 
 /// How long to wait before retrying a failed attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub enum Backoff {
     /// `base * 2^(attempt - 1)`, capped at `max`, with ±25 % jitter so that jobs failing
     /// together do not retry in lockstep.
@@ -281,7 +370,35 @@ pub enum Backoff {
     },
     /// The same delay after every failed attempt, without jitter.
     Fixed(Duration),
+    /// Your function of the failed attempt's number (from 1) and its error (a panic or a
+    /// timeout arrives as a [`JobError::retry`] saying so). Its delay is used as returned,
+    /// without jitter, capped at [`forge_rules::MAX_DURATION`] (about ten years).
+    Custom(BackoffFn),
 }
+
+/// A custom backoff: `fn(attempt, &error) -> delay` (see [`Backoff::Custom`]).
+pub type BackoffFn = fn(u32, &JobError) -> Duration;
+
+/// Two custom backoffs are equal when they are the same function (by address, as
+/// [`std::ptr::fn_addr_eq`] compares: the same function may have two addresses).
+impl PartialEq for Backoff {
+    fn eq(&self, other: &Backoff) -> bool {
+        match (self, other) {
+            (Backoff::Custom(a), Backoff::Custom(b)) => std::ptr::fn_addr_eq(*a, *b),
+            (
+                Backoff::Exponential { base, max },
+                Backoff::Exponential {
+                    base: base2,
+                    max: max2,
+                },
+            ) => base == base2 && max == max2,
+            (Backoff::Fixed(a), Backoff::Fixed(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Backoff {}
 
 impl Default for Backoff {
     fn default() -> Self {
@@ -306,6 +423,24 @@ impl Backoff {
         Backoff::Fixed(delay)
     }
 
+    /// Your own delays (`#[job(backoff = my_backoff)]` declares it):
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use forge_scheduler::jobs::{Backoff, JobError};
+    ///
+    /// fn linear(attempt: u32, _error: &JobError) -> Duration {
+    ///     Duration::from_secs(10) * attempt
+    /// }
+    /// assert_eq!(
+    ///     Backoff::custom(linear).delay_after(3, &JobError::retry("busy")),
+    ///     Duration::from_secs(30)
+    /// );
+    /// ```
+    pub fn custom(delay: BackoffFn) -> Backoff {
+        Backoff::Custom(delay)
+    }
+
     /// The same backoff with another cap (no effect on [`Backoff::Fixed`]).
     pub fn capped(self, max: Duration) -> Backoff {
         match self {
@@ -314,17 +449,29 @@ impl Backoff {
         }
     }
 
-    /// The longest delay this backoff waits.
+    /// The longest delay this backoff waits (`None`: a custom one's, not known in advance).
     pub fn max_delay(&self) -> Option<Duration> {
         Some(match *self {
             Backoff::Fixed(delay) => delay,
             Backoff::Exponential { max, .. } => max,
+            Backoff::Custom(_) => return None,
         })
     }
 
-    /// The delay after failed attempt `attempt` (1-based), jitter included.
+    /// The delay after failed attempt `attempt` (1-based) that failed with `error`, jitter
+    /// included.
+    pub fn delay_after(&self, attempt: u32, error: &JobError) -> Duration {
+        match *self {
+            Backoff::Custom(delay) => delay(attempt, error).min(forge_rules::MAX_DURATION),
+            _ => self.delay(attempt),
+        }
+    }
+
+    /// The delay after failed attempt `attempt` (1-based), jitter included; a custom backoff
+    /// is asked with a [`JobError::retry`] without a message (see [`Backoff::delay_after`]).
     pub fn delay(&self, attempt: u32) -> Duration {
         match *self {
+            Backoff::Custom(_) => self.delay_after(attempt, &JobError::retry("")),
             Backoff::Fixed(delay) => delay,
             Backoff::Exponential { base, max } => {
                 let doublings = attempt.saturating_sub(1).min(62);
@@ -725,6 +872,9 @@ pub enum FailAction {
     RetryAfter(Duration),
     /// Dead-letter now, whatever attempts are left.
     Discard,
+    /// Not a failure: run the job again after this delay, without counting the attempt
+    /// (bounded by `max_snoozes`; see [`JobError::snooze`]).
+    Snooze(Duration),
 }
 
 /// A failed attempt, as data: what went wrong and what to do about it.
@@ -752,6 +902,16 @@ impl JobError {
     /// Dead-letter now: retrying cannot help.
     pub fn discard(message: impl fmt::Display) -> JobError {
         JobError::new(message.to_string(), FailAction::Discard)
+    }
+
+    /// Run the job again after `delay` without counting this attempt (River's snooze): for
+    /// "not yet" rather than "failed" - a resource still busy, a rate limit's answer. The job
+    /// waits `scheduled` and frees its slot at once; the snooze shows in its `errors` (reason
+    /// `snoozed`). A job snoozed more than its `max_snoozes` (`[jobs] max_snoozes`, 100 by
+    /// default) is dead-lettered with an error that says so.
+    pub fn snooze(delay: Duration) -> JobError {
+        let message = format!("snoozed for {}", crate::config::fmt_duration(delay));
+        JobError::new(message, FailAction::Snooze(delay))
     }
 
     fn new(message: String, action: FailAction) -> JobError {

@@ -60,6 +60,10 @@ forge_core::sql_enum! {
         Rescued = "rescued",
         /// Its arguments could not be decoded into the job's type.
         Undecodable = "undecodable",
+        /// The handler snoozed the job (`JobError::snooze`): not counted as an attempt.
+        Snoozed = "snoozed",
+        /// The handler snoozed the job once more than `max_snoozes` allows: dead-lettered.
+        TooManySnoozes = "too_many_snoozes",
     }
 }
 
@@ -178,7 +182,7 @@ mod tests {
     #[test]
     fn every_reason_the_sql_writes_parses() {
         let mut written = Vec::new();
-        for name in ["jobs_rescue", "jobs_cancel"] {
+        for name in ["jobs_rescue", "jobs_cancel", "jobs_snooze"] {
             let sql = function(name);
             let reasons = literals_after(sql, "'reason', '");
             assert!(!reasons.is_empty(), "forge.{name} writes no reason: {sql}");

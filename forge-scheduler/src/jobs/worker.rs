@@ -261,6 +261,9 @@ impl Worker {
             leadership,
             keep_completed: shared.config.keeps_completed(),
             metrics: ctx.metrics().node_wide(),
+            max_snoozes: shared.config.max_snoozes,
+            default_max_attempts: shared.default_max_attempts(),
+            statement_bound: shared.statement_bound,
         };
         Worker {
             wants: Wants {

@@ -19,6 +19,7 @@ struct SendEmail {
     timeout = "30s",
     priority = -1,
     unique = true,
+    max_snoozes = 7,
     role = "reports",
     name = "mail.send"
 )]
@@ -33,6 +34,13 @@ async fn fixed(_: ()) {}
 #[forge::job(backoff_max = "5m")]
 async fn capped(_: ()) {}
 
+fn linear(attempt: u32, _error: &JobError) -> Duration {
+    Duration::from_secs(u64::from(attempt))
+}
+
+#[forge::job(backoff = linear, max_snoozes = 0)]
+async fn custom(_: ()) {}
+
 fn main() {
     assert_eq!(send_email::KIND, "mail.send");
     let expected = JobOptions::new()
@@ -42,6 +50,7 @@ fn main() {
         .timeout(Duration::from_secs(30))
         .priority(-1)
         .unique(true)
+        .max_snoozes(7)
         .role("reports");
     assert_eq!(send_email.options(), expected);
 
@@ -51,10 +60,15 @@ fn main() {
     let expected = JobOptions::new().backoff(Backoff::default().capped(Duration::from_secs(300)));
     assert_eq!(capped.options(), expected);
 
+    let expected = JobOptions::new()
+        .backoff(Backoff::custom(linear))
+        .max_snoozes(0);
+    assert_eq!(custom.options(), expected);
+
     // Registered automatically.
     let mut registry = forge::__private::JobRegistry::default();
     forge::__private::register_jobs(&mut registry).unwrap();
     let mut kinds: Vec<&str> = registry.kinds().collect();
     kinds.sort();
-    assert_eq!(kinds, ["capped", "fixed", "mail.send"]);
+    assert_eq!(kinds, ["capped", "custom", "fixed", "mail.send"]);
 }
