@@ -260,6 +260,7 @@ impl Worker {
             pool: ctx.pool().clone(),
             leadership,
             keep_completed: shared.config.keeps_completed(),
+            max_output_bytes: shared.config.max_output_bytes,
             metrics: ctx.metrics().node_wide(),
         };
         Worker {
