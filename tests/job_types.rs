@@ -326,10 +326,7 @@ pub(crate) struct StepOutput {
 /// A workflow step: records its start in `flow_runs`, reads its parents' outputs, waits as
 /// told, and returns its output (the `#[job]` macro's `Result<T, E>` path).
 #[forge::job(queue = "flow")]
-pub(crate) async fn flow_step(
-    ctx: JobContext,
-    step: Step,
-) -> Result<serde_json::Value, JobError> {
+pub(crate) async fn flow_step(ctx: JobContext, step: Step) -> Result<serde_json::Value, JobError> {
     sqlx::query("INSERT INTO flow_runs (job_id, attempt, node) VALUES ($1, $2, $3)")
         .bind(ctx.id().0)
         .bind(ctx.attempt() as i32)

@@ -260,7 +260,10 @@ fn backoff_tokens(backoff: Backoff) -> TokenStream {
 /// The context parameter and the call of the user's fn. Spans: a context of the wrong type is
 /// reported at the user's parameter type, a return type that is not `()` or
 /// `Result<T: Serialize, E: Into<JobError>>` at the user's return type.
-fn call_tokens(handler: &HandlerFn, ctx_param: Option<&syn::PatType>) -> (TokenStream, TokenStream) {
+fn call_tokens(
+    handler: &HandlerFn,
+    ctx_param: Option<&syn::PatType>,
+) -> (TokenStream, TokenStream) {
     let ident = handler.ident();
     let output_span = match &handler.sig.output {
         ReturnType::Type(_, ty) => ty.span(),

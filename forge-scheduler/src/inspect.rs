@@ -549,8 +549,8 @@ impl Workload {
         let row: Option<JobRow> = sqlx::query_as(JOB_SQL)
             .bind(id)
             .bind(&self.namespace)
-        .fetch_optional(&self.pool)
-        .await?;
+            .fetch_optional(&self.pool)
+            .await?;
         row.map(JobInfo::try_from).transpose()
     }
 

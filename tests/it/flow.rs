@@ -146,7 +146,10 @@ async fn a_child_waits_for_every_parent_and_reads_their_outputs() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(err.contains("987654321") && err.contains("no such job"), "{err}");
+    assert!(
+        err.contains("987654321") && err.contains("no such job"),
+        "{err}"
+    );
     node.shutdown().await;
 }
 
@@ -165,7 +168,11 @@ async fn a_dead_parent_cancels_its_children_in_cascade_or_lets_one_run_that_says
             Workflow::new()
                 .step("p", NewJob::new(flow_step, failing))
                 .step_after("cancelled", NewJob::new(flow_step, step("c")), ["p"])
-                .step_after("grandchild", NewJob::new(flow_step, step("g")), ["cancelled"])
+                .step_after(
+                    "grandchild",
+                    NewJob::new(flow_step, step("g")),
+                    ["cancelled"],
+                )
                 .step_after(
                     "runs",
                     NewJob::new(flow_step, step("r")).on_parent_failure(ParentFailure::Run),
@@ -233,11 +240,7 @@ async fn concurrent_ends_of_the_last_two_parents_make_the_child_available() {
         // The second waits for the child's row, which the first holds.
         let p2 = ids["p2"];
         let second = tokio::spawn(async move {
-            sqlx::query(end)
-                .bind(p2)
-                .execute(&mut *t2)
-                .await
-                .unwrap();
+            sqlx::query(end).bind(p2).execute(&mut *t2).await.unwrap();
             t2.commit().await.unwrap();
         });
         if round % 2 == 0 {

@@ -516,15 +516,11 @@ where
         id: Option<i64>,
         inserted: bool,
     }
-    // Jobs with parents: forge.jobs_after, for each row the same statement inserted.
+    // Jobs with parents ($13 not NULL): forge.jobs_after, for each row the statement inserted.
     let waits = jobs.iter().any(|job| !job.after.is_empty());
-    let sql = if waits {
-        "SELECT ord, id, inserted, forge.jobs_after(id, inserted, $13::jsonb -> (ord - 1), $14[ord]) \
-           FROM forge.jobs_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
-    } else {
-        "SELECT ord, id, inserted FROM forge.jobs_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
-    };
-    let rows: Vec<EnqueueRow> = sqlx::query_as(sql)
+    let rows: Vec<EnqueueRow> = sqlx::query_as(
+        "SELECT ord, id, inserted, CASE WHEN $13::jsonb IS NOT NULL THEN forge.jobs_after(id, inserted, $13::jsonb -> (ord - 1), ($14::boolean[])[ord]) END FROM forge.jobs_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    )
     .bind(namespace)
     .bind(&batch.queues)
     .bind(&batch.kinds)

@@ -117,7 +117,10 @@ impl JobContext {
         .bind(&text)
         .execute(&mut **tx)
         .await?;
-        self.output.lock().unwrap_or_else(|e| e.into_inner()).written = true;
+        self.output
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .written = true;
         Ok(())
     }
 

@@ -135,9 +135,9 @@ use tokio_util::sync::CancellationToken;
 
 #[allow(deprecated)]
 pub use component::{JobQueue, JobRunner};
-pub(crate) use enqueue::{JOB_SQL, JobRow};
 pub(crate) use enqueue::cancel;
 pub use enqueue::{AttemptError, CancelOutcome, Enqueued, JobInfo, Jobs, NewJob};
+pub(crate) use enqueue::{JOB_SQL, JobRow};
 pub use flow::{ParentFailure, Workflow};
 
 /// A durable job type, declared with `#[job]` (or implemented by hand, see the
