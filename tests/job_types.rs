@@ -313,6 +313,10 @@ pub(crate) struct Step {
     /// Output this many bytes of text instead of the step's output.
     #[serde(default)]
     pub(crate) output_bytes: usize,
+    /// Set the output `{"in_tx": tag}` with `set_output`, complete the job in a transaction
+    /// that also writes the gate `effect:<tag>`, and return `null` (which keeps that output).
+    #[serde(default)]
+    pub(crate) complete_in_tx: bool,
 }
 
 /// The output of a `flow_step`.
@@ -356,6 +360,17 @@ pub(crate) async fn flow_step(ctx: JobContext, step: Step) -> Result<serde_json:
     }
     if step.discard {
         return Err(JobError::discard(format!("step {} gives up", step.tag)));
+    }
+    if step.complete_in_tx {
+        ctx.set_output(&serde_json::json!({ "in_tx": step.tag }))?;
+        let mut tx = ctx.pool().begin().await?;
+        sqlx::query("INSERT INTO flow_gates (name) VALUES ($1)")
+            .bind(format!("effect:{}", step.tag))
+            .execute(&mut *tx)
+            .await?;
+        ctx.complete(&mut tx).await?;
+        tx.commit().await?;
+        return Ok(serde_json::Value::Null);
     }
     if step.output_bytes > 0 {
         return Ok(serde_json::Value::String("x".repeat(step.output_bytes)));

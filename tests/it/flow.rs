@@ -80,6 +80,21 @@ async fn a_handlers_value_is_stored_with_its_completion_and_an_oversized_one_fai
     let done = wait_state(&pool, id, JobState::Completed).await;
     assert_eq!(done.output, Some(output("a", 0)), "{done:?}");
 
+    // Set inside the handler, committed with its effect by its own transaction's complete.
+    let in_tx = Step {
+        complete_in_tx: true,
+        ..step("t")
+    };
+    let id = jobs.enqueue(flow_step, in_tx).await.unwrap().id();
+    let done = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!(done.output, Some(serde_json::json!({ "in_tx": "t" })));
+    let effect: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM flow_gates WHERE name = 'effect:t')")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(effect, "the effect committed with the completion");
+
     let big = Step {
         output_bytes: 2000,
         ..step("big")

@@ -75,23 +75,17 @@ impl JobContext {
         Ok(())
     }
 
-    /// A handler's `Ok` value as its output (JSON `null`, such as `()`, is none).
+    /// A handler's `Ok` value as its output: JSON `null` (such as `()`) is none, and keeps
+    /// what [`JobContext::set_output`] set.
     pub(crate) fn set_returned_output<T: serde::Serialize>(
         &self,
         value: &T,
     ) -> std::result::Result<(), JobError> {
-        let empty = self
-            .output
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .text
-            .is_none();
-        match serde_json::to_value(value) {
-            Ok(serde_json::Value::Null) if empty => Ok(()),
-            _ => self
-                .set_output(value)
-                .map_err(|err| JobError::retry(err.to_string())),
+        if let Ok(serde_json::Value::Null) = serde_json::to_value(value) {
+            return Ok(());
         }
+        self.set_output(value)
+            .map_err(|err| JobError::retry(err.to_string()))
     }
 
     /// Writes the output set so far into the job's row, in `tx`, before `complete` records
