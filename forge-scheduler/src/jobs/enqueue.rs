@@ -578,17 +578,17 @@ fn run_anyway(jobs: &[NewJob]) -> Vec<bool> {
 
 /// `forge.jobs_after`'s refusal of a parent id that names no job (FG003), as bad input.
 fn no_such_parent(err: sqlx::Error) -> Error {
-    if let sqlx::Error::Database(db) = &err {
-        if db.code().as_deref() == Some("FG003") {
-            let hint = db
-                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
-                .and_then(|pg| pg.hint())
-                .map(|hint| format!(": {hint}"))
-                .unwrap_or_default();
-            return Error::InvalidInput {
-                message: format!("{}{hint}", db.message()),
-            };
-        }
+    if let sqlx::Error::Database(db) = &err
+        && db.code().as_deref() == Some("FG003")
+    {
+        let hint = db
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .and_then(|pg| pg.hint())
+            .map(|hint| format!(": {hint}"))
+            .unwrap_or_default();
+        return Error::InvalidInput {
+            message: format!("{}{hint}", db.message()),
+        };
     }
     Error::Database(err)
 }
