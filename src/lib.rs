@@ -216,6 +216,8 @@ pub mod jobs {
     // The former name of `JobRunner`, deprecated: see CHANGELOG.md, "Renamed".
     #[allow(deprecated)]
     pub use forge_scheduler::jobs::JobQueue;
+    // Job dependencies (issue 34).
+    pub use forge_scheduler::jobs::{ParentFailure, Workflow};
 }
 
 /// The admin HTTP API (axum): cluster status, leaders, history, nodes, events, crons, jobs,

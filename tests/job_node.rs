@@ -41,6 +41,7 @@ async fn main() -> ExitCode {
         .job(report)
         .job(effect)
         .job(poison)
+        .job(flow_step)
         .start()
         .await;
     let node = match node {
@@ -50,7 +51,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let tables = format!("{RUNS_TABLE_SQL}; {EFFECTS_TABLE_SQL}");
+    let tables = format!("{RUNS_TABLE_SQL}; {EFFECTS_TABLE_SQL}; {FLOW_TABLE_SQL}");
     if let Err(err) = sqlx::raw_sql(sqlx::AssertSqlSafe(tables))
         .execute(node.pool())
         .await

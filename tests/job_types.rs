@@ -283,3 +283,100 @@ impl Job for effect {
         Ok(())
     }
 }
+
+/// The table `flow_step` records its starts in (one row per attempt, stamped by the database's
+/// clock) - the order of a workflow's steps as they ran.
+pub(crate) const FLOW_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS flow_runs (
+    job_id     bigint      NOT NULL,
+    attempt    integer     NOT NULL,
+    node       text        NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    seq        bigserial,
+    PRIMARY KEY (job_id, attempt)
+);
+CREATE TABLE IF NOT EXISTS flow_gates (name text PRIMARY KEY)";
+
+/// What a workflow step does.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Step {
+    /// Its name, returned as its output (with the number of its parents' outputs it read).
+    pub(crate) tag: String,
+    /// Sleep this long before returning.
+    #[serde(default)]
+    pub(crate) sleep_ms: u64,
+    /// Wait until a row with this name is in `flow_gates` (polling, up to 60 s).
+    #[serde(default)]
+    pub(crate) gate: Option<String>,
+    /// Fail with `JobError::discard` (dead-letter at once).
+    #[serde(default)]
+    pub(crate) discard: bool,
+    /// Output this many bytes of text instead of the step's output.
+    #[serde(default)]
+    pub(crate) output_bytes: usize,
+    /// Set the output `{"in_tx": tag}` with `set_output`, complete the job in a transaction
+    /// that also writes the gate `effect:<tag>`, and return `null` (which keeps that output).
+    #[serde(default)]
+    pub(crate) complete_in_tx: bool,
+}
+
+/// The output of a `flow_step`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct StepOutput {
+    pub(crate) tag: String,
+    /// How many of its parents' outputs it read.
+    pub(crate) parent_outputs: usize,
+}
+
+/// A workflow step: records its start in `flow_runs`, reads its parents' outputs, waits as
+/// told, and returns its output (the `#[job]` macro's `Result<T, E>` path).
+#[forge::job(queue = "flow")]
+pub(crate) async fn flow_step(ctx: JobContext, step: Step) -> Result<serde_json::Value, JobError> {
+    sqlx::query("INSERT INTO flow_runs (job_id, attempt, node) VALUES ($1, $2, $3)")
+        .bind(ctx.id().0)
+        .bind(ctx.attempt() as i32)
+        .bind(ctx.node_id().as_str())
+        .execute(ctx.pool())
+        .await?;
+    let parent_outputs = ctx.parent_outputs().await.map_err(JobError::retry)?.len();
+    if let Some(gate) = &step.gate {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let open: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM flow_gates WHERE name = $1)")
+                    .bind(gate)
+                    .fetch_one(ctx.pool())
+                    .await?;
+            if open {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(JobError::retry(format!("the gate {gate} stayed shut")));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    if step.sleep_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(step.sleep_ms)).await;
+    }
+    if step.discard {
+        return Err(JobError::discard(format!("step {} gives up", step.tag)));
+    }
+    if step.complete_in_tx {
+        ctx.set_output(&serde_json::json!({ "in_tx": step.tag }))?;
+        let mut tx = ctx.pool().begin().await?;
+        sqlx::query("INSERT INTO flow_gates (name) VALUES ($1)")
+            .bind(format!("effect:{}", step.tag))
+            .execute(&mut *tx)
+            .await?;
+        ctx.complete(&mut tx).await?;
+        tx.commit().await?;
+        return Ok(serde_json::Value::Null);
+    }
+    if step.output_bytes > 0 {
+        return Ok(serde_json::Value::String("x".repeat(step.output_bytes)));
+    }
+    Ok(serde_json::to_value(StepOutput {
+        tag: step.tag,
+        parent_outputs,
+    })?)
+}

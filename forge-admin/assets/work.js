@@ -292,6 +292,11 @@ function truncate(text, n) {
   return text.length > n ? `${text.slice(0, n - 3)}...` : text;
 }
 
+// Links to jobs by id, comma-separated (a job's parents or children).
+function jobLinks(ids) {
+  return ids.flatMap((id, i) => [i ? ', ' : '', h('a', { href: `#/jobs/${id}` }, String(id))]);
+}
+
 function jobDetail(ctx, idText) {
   const id = Number(idText);
   const facts = h('div');
@@ -323,6 +328,10 @@ function jobDetail(ctx, idText) {
           j.timeout_ms ? ['Timeout', fmtDuration(j.timeout_ms)] : null,
           j.cancel_requested ? ['Cancel', 'requested: its node stops it'] : null,
           ['Arguments', h('pre', { class: 'json' }, JSON.stringify(j.args, null, 2))],
+          j.output != null ? ['Output', h('pre', { class: 'json', dataset: { field: 'output' } }, JSON.stringify(j.output, null, 2))] : null,
+          j.parents.length ? ['Waits for', h('span', { dataset: { field: 'parents' } }, jobLinks(j.parents),
+            j.parents_left ? ` (${j.parents_left} not ended yet)` : '')] : null,
+          j.children.length ? ['Waited for by', h('span', { dataset: { field: 'children' } }, jobLinks(j.children))] : null,
         ]),
         jobActions(ctx, j, { onDeleted: () => { deleted = true; ctx.navigate('#/jobs'); } }));
       replace(attempts, table(

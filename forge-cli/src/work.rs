@@ -337,6 +337,12 @@ pub(crate) async fn jobs(ctx: &Ctx, action: &JobsCommand, json: bool) -> Outcome
                 ),
                 ("args", job.args.to_string()),
                 (
+                    "output",
+                    out::or_dash(job.output.as_ref().map(|o| out::cut(&o.to_string(), 2000))),
+                ),
+                ("parents", parents_line(&job)),
+                ("children", out::or_dash(id_list(&job.children))),
+                (
                     "actions",
                     out::or_dash(
                         Some(
@@ -371,6 +377,25 @@ pub(crate) async fn jobs(ctx: &Ctx, action: &JobsCommand, json: bool) -> Outcome
         JobsCommand::Cancel(act) => job_action(ctx, act, Action::Cancel, json).await,
         JobsCommand::Delete(act) => job_action(ctx, act, Action::Delete, json).await,
     }
+}
+
+/// A job's parents, with how many have not ended yet.
+fn parents_line(job: &forge::jobs::JobInfo) -> String {
+    match (id_list(&job.parents), job.parents_left) {
+        (Some(ids), Some(left)) if left > 0 => format!("{ids} ({left} not ended yet)"),
+        (Some(ids), _) => ids,
+        (None, _) => "-".to_owned(),
+    }
+}
+
+/// Job ids, comma-separated (`None`: none).
+fn id_list(ids: &[JobId]) -> Option<String> {
+    (!ids.is_empty()).then(|| {
+        ids.iter()
+            .map(|id| id.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
 }
 
 /// What an action did, for the output.

@@ -141,7 +141,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
         return Ok(stub(&handler, &args_item, errors));
     }
     let Definition { kind, calls } = definition;
-    let (ctx, call, into_result) = call_tokens(&handler, ctx_param);
+    let (ctx, call) = call_tokens(&handler, ctx_param);
     let item = handler.item("job");
     let ident = handler.ident();
     let cfgs = handler.cfgs();
@@ -165,7 +165,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenS
             ) -> impl ::core::future::Future<
                 Output = ::core::result::Result<(), ::forge::__private::JobError>,
             > + ::core::marker::Send {
-                async move { #into_result(#call) }
+                async move { #call }
             }
         }
 
@@ -284,11 +284,11 @@ fn backoff_tokens(backoff: Backoff) -> TokenStream {
 
 /// The context parameter and the call of the user's fn. Spans: a context of the wrong type is
 /// reported at the user's parameter type, a return type that is not `()` or
-/// `Result<(), E: Into<JobError>>` at the user's return type.
+/// `Result<T: Serialize, E: Into<JobError>>` at the user's return type.
 fn call_tokens(
     handler: &HandlerFn,
     ctx_param: Option<&syn::PatType>,
-) -> (TokenStream, TokenStream, TokenStream) {
+) -> (TokenStream, TokenStream) {
     let ident = handler.ident();
     let output_span = match &handler.sig.output {
         ReturnType::Type(_, ty) => ty.span(),
@@ -296,22 +296,26 @@ fn call_tokens(
     };
     let mut callee = ident.clone();
     callee.set_span(output_span);
+    let into_result =
+        quote_spanned!(output_span=> ::forge::__private::IntoJobResult::into_job_result);
+    // The handler's `Ok` value becomes the job's output, through a clone of its context.
     let (ctx, call) = match ctx_param {
         Some(param) => {
             let arg = quote_spanned!(param.ty.span()=> ctx);
             (
                 quote!(ctx),
-                quote_spanned!(output_span=> #callee::run(#arg, args).await),
+                quote_spanned!(output_span=> {
+                    let output_to = ::core::clone::Clone::clone(&ctx);
+                    #into_result(#callee::run(#arg, args).await, &output_to)
+                }),
             )
         }
         None => (
-            quote!(_),
-            quote_spanned!(output_span=> #callee::run(args).await),
+            quote!(ctx),
+            quote_spanned!(output_span=> #into_result(#callee::run(args).await, &ctx)),
         ),
     };
-    let into_result =
-        quote_spanned!(output_span=> ::forge::__private::IntoJobResult::into_job_result);
-    (ctx, call, into_result)
+    (ctx, call)
 }
 
 /// Parses and validates the attribute's arguments; problems go to `errors`.

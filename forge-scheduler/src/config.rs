@@ -110,6 +110,10 @@ pub struct JobsConfig {
     /// How many times a job may snooze (`JobError::snooze`) before the next snooze
     /// dead-letters it, for a job type that does not declare `max_snoozes`.
     pub max_snoozes: u32,
+    /// The largest output a job may store (its JSON text, in bytes): a handler's return value
+    /// or `JobContext::set_output`. A larger output fails the attempt with an error that says
+    /// so; it is never truncated.
+    pub max_output_bytes: u64,
 }
 
 impl Default for JobsConfig {
@@ -123,6 +127,7 @@ impl Default for JobsConfig {
             dead_retention: Duration::from_secs(7 * 24 * 3600),
             drain_timeout: Duration::from_secs(30),
             max_snoozes: 100,
+            max_output_bytes: 1024 * 1024,
         }
     }
 }
@@ -165,6 +170,12 @@ impl JobsConfig {
             ("jobs.drain_timeout", self.drain_timeout),
         ] {
             at.check_duration(key, value, Duration::ZERO)?;
+        }
+        if self.max_output_bytes == 0 {
+            return Err(at.error(
+                "jobs.max_output_bytes",
+                "must be at least 1 (a job without an output stores nothing either way)".into(),
+            ));
         }
         Ok(())
     }

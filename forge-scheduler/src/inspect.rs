@@ -13,7 +13,9 @@ use sqlx::query::Query;
 use sqlx::{FromRow, PgPool, Postgres};
 
 use crate::cron::{StoredCron, TickState};
-use crate::jobs::{CancelOutcome, JobAction, JobActions, JobId, JobInfo, JobRow, JobState};
+use crate::jobs::{
+    CancelOutcome, JOB_SQL, JobAction, JobActions, JobId, JobInfo, JobRow, JobState,
+};
 
 /// A cron the cluster knows (registered by some node).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -109,6 +111,8 @@ pub struct QueueView {
     pub available: i64,
     /// Jobs waiting for their run-at time.
     pub scheduled: i64,
+    /// Jobs waiting for their parents ([`NewJob::after`](crate::jobs::NewJob::after)).
+    pub pending: i64,
     /// Jobs running.
     pub running: i64,
     /// Jobs waiting for a retry.
@@ -650,15 +654,14 @@ impl Workload {
         Ok(page.page(items, |j| j.id.0))
     }
 
-    /// One job, with each failed, interrupted or rescued attempt's error.
+    /// One job, with each failed, interrupted or rescued attempt's error, its output, its
+    /// parents and its children.
     pub async fn job(&self, id: JobId) -> Result<Option<JobInfo>> {
-        let row: Option<JobRow> = sqlx::query_as(
-            "SELECT *, args::text AS args_text FROM forge.jobs WHERE namespace = $1 AND id = $2",
-        )
-        .bind(&self.namespace)
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
+        let row: Option<JobRow> = sqlx::query_as(JOB_SQL)
+            .bind(id)
+            .bind(&self.namespace)
+            .fetch_optional(&self.pool)
+            .await?;
         row.map(JobInfo::try_from).transpose()
     }
 
@@ -709,6 +712,7 @@ impl Workload {
                         view.oldest_available_age_s.max(age.unwrap_or(0.0).max(0.0));
                 }
                 JobState::Scheduled => view.scheduled += n,
+                JobState::Pending => view.pending += n,
                 JobState::Running => view.running += n,
                 JobState::Retryable => view.retryable += n,
                 JobState::Dead => view.dead += n,

@@ -1,4 +1,4 @@
--- Cancels a job: a queued one (available, scheduled, retryable) at once; a running one by
+-- Cancels a job: a queued one (pending, available, scheduled, retryable) at once; a running one by
 -- setting cancel_requested and notifying its node, which stops the handler and records
 -- 'cancelled' (a handler that completes first wins). Returns 'cancelled_now', 'requested',
 -- 'finished:<state>' for a job that had already finished, or 'not_found'.
@@ -18,7 +18,7 @@ BEGIN
                errors = j.errors || jsonb_build_array(jsonb_build_object(
                    'at', clock_timestamp(), 'attempt', j.attempt, 'reason', 'cancelled',
                    'error', 'cancelled before it ran'))
-         WHERE j.id = p_id AND j.state IN ('available', 'scheduled', 'retryable');
+         WHERE j.id = p_id AND j.state IN ('pending', 'available', 'scheduled', 'retryable');
         IF FOUND THEN
             RETURN 'cancelled_now';
         END IF;

@@ -38,6 +38,12 @@ AS $$
          WHERE j.namespace = p_namespace AND j.state IN ('scheduled', 'retryable')
          GROUP BY j.queue, j.kind, j.state
         UNION ALL
+        -- Waiting for their parents (jobs_pending).
+        SELECT j.queue, j.kind, 'pending', count(*), min(j.run_at)
+          FROM forge.jobs j
+         WHERE j.namespace = p_namespace AND j.state = 'pending'
+         GROUP BY j.queue, j.kind
+        UNION ALL
         -- At most the cluster's concurrency: read from the heap.
         SELECT j.queue, j.kind, j.state, count(*), min(j.run_at)
           FROM forge.jobs j

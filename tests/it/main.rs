@@ -52,6 +52,7 @@ mod docs;
 mod election;
 mod exactly_once;
 mod faults;
+mod flow;
 mod jobs;
 mod model;
 mod module_graph;

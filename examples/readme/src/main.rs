@@ -220,6 +220,37 @@ mod flow_control {
     }
 }
 
+/// The guide's "Jobs", "Job dependencies": outputs, a workflow, a parent's outputs.
+#[rustfmt::skip]
+mod job_flow {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Resize { image_id: i64, width: u32 }
+
+    #[forge::job(queue = "images")]
+    async fn resize(ctx: forge::JobContext, args: Resize) -> Result<String, forge::JobError> {
+        // The Ok value is the job's output: stored with its completion, in one commit.
+        Ok(format!("images/{}-{}.webp", args.image_id, args.width))
+    }
+
+    #[forge::job(queue = "images")]
+    async fn publish(ctx: forge::JobContext, image_id: i64) -> Result<usize, forge::JobError> {
+        let paths = ctx.parent_outputs().await?;   // each parent's output, by job id
+        Ok(paths.len())
+    }
+
+    async fn enqueue_images(node: &forge::Node) -> forge::Result<()> {
+        use forge::jobs::{NewJob, Workflow};
+        let mut tx = node.pool().begin().await?;
+        let steps = Workflow::new()
+            .step("small", NewJob::new(resize, Resize { image_id: 9, width: 320 }))
+            .step("large", NewJob::new(resize, Resize { image_id: 9, width: 1280 }))
+            .step_after("publish", NewJob::new(publish, 9), ["small", "large"]);
+        let ids = node.jobs().enqueue_workflow_in(&mut tx, steps).await?;   // all or nothing
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
 /// The guide's "Alerts and metrics", "Your metrics and FORGE's in one scrape".
 #[rustfmt::skip]
 mod one_scrape {

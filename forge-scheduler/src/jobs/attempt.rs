@@ -200,6 +200,8 @@ pub(super) struct Origin {
     pub(super) leadership: Option<Leadership>,
     /// `[jobs] completed_retention` is not zero: completions keep the job's row.
     pub(super) keep_completed: bool,
+    /// `[jobs] max_output_bytes`.
+    pub(super) max_output_bytes: u64,
     /// The node's metrics, for the handlers' job clients.
     pub(super) metrics: forge_core::Metrics,
     /// `[jobs] max_snoozes`, for job types that do not declare theirs.
@@ -332,7 +334,10 @@ impl Attempts {
             leadership: origin.leadership.clone(),
             keep_completed: origin.keep_completed,
             metrics: origin.metrics.clone(),
+            output: Default::default(),
+            max_output_bytes: origin.max_output_bytes,
         };
+        let finishing = ctx.clone();
         debug!(target: "forge::job", queue = %origin.queue, job = ty.kind, id, attempt, "attempt started");
         let span = attempt_span(id, attempt, ty.kind, origin);
         let handler = (ty.handler)(ctx, args);
@@ -368,7 +373,8 @@ impl Attempts {
                 result = handler => AttemptResult::Done(result),
             };
             // A snooze is recorded here, before the attempt ends: the worker reports no
-            // outcome for it (see forge.jobs_snooze).
+            // outcome for it (see forge.jobs_snooze). A job with an output completes in a
+            // transaction of its own, the output with it.
             let result = match result {
                 AttemptResult::Done(Err(err)) => match err.action() {
                     FailAction::Snooze(delay) => AttemptResult::Snoozed(
@@ -376,6 +382,9 @@ impl Attempts {
                     ),
                     _ => AttemptResult::Done(Err(err)),
                 },
+                AttemptResult::Done(Ok(())) => {
+                    AttemptResult::Done(super::flow::complete_with_output(&finishing).await)
+                }
                 other => other,
             };
             (id, result)

@@ -10,7 +10,10 @@ use forge_core::sql::Lenient;
 use forge_core::{Error, LockNamespace, Metrics, Result};
 use sqlx::{Executor, PgPool, Postgres};
 
-use super::{Job, JobActions, JobId, JobState, UniqueMode, Uniqueness, validate_queue};
+use super::{
+    Job, JobActions, JobId, JobState, ParentFailure, UniqueMode, Uniqueness, Workflow,
+    validate_queue,
+};
 use crate::metrics::JOB_ENQUEUED;
 
 /// A job to enqueue, with per-job options on top of its type's declared [`super::JobOptions`].
@@ -45,6 +48,9 @@ pub struct NewJob {
     pub(crate) unique: bool,
     pub(crate) unique_key: Option<String>,
     pub(crate) uniqueness: Uniqueness,
+    /// Jobs this one waits for ([`NewJob::after`]).
+    pub(crate) after: Vec<JobId>,
+    pub(crate) on_parent_failure: ParentFailure,
 }
 
 impl NewJob {
@@ -74,6 +80,8 @@ impl NewJob {
             unique: options.unique,
             unique_key: None,
             uniqueness: options.uniqueness,
+            after: Vec::new(),
+            on_parent_failure: ParentFailure::default(),
         }
     }
 
@@ -182,6 +190,29 @@ impl NewJob {
             "states": states.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
             "mode": u.mode.as_str(),
         })))
+    }
+
+    /// Makes the job wait for these jobs (its parents): it is `pending`, claimed by no worker,
+    /// until each has ended, then available (or scheduled, if its run-at is still ahead). Its
+    /// handler reads their outputs with [`JobContext::parent_outputs`](super::JobContext::parent_outputs).
+    /// A parent that completed counts as done, and so does one whose row is deleted after it
+    /// completed (`[jobs] completed_retention`); a parent that ends dead or cancelled cancels
+    /// the job unless [`NewJob::on_parent_failure`] says [`ParentFailure::Run`]. Each id must
+    /// name a job of this cluster when the job is enqueued, else the enqueue fails (a job
+    /// deleted by retention cannot be told from one that never existed). Adds to the ids of an
+    /// earlier call. A unique job that collides with an existing one is not inserted and
+    /// gains no parents.
+    pub fn after(mut self, parents: impl IntoIterator<Item = JobId>) -> Self {
+        self.after.extend(parents);
+        self
+    }
+
+    /// What the job does when a parent ([`NewJob::after`]) ends dead or cancelled, or is
+    /// deleted before it finished: [`ParentFailure::Cancel`] (the default) or
+    /// [`ParentFailure::Run`].
+    pub fn on_parent_failure(mut self, policy: ParentFailure) -> Self {
+        self.on_parent_failure = policy;
+        self
     }
 
     fn invalid(&self, message: String) -> Error {
@@ -300,6 +331,18 @@ pub struct JobInfo {
     pub errors: Vec<AttemptError>,
     /// What an operator may do to it now ([`JobActions::of`] its state).
     pub actions: JobActions,
+    /// What it stored with its completion ([`JobContext::set_output`](super::JobContext::set_output),
+    /// or its handler's `Ok` value), if anything; when it cannot be decoded (JSON nested
+    /// deeper than 128 levels), its JSON text as a string. Read by [`Jobs::get`] and the
+    /// job's view, not by lists of jobs.
+    pub output: Option<serde_json::Value>,
+    /// The jobs it waits (or waited) for ([`NewJob::after`]), by id.
+    pub parents: Vec<JobId>,
+    /// Of its parents, how many have not ended yet (`None`: it has no parents).
+    pub parents_left: Option<u32>,
+    /// The jobs that wait (or waited) for it, by id. Read by [`Jobs::get`] and the job's
+    /// view, not by lists of jobs.
+    pub children: Vec<JobId>,
 }
 
 fn state_name<S: serde::Serializer>(
@@ -344,7 +387,22 @@ pub(crate) struct JobRow {
     created_at: DateTime<Utc>,
     cancel_requested: bool,
     errors: serde_json::Value,
+    /// Selected by the reads of one job only (`JOB_SQL`).
+    #[sqlx(default)]
+    output_text: Option<String>,
+    #[sqlx(default)]
+    parents: Option<Vec<i64>>,
+    #[sqlx(default)]
+    parents_left: Option<i32>,
+    #[sqlx(default)]
+    children: Option<Vec<i64>>,
 }
+
+/// One job with its output and children (`$1` the id; `$2` its namespace, or NULL for any),
+/// as [`JobRow`] reads it.
+pub(crate) const JOB_SQL: &str = "SELECT j.*, j.args::text AS args_text, j.output::text AS output_text,
+        ARRAY(SELECT e.child_id FROM forge.job_edges e WHERE e.parent_id = j.id ORDER BY 1) AS children
+   FROM forge.jobs j WHERE j.id = $1 AND ($2::text IS NULL OR j.namespace = $2)";
 
 impl TryFrom<JobRow> for JobInfo {
     type Error = Error;
@@ -377,8 +435,18 @@ impl TryFrom<JobRow> for JobInfo {
             cancel_requested: row.cancel_requested,
             errors,
             actions: JobActions::of(row.state, row.cancel_requested),
+            output: row
+                .output_text
+                .map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))),
+            parents: ids(row.parents),
+            parents_left: row.parents_left.map(|n| n.max(0) as u32),
+            children: ids(row.children),
         })
     }
+}
+
+fn ids(ids: Option<Vec<i64>>) -> Vec<JobId> {
+    ids.unwrap_or_default().into_iter().map(JobId).collect()
 }
 
 forge_core::sql_enum! {
@@ -441,11 +509,11 @@ async fn get<'c, E>(executor: E, id: JobId) -> Result<Option<JobInfo>>
 where
     E: Executor<'c, Database = Postgres>,
 {
-    let row: Option<JobRow> =
-        sqlx::query_as("SELECT *, args::text AS args_text FROM forge.jobs WHERE id = $1")
-            .bind(id)
-            .fetch_optional(executor)
-            .await?;
+    let row: Option<JobRow> = sqlx::query_as(JOB_SQL)
+        .bind(id)
+        .bind(None::<&str>)
+        .fetch_optional(executor)
+        .await?;
     row.map(JobInfo::try_from).transpose()
 }
 
@@ -523,8 +591,10 @@ where
         inserted: bool,
         replaced: bool,
     }
+    // Jobs with parents ($14 not NULL): forge.jobs_after, for each row the statement inserted.
+    let waits = jobs.iter().any(|job| !job.after.is_empty());
     let rows: Vec<EnqueueRow> = sqlx::query_as(
-        "SELECT ord, id, inserted, replaced FROM forge.jobs_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        "SELECT ord, id, inserted, replaced, CASE WHEN $14::jsonb IS NOT NULL THEN forge.jobs_after(id, inserted, $14::jsonb -> (ord - 1), ($15::boolean[])[ord]) END FROM forge.jobs_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind(namespace)
     .bind(&batch.queues)
@@ -539,8 +609,11 @@ where
     .bind(&batch.unique_keys)
     .bind(&batch.unique)
     .bind(&batch.unique_opts)
+    .bind(waits.then(|| parents_json(jobs)))
+    .bind(waits.then(|| run_anyway(jobs)))
     .fetch_all(executor)
-    .await?;
+    .await
+    .map_err(no_such_parent)?;
     let mut results = vec![None; jobs.len()];
     for EnqueueRow {
         ord,
@@ -571,6 +644,37 @@ where
         .into_iter()
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| unexpected("forge.jobs_enqueue answered fewer rows than jobs".into()))
+}
+
+/// The parents of each job, as one JSON array per job.
+fn parents_json(jobs: &[NewJob]) -> serde_json::Value {
+    jobs.iter()
+        .map(|job| job.after.iter().map(|id| id.0).collect::<Vec<_>>().into())
+        .collect::<Vec<serde_json::Value>>()
+        .into()
+}
+
+fn run_anyway(jobs: &[NewJob]) -> Vec<bool> {
+    jobs.iter()
+        .map(|job| job.on_parent_failure == ParentFailure::Run)
+        .collect()
+}
+
+/// `forge.jobs_after`'s refusal of a parent id that names no job (FG003), as bad input.
+fn no_such_parent(err: sqlx::Error) -> Error {
+    if let sqlx::Error::Database(db) = &err
+        && db.code().as_deref() == Some("FG003")
+    {
+        let hint = db
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .and_then(|pg| pg.hint())
+            .map(|hint| format!(": {hint}"))
+            .unwrap_or_default();
+        return Error::InvalidInput {
+            message: format!("{}{hint}", db.message()),
+        };
+    }
+    Error::Database(err)
 }
 
 /// Enqueues, reads and cancels jobs of one FORGE cluster (one `[cluster] lock_namespace`).
@@ -678,6 +782,28 @@ impl Jobs {
             }
         }
         Ok(results)
+    }
+
+    /// Enqueues a [`Workflow`] (a graph of named steps) through `conn`, such as `&mut *tx`:
+    /// the whole graph exists only if that transaction commits. One statement per round of
+    /// steps (a step waits only for earlier rounds). Returns each step's job id by name.
+    pub async fn enqueue_workflow_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        workflow: Workflow,
+    ) -> Result<std::collections::BTreeMap<String, JobId>> {
+        super::flow::enqueue_workflow(self, conn, workflow).await
+    }
+
+    /// Enqueues a [`Workflow`] in a transaction of its own.
+    pub async fn enqueue_workflow(
+        &self,
+        workflow: Workflow,
+    ) -> Result<std::collections::BTreeMap<String, JobId>> {
+        let mut tx = forge_core::begin(&self.pool).await?;
+        let ids = self.enqueue_workflow_in(&mut tx, workflow).await?;
+        tx.commit().await?;
+        Ok(ids)
     }
 
     /// Cancels a job.

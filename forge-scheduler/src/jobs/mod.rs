@@ -113,6 +113,7 @@ mod attempt;
 mod component;
 mod enqueue;
 mod figures;
+mod flow;
 mod maintenance;
 mod shared;
 mod wire;
@@ -134,9 +135,10 @@ use tokio_util::sync::CancellationToken;
 
 #[allow(deprecated)]
 pub use component::{JobQueue, JobRunner};
-pub(crate) use enqueue::JobRow;
 pub(crate) use enqueue::cancel;
 pub use enqueue::{AttemptError, CancelOutcome, Enqueued, JobInfo, Jobs, NewJob};
+pub(crate) use enqueue::{JOB_SQL, JobRow};
+pub use flow::{ParentFailure, Workflow};
 
 /// A durable job type, declared with `#[job]` (or implemented by hand, see the
 /// [module docs](self)).
@@ -504,6 +506,9 @@ forge_core::sql_enum! {
     /// Where a job is in its life (`forge.jobs.state`). See the guide
     /// (docs/src/architecture/jobs.md) for who moves it where.
     pub enum JobState {
+        /// Waiting for its parents ([`NewJob::after`]): no worker claims it until each has
+        /// finished; then available (or scheduled, or cancelled by [`ParentFailure`]).
+        Pending = "pending",
         /// Waiting to be claimed by a worker.
         Available = "available",
         /// Enqueued with a future run-at time; promoted to available when due.
@@ -593,7 +598,7 @@ impl JobActions {
         use JobState::*;
         JobActions {
             retry: matches!(state, Scheduled | Retryable | Completed | Cancelled | Dead),
-            cancel: matches!(state, Available | Scheduled | Retryable)
+            cancel: matches!(state, Pending | Available | Scheduled | Retryable)
                 || (state == Running && !cancel_requested),
             delete: state != Running,
         }
@@ -698,6 +703,11 @@ pub struct JobContext {
     pub(crate) keep_completed: bool,
     /// The node's metrics (its job client counts what it enqueues).
     pub(crate) metrics: forge_core::Metrics,
+    /// The output to store with the completion ([`JobContext::set_output`]), shared by the
+    /// clones of this context.
+    pub(crate) output: Arc<std::sync::Mutex<flow::OutputSlot>>,
+    /// `[jobs] max_output_bytes`.
+    pub(crate) max_output_bytes: u64,
 }
 
 impl JobContext {
@@ -788,6 +798,7 @@ impl JobContext {
     /// committed fails with [`Error::NotRunning`], so a retry after an error from `COMMIT`
     /// cannot commit the effects twice.
     pub async fn complete(&self, tx: &mut Transaction<'_, Postgres>) -> Result<()> {
+        self.write_output(tx).await?;
         let token = self.leadership.as_ref().map(Leadership::fence_token);
         let result = sqlx::query("SELECT forge.jobs_complete($1, $2, $3, $4, $5, $6, $7, $8)")
             .bind(self.id)
@@ -977,26 +988,28 @@ impl fmt::Debug for JobError {
     }
 }
 
-/// What a `#[job]` handler may return: `()` or `Result<(), E>` where `E` converts into
-/// [`JobError`].
+/// What a `#[job]` handler may return: `()`, or `Result<T, E>` where `T` is the job's output
+/// (anything serde serializes; `()` for none) and `E` converts into [`JobError`].
 #[diagnostic::on_unimplemented(
-    message = "a job handler must return `()` or `Result<(), E>` where `E` converts into `forge::JobError`, not `{Self}`",
+    message = "a job handler must return `()` or `Result<T, E>` where `T: serde::Serialize` and `E` converts into `forge::JobError`, not `{Self}`",
     note = "any `std::error::Error + Send + Sync + 'static` converts; for outcomes use `JobError::retry`, `JobError::retry_after` or `JobError::discard`"
 )]
 pub trait IntoJobResult {
-    /// The outcome as a `Result`.
-    fn into_job_result(self) -> Result<(), JobError>;
+    /// The outcome as a `Result`; an `Ok` value other than JSON `null` becomes the job's
+    /// output ([`JobContext::set_output`] on `ctx`).
+    fn into_job_result(self, ctx: &JobContext) -> Result<(), JobError>;
 }
 
 impl IntoJobResult for () {
-    fn into_job_result(self) -> Result<(), JobError> {
+    fn into_job_result(self, _: &JobContext) -> Result<(), JobError> {
         Ok(())
     }
 }
 
-impl<E: Into<JobError>> IntoJobResult for Result<(), E> {
-    fn into_job_result(self) -> Result<(), JobError> {
-        self.map_err(Into::into)
+impl<T: serde::Serialize, E: Into<JobError>> IntoJobResult for Result<T, E> {
+    fn into_job_result(self, ctx: &JobContext) -> Result<(), JobError> {
+        let value = self.map_err(Into::into)?;
+        ctx.set_returned_output(&value)
     }
 }
 

@@ -260,6 +260,7 @@ impl Worker {
             pool: ctx.pool().clone(),
             leadership,
             keep_completed: shared.config.keeps_completed(),
+            max_output_bytes: shared.config.max_output_bytes,
             metrics: ctx.metrics().node_wide(),
             max_snoozes: shared.config.max_snoozes,
             default_max_attempts: shared.default_max_attempts(),
