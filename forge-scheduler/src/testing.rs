@@ -85,7 +85,12 @@ pub async fn run_job<J: Job>(pool: &PgPool, job: J, args: J::Args) -> Result<Job
         node,
         pool.clone(),
     );
-    let result = job.run(ctx, args).await;
+    let result = match job.run(ctx.clone(), args).await {
+        // An output (the handler's `Ok` value or `set_output`) is stored with the completion,
+        // as on a node.
+        Ok(()) => crate::jobs::flow::complete_with_output(&ctx).await,
+        failed => failed,
+    };
     let outcome = match &result {
         Ok(()) => "completed",
         Err(err) if err.action() == crate::jobs::FailAction::Discard => "dead",

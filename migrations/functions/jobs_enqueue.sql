@@ -4,7 +4,7 @@
 -- forge.job_keys, locked first (INSERT ... ON CONFLICT DO UPDATE: a concurrent enqueuer of the
 -- key waits for this transaction to end, then sees its job), in (kind, key) order so that two
 -- batches never deadlock. p_unique_opts says, per job, {"states": [...], "period_ms": n,
--- "mode": "keep" | "replace" | "keep_earliest_run_at"} (NULL: the unfinished states, no period,
+-- "mode": "keep" | "replace" | "keep_earliest_run_at"} (NULL: the unfinished states - pending too -, no period,
 -- keep). The job holding the key blocks another while it is in one of the states and, with a
 -- period, less than period_ms after it was enqueued (a holder whose row is gone counts as
 -- completed). A blocked job is not inserted: with keep it reports the holder (inserted = false);
@@ -84,7 +84,7 @@ BEGIN
                (k.opts->>'period_ms')::bigint AS period_ms,
                CASE WHEN k.opts ? 'states'
                     THEN ARRAY(SELECT jsonb_array_elements_text(k.opts->'states'))
-                    ELSE '{available,scheduled,running,retryable}'::text[] END AS states
+                    ELSE '{pending,available,scheduled,running,retryable}'::text[] END AS states
           FROM (SELECT g AS ord, p_unique_opts[g] AS opts,
                        coalesce(p_unique_keys[g], md5(p_args[g]::text)) AS key,
                        greatest(v_now, coalesce(p_run_at[g], v_now + coalesce(p_delays_ms[g], 0)

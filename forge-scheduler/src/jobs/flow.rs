@@ -146,7 +146,7 @@ impl JobContext {
 /// away: the worker's outcome then finds out which); an error fails the attempt (an output
 /// refused, or the transaction failed - if its commit landed after all, the failure is
 /// refused by the guard, so the job is completed with its output either way).
-pub(super) async fn complete_with_output(ctx: &JobContext) -> std::result::Result<(), JobError> {
+pub(crate) async fn complete_with_output(ctx: &JobContext) -> std::result::Result<(), JobError> {
     {
         let slot = ctx.output.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(message) = &slot.refused {

@@ -113,7 +113,7 @@ mod attempt;
 mod component;
 mod enqueue;
 mod figures;
-mod flow;
+pub(crate) mod flow;
 mod maintenance;
 mod shared;
 mod wire;
@@ -208,6 +208,7 @@ impl Uniqueness {
     pub(crate) fn states(&self) -> Vec<JobState> {
         self.states.clone().unwrap_or_else(|| {
             let mut states = vec![
+                JobState::Pending,
                 JobState::Available,
                 JobState::Scheduled,
                 JobState::Running,
@@ -857,6 +858,8 @@ impl JobContext {
             leadership: None,
             keep_completed: true,
             metrics: forge_core::Metrics::new(),
+            output: Default::default(),
+            max_output_bytes: crate::JobsConfig::default().max_output_bytes,
         }
     }
 }
