@@ -41,3 +41,24 @@ COMMENT ON TABLE forge.job_edges IS
 -- Pending jobs for the queue figures.
 CREATE INDEX jobs_pending ON forge.jobs (namespace, queue, kind) INCLUDE (run_at)
     WHERE state = 'pending';
+
+-- The triggers of forge.jobs_parent_finished, when that function exists already (its file was
+-- applied before this migration); otherwise its file creates them (see it).
+DO $do$
+BEGIN
+    IF to_regprocedure('forge.jobs_parent_finished()') IS NOT NULL THEN
+        DROP TRIGGER IF EXISTS jobs_parent_ended ON forge.jobs;
+        CREATE TRIGGER jobs_parent_ended
+            AFTER UPDATE OF state ON forge.jobs
+            FOR EACH ROW
+            WHEN (NEW.has_children AND NEW.state IN ('completed', 'dead', 'cancelled'))
+            EXECUTE FUNCTION forge.jobs_parent_finished();
+        DROP TRIGGER IF EXISTS jobs_linked_deleted ON forge.jobs;
+        CREATE TRIGGER jobs_linked_deleted
+            AFTER DELETE ON forge.jobs
+            FOR EACH ROW
+            WHEN (OLD.has_children OR OLD.parents IS NOT NULL)
+            EXECUTE FUNCTION forge.jobs_parent_finished();
+    END IF;
+END
+$do$;

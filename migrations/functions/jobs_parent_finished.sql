@@ -88,16 +88,27 @@ BEGIN
 END;
 $$;
 
-DROP TRIGGER IF EXISTS jobs_parent_ended ON forge.jobs;
-CREATE TRIGGER jobs_parent_ended
-    AFTER UPDATE OF state ON forge.jobs
-    FOR EACH ROW
-    WHEN (NEW.has_children AND NEW.state IN ('completed', 'dead', 'cancelled'))
-    EXECUTE FUNCTION forge.jobs_parent_finished();
-
-DROP TRIGGER IF EXISTS jobs_linked_deleted ON forge.jobs;
-CREATE TRIGGER jobs_linked_deleted
-    AFTER DELETE ON forge.jobs
-    FOR EACH ROW
-    WHEN (OLD.has_children OR OLD.parents IS NOT NULL)
-    EXECUTE FUNCTION forge.jobs_parent_finished();
+-- The triggers. A function file applies whatever migrations the database has (it may be
+-- applied before migration 0010 adds the columns they test), and migration 0010 cannot name
+-- this function before it exists: so each creates them when the other's part is there -
+-- here when the columns exist, in 0010 when this function does.
+DO $do$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = to_regclass('forge.jobs') AND attname = 'has_children'
+                  AND NOT attisdropped) THEN
+        DROP TRIGGER IF EXISTS jobs_parent_ended ON forge.jobs;
+        CREATE TRIGGER jobs_parent_ended
+            AFTER UPDATE OF state ON forge.jobs
+            FOR EACH ROW
+            WHEN (NEW.has_children AND NEW.state IN ('completed', 'dead', 'cancelled'))
+            EXECUTE FUNCTION forge.jobs_parent_finished();
+        DROP TRIGGER IF EXISTS jobs_linked_deleted ON forge.jobs;
+        CREATE TRIGGER jobs_linked_deleted
+            AFTER DELETE ON forge.jobs
+            FOR EACH ROW
+            WHEN (OLD.has_children OR OLD.parents IS NOT NULL)
+            EXECUTE FUNCTION forge.jobs_parent_finished();
+    END IF;
+END
+$do$;

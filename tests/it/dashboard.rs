@@ -1046,7 +1046,7 @@ async fn jobs_and_a_cron_are_operated_from_the_dashboard_by_mouse_and_keyboard_a
         question
             .as_str()
             .unwrap()
-            .contains("Jobs that are available or running are left alone."),
+            .contains("Jobs that are pending or available or running are left alone."),
         "the confirmation says which states are left alone: {question}"
     );
     browser.click("#confirm-yes").await;
