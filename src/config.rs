@@ -487,7 +487,7 @@ mod tests {
         full.node.id = Some("n".into());
         full.node.roles = Some(vec!["scheduler".into()]);
         full.node.queues = Some(vec!["default".into()]);
-        full.jobs.queues.insert("mailers".into(), 4);
+        full.jobs.queues.insert("mailers".into(), 4.into());
         full.metrics.listen = Some("0.0.0.0:1".parse().unwrap());
         full.alerting.runbook_base_url = Some("https://example.com/runbook.md".into());
         let mut keys = Vec::new();

@@ -180,6 +180,7 @@ pub mod config_sections {
         MetricsConfig, NodeConfig, ProcessEnv, no_env,
     };
     pub use forge_scheduler::{CronConfig, JobsConfig};
+    pub use forge_scheduler::config::QueueConfig;
 }
 
 /// Crons: definitions ([`CronJob`](crons::CronJob), which `#[forge::cron]` builds), policies,
@@ -209,6 +210,7 @@ pub mod jobs {
         AttemptError, Backoff, CancelOutcome, CancelReason, Enqueued, FailAction, IntoJobResult,
         Job, JobAction, JobActions, JobId, JobInfo, JobOptions, JobRunner, JobState, Jobs, NewJob,
     };
+    pub use forge_scheduler::jobs::{QueueLimits, Rate};
     // The former name of `JobRunner`, deprecated: see CHANGELOG.md, "Renamed".
     #[allow(deprecated)]
     pub use forge_scheduler::jobs::JobQueue;

@@ -53,6 +53,7 @@ mod election;
 mod exactly_once;
 mod faults;
 mod jobs;
+mod limits;
 mod model;
 mod module_graph;
 mod observability;

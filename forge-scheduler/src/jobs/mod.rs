@@ -113,6 +113,7 @@ mod attempt;
 mod component;
 mod enqueue;
 mod figures;
+mod limits;
 mod maintenance;
 mod shared;
 mod wire;
@@ -134,6 +135,7 @@ use tokio_util::sync::CancellationToken;
 
 #[allow(deprecated)]
 pub use component::{JobQueue, JobRunner};
+pub use limits::{MAX_LIMIT, QueueLimits, Rate};
 pub(crate) use enqueue::JobRow;
 pub(crate) use enqueue::cancel;
 pub use enqueue::{AttemptError, CancelOutcome, Enqueued, JobInfo, Jobs, NewJob};
