@@ -190,17 +190,39 @@ impl JobsConfig {
 /// `[jobs.queues.mailers]` with `concurrency`, `global_concurrency`, `rate` (`"100/1m"`) and
 /// `rate_key`. The limits are the cluster's: each node writes forge.toml's to the database at
 /// start (`forge.queue_limits`), where an operator's values win over them until reset.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct QueueConfig {
     /// Jobs of the queue running at once on this node (unset: `default_concurrency`).
     pub concurrency: Option<u32>,
     /// The queue's cluster-wide limits.
-    #[serde(flatten)]
     pub limits: QueueLimits,
-    /// Written in the short form (`mailers = 4`), for error messages.
-    #[serde(skip)]
+    /// Written in the short form (`mailers = 4`): its errors name the queue's key.
     short: bool,
+}
+
+/// The short form when it says all (`mailers = 4`), else the table.
+impl Serialize for QueueConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        if let (Some(n), true) = (self.concurrency, self.limits.is_empty()) {
+            return s.serialize_u32(n);
+        }
+        let mut map = s.serialize_map(None)?;
+        if let Some(n) = self.concurrency {
+            map.serialize_entry("concurrency", &n)?;
+        }
+        if let Some(n) = self.limits.global_concurrency {
+            map.serialize_entry("global_concurrency", &n)?;
+        }
+        if let Some(rate) = &self.limits.rate {
+            map.serialize_entry("rate", rate)?;
+        }
+        if let Some(key) = &self.limits.rate_key {
+            map.serialize_entry("rate_key", key)?;
+        }
+        map.end()
+    }
 }
 
 impl From<u32> for QueueConfig {
