@@ -15,7 +15,7 @@ use forge_testkit::{NodeProcess, wait_until};
 use sqlx::PgPool;
 use tokio::process::Command;
 
-use crate::jobs::{Behave, job_config, plain, setup};
+use crate::jobs::{Behave, job_config, metric, plain, setup};
 use crate::support::*;
 
 /// A node working the default queue, `concurrency` at once, with the `plain` job type.
@@ -282,6 +282,40 @@ async fn a_limit_changed_at_run_time_takes_effect_without_restart() {
     for node in nodes {
         node.shutdown().await;
     }
+}
+
+/// `forge_job_queue_limited` says when a queue's available jobs wait on its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aggregator_reports_a_queue_held_back_by_its_limit() {
+    let (db, pool) = setup().await;
+    let mut config = job_config(db.url(), "n1");
+    config.node.roles = Some(vec!["scheduler".into(), "metrics_aggregator".into()]);
+    config.jobs.maintenance_interval = Duration::from_millis(200);
+    config.jobs.queues = [("default".to_owned(), 4.into())].into_iter().collect();
+    let node = Node::builder(config)
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .unwrap();
+    let held = r#"forge_job_queue_limited{queue="default",limit="global"}"#;
+    limit(&pool, Some(1), None, None).await;
+    enqueue(&pool, 3, 60_000, "m").await;
+    wait_until("the queue reported as held back", SOON, Duration::from_millis(50), || {
+        let text = node.render_metrics();
+        async move { (metric(&text, held) == Some(1.0)).then_some(()) }
+    })
+    .await
+    .unwrap();
+    // Raised above the jobs waiting: none is held back any more.
+    limit(&pool, Some(5), None, None).await;
+    wait_until("the queue reported as free", SOON, Duration::from_millis(50), || {
+        let text = node.render_metrics();
+        async move { (metric(&text, held) == Some(0.0)).then_some(()) }
+    })
+    .await
+    .unwrap();
+    node.shutdown().await;
 }
 
 #[tokio::test]
