@@ -179,8 +179,8 @@ pub mod config_sections {
         AdminConfig, ClusterConfig, DatabaseConfig, Env, LeaderElectionConfig, MembershipConfig,
         MetricsConfig, NodeConfig, ProcessEnv, no_env,
     };
-    pub use forge_scheduler::{CronConfig, JobsConfig};
     pub use forge_scheduler::config::QueueConfig;
+    pub use forge_scheduler::{CronConfig, JobsConfig};
 }
 
 /// Crons: definitions ([`CronJob`](crons::CronJob), which `#[forge::cron]` builds), policies,

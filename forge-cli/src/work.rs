@@ -522,7 +522,11 @@ async fn limit(ctx: &Ctx, args: &LimitArgs, json: bool) -> Outcome {
         } else {
             outln!(
                 "queue {queue}: limits given back to forge.toml (unlimited until a node starts and writes them){}",
-                if had { "" } else { "; no operator had set them" }
+                if had {
+                    ""
+                } else {
+                    "; no operator had set them"
+                }
             );
         }
         return Ok(0);
@@ -533,7 +537,10 @@ async fn limit(ctx: &Ctx, args: &LimitArgs, json: bool) -> Outcome {
         ));
     }
     let rate = match &args.rate {
-        Some(text) => Some(text.parse::<Rate>().map_err(|err| Fail::usage(format!("--rate: {err}")))?),
+        Some(text) => Some(
+            text.parse::<Rate>()
+                .map_err(|err| Fail::usage(format!("--rate: {err}")))?,
+        ),
         None => None,
     };
     let limits = QueueLimits::new(args.global, rate, args.rate_key.clone()).map_err(Fail::usage)?;

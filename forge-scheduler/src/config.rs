@@ -267,9 +267,9 @@ impl<'de> Deserialize<'de> for QueueConfig {
             }
 
             fn visit_i64<E: serde::de::Error>(self, n: i64) -> std::result::Result<QueueConfig, E> {
-                u32::try_from(n)
-                    .map(QueueConfig::from)
-                    .map_err(|_| E::custom(format!("concurrency {n} is out of range: use 1 to 10000")))
+                u32::try_from(n).map(QueueConfig::from).map_err(|_| {
+                    E::custom(format!("concurrency {n} is out of range: use 1 to 10000"))
+                })
             }
 
             fn visit_u64<E: serde::de::Error>(self, n: u64) -> std::result::Result<QueueConfig, E> {

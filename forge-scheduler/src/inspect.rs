@@ -712,7 +712,7 @@ impl Workload {
             return Err(forge_core::Error::InvalidInput { message });
         }
         let mut tx = forge_core::begin(&self.pool).await?;
-        if !new && !self.queue_known(&mut *tx, queue).await? {
+        if !new && !self.queue_known(&mut tx, queue).await? {
             return Ok(None);
         }
         limits
@@ -736,7 +736,7 @@ impl Workload {
         .bind(queue)
         .fetch_one(&mut *tx)
         .await?;
-        if !limited && !self.queue_known(&mut *tx, queue).await? {
+        if !limited && !self.queue_known(&mut tx, queue).await? {
             return Ok(None);
         }
         let had: bool = sqlx::query_scalar("SELECT forge.queue_limit_reset($1, $2, $3)")

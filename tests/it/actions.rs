@@ -449,9 +449,12 @@ async fn a_paused_queue_is_not_claimed_until_resumed() {
     let (db, pool) = setup().await;
     let mut config = job_config(db.url(), "a");
     config.node.queues = Some(vec!["default".into(), "other".into()]);
-    config.jobs.queues = [("default".to_owned(), 4.into()), ("other".to_owned(), 4.into())]
-        .into_iter()
-        .collect();
+    config.jobs.queues = [
+        ("default".to_owned(), 4.into()),
+        ("other".to_owned(), 4.into()),
+    ]
+    .into_iter()
+    .collect();
     let node = Node::builder(config)
         .auto_register(false)
         .job(plain)

@@ -147,7 +147,8 @@ async fn a_global_limit_holds_across_nodes_and_is_reached() {
         || async {
             let queues = workload(&pool).queues().await.unwrap();
             let q = queues.into_iter().find(|q| q.queue == "default")?;
-            q.waiting_on.filter(|w| w == "at global limit (3/3 running)")
+            q.waiting_on
+                .filter(|w| w == "at global limit (3/3 running)")
         },
     )
     .await
@@ -301,18 +302,28 @@ async fn the_aggregator_reports_a_queue_held_back_by_its_limit() {
     let held = r#"forge_job_queue_limited{queue="default",limit="global"}"#;
     limit(&pool, Some(1), None, None).await;
     enqueue(&pool, 3, 60_000, "m").await;
-    wait_until("the queue reported as held back", SOON, Duration::from_millis(50), || {
-        let text = node.render_metrics();
-        async move { (metric(&text, held) == Some(1.0)).then_some(()) }
-    })
+    wait_until(
+        "the queue reported as held back",
+        SOON,
+        Duration::from_millis(50),
+        || {
+            let text = node.render_metrics();
+            async move { (metric(&text, held) == Some(1.0)).then_some(()) }
+        },
+    )
     .await
     .unwrap();
     // Raised above the jobs waiting: none is held back any more.
     limit(&pool, Some(5), None, None).await;
-    wait_until("the queue reported as free", SOON, Duration::from_millis(50), || {
-        let text = node.render_metrics();
-        async move { (metric(&text, held) == Some(0.0)).then_some(()) }
-    })
+    wait_until(
+        "the queue reported as free",
+        SOON,
+        Duration::from_millis(50),
+        || {
+            let text = node.render_metrics();
+            async move { (metric(&text, held) == Some(0.0)).then_some(()) }
+        },
+    )
     .await
     .unwrap();
     node.shutdown().await;

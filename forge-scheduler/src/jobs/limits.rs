@@ -61,9 +61,8 @@ impl Serialize for Rate {
 
 impl<'de> Deserialize<'de> for Rate {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Rate, D::Error> {
-        let text = String::deserialize(d).map_err(|_| {
-            serde::de::Error::custom("expected a rate string such as \"100/1m\"")
-        })?;
+        let text = String::deserialize(d)
+            .map_err(|_| serde::de::Error::custom("expected a rate string such as \"100/1m\""))?;
         text.parse().map_err(serde::de::Error::custom)
     }
 }
@@ -130,7 +129,9 @@ impl QueueLimits {
         {
             return Some((
                 "global_concurrency",
-                format!("global_concurrency {n} must be between 1 and {MAX_LIMIT} (to stop a queue, pause it)"),
+                format!(
+                    "global_concurrency {n} must be between 1 and {MAX_LIMIT} (to stop a queue, pause it)"
+                ),
             ));
         }
         if let Some(key) = &self.rate_key {
@@ -182,7 +183,10 @@ impl QueueLimits {
             .bind(queue)
             .bind(self.global_concurrency.map(|n| n as i32))
             .bind(self.rate.map(|r| r.count as i32))
-            .bind(self.rate.map(|r| r.per.as_millis().min(i64::MAX as u128) as i64))
+            .bind(
+                self.rate
+                    .map(|r| r.per.as_millis().min(i64::MAX as u128) as i64),
+            )
             .bind(self.rate_key.as_deref())
             .bind(by)
             .fetch_one(db)

@@ -135,10 +135,10 @@ use tokio_util::sync::CancellationToken;
 
 #[allow(deprecated)]
 pub use component::{JobQueue, JobRunner};
-pub use limits::{MAX_LIMIT, QueueLimits, Rate};
 pub(crate) use enqueue::JobRow;
 pub(crate) use enqueue::cancel;
 pub use enqueue::{AttemptError, CancelOutcome, Enqueued, JobInfo, Jobs, NewJob};
+pub use limits::{MAX_LIMIT, QueueLimits, Rate};
 
 /// A durable job type, declared with `#[job]` (or implemented by hand, see the
 /// [module docs](self)).
