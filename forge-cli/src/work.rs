@@ -464,9 +464,9 @@ pub(crate) async fn queues(ctx: &Ctx, action: &QueuesCommand, json: bool) -> Out
                     "RETRYABLE",
                     "DEAD",
                     "OLDEST",
-                    "PAUSED",
                     "LIMITS",
                     "WAITING ON",
+                    "PAUSED",
                 ]);
                 for q in &queues {
                     table.row(queue_row(q));
@@ -584,12 +584,12 @@ fn queue_row(q: &QueueView) -> Vec<String> {
         } else {
             "-".to_owned()
         },
-        if q.paused { "yes" } else { "no" }.to_owned(),
         match (q.limits.is_empty(), &q.limits_set_by) {
             (true, _) => "-".to_owned(),
             (false, None) => q.limits.to_string(),
             (false, Some(by)) => format!("{} (by {by})", q.limits),
         },
         q.waiting_on.clone().unwrap_or_else(|| "-".to_owned()),
+        if q.paused { "yes" } else { "no" }.to_owned(),
     ]
 }
