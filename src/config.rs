@@ -321,6 +321,43 @@ mod tests {
     }
 
     #[test]
+    fn queue_limits_load_and_bad_ones_name_the_key_and_line() {
+        let config = Config::from_toml(
+            "[jobs.queues]\nfast = 8\n\n[jobs.queues.mailers]\nconcurrency = 4\nglobal_concurrency = 16\nrate = \"100/1m\"\nrate_key = \"customer_id\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.jobs.concurrency("fast"), 8);
+        assert_eq!(config.jobs.concurrency("mailers"), 4);
+        let limits = config.jobs.limits("mailers");
+        assert_eq!(limits.global_concurrency, Some(16));
+        assert_eq!(limits.to_string(), "global 16, rate 100/1m per customer_id");
+        assert!(config.jobs.limits("fast").is_empty());
+        let msg = parse_err("[jobs.queues.mailers]\nrate = \"100 a minute\"\n");
+        assert!(
+            msg.starts_with("forge.toml:2: `jobs.queues.mailers.rate`") && msg.contains("100/1m"),
+            "{msg}"
+        );
+        let msg = parse_err("[jobs.queues.mailers]\nconcurrency = 4\nglobal_concurrency = 0\n");
+        assert!(
+            msg.starts_with("forge.toml:3: `jobs.queues.mailers.global_concurrency`"),
+            "{msg}"
+        );
+        let msg = parse_err("[jobs.queues.mailers]\nrate_key = \"customer_id\"\n");
+        assert!(
+            msg.starts_with("forge.toml:2: `jobs.queues.mailers.rate_key`")
+                && msg.contains("needs a rate"),
+            "{msg}"
+        );
+        let msg = parse_err("[jobs.queues.mailers]\nconcurrency = 0\n");
+        assert!(
+            msg.starts_with("forge.toml:2: `jobs.queues.mailers.concurrency`"),
+            "{msg}"
+        );
+        let msg = parse_err("[jobs.queues.mailers]\nglobal = 4\n");
+        assert!(msg.contains("unknown field `global`"), "{msg}");
+    }
+
+    #[test]
     fn restrictions_of_roles_are_explicit_and_checked() {
         // Unset: every role with work, so prefer_roles cannot be checked against a list.
         let config = Config::from_toml("[node]\nprefer_roles = [\"billing\"]\n").unwrap();
@@ -487,7 +524,7 @@ mod tests {
         full.node.id = Some("n".into());
         full.node.roles = Some(vec!["scheduler".into()]);
         full.node.queues = Some(vec!["default".into()]);
-        full.jobs.queues.insert("mailers".into(), 4);
+        full.jobs.queues.insert("mailers".into(), 4.into());
         full.metrics.listen = Some("0.0.0.0:1".parse().unwrap());
         full.alerting.runbook_base_url = Some("https://example.com/runbook.md".into());
         let mut keys = Vec::new();

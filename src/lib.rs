@@ -181,6 +181,7 @@ pub mod config_sections {
         AdminConfig, ClusterConfig, DatabaseConfig, Env, LeaderElectionConfig, MembershipConfig,
         MetricsConfig, NodeConfig, ProcessEnv, no_env,
     };
+    pub use forge_scheduler::config::QueueConfig;
     pub use forge_scheduler::{CronConfig, JobsConfig};
 }
 
@@ -213,6 +214,7 @@ pub mod jobs {
         Job, JobAction, JobActions, JobId, JobInfo, JobOptions, JobRunner, JobState, Jobs, NewJob,
     };
     pub use forge_scheduler::jobs::{BackoffFn, UniqueMode};
+    pub use forge_scheduler::jobs::{QueueLimits, Rate};
     // The former name of `JobRunner`, deprecated: see CHANGELOG.md, "Renamed".
     #[allow(deprecated)]
     pub use forge_scheduler::jobs::JobQueue;

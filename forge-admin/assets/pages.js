@@ -171,7 +171,8 @@ export function overview(ctx) {
       replace(queues, table(
         [{ title: 'Queue' }, { title: 'Available', class: 'num' }, { title: 'Scheduled', class: 'num' },
           { title: 'Running', class: 'num' }, { title: 'Retryable', class: 'num' }, { title: 'Dead', class: 'num' },
-          { title: 'Oldest waiting', class: 'num' }, { title: 'State' }, write ? { title: '' } : null].filter(Boolean),
+          { title: 'Oldest waiting', class: 'num' }, { title: 'State' }, { title: 'Limits' },
+          write ? { title: '' } : null].filter(Boolean),
         qs.queues.map((q) => ({
           attrs: { dataset: { queue: q.queue } },
           cells: [
@@ -180,6 +181,7 @@ export function overview(ctx) {
             q.dead ? h('a', { href: `#/jobs?state=dead&queue=${encodeURIComponent(q.queue)}`, class: 'bad-text' }, fmtNumber(q.dead)) : '0',
             q.oldest_available_age_s > 0 ? fmtDuration(q.oldest_available_age_s * 1000) : '-',
             q.paused ? badge('paused', 'warn') : badge('working', 'good'),
+            queueLimits(q),
             write ? queueAction(ctx, q) : null,
           ].filter((c) => c !== null),
         })),
@@ -201,6 +203,18 @@ export function overview(ctx) {
         { empty: 'No cron is registered.', label: 'Crons' }));
     },
   };
+}
+
+// A queue's cluster-wide limits (set with `forge queues limit` or the API) and why its jobs
+// wait on them.
+function queueLimits(q) {
+  const l = q.limits || {};
+  const parts = [];
+  if (l.global_concurrency != null) parts.push(`global ${l.global_concurrency}`);
+  if (l.rate != null) parts.push(l.rate_key ? `rate ${l.rate} per ${l.rate_key}` : `rate ${l.rate}`);
+  if (!parts.length) return '-';
+  const text = h('span', { title: q.limits_set_by ? `set by ${q.limits_set_by}` : 'from forge.toml' }, parts.join(', '));
+  return q.waiting_on ? h('span', {}, text, ' ', badge(q.waiting_on, 'warn')) : text;
 }
 
 function queueAction(ctx, q) {

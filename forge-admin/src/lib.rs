@@ -43,6 +43,7 @@
 //! | `POST /api/jobs/bulk/retry`, `.../cancel`, `.../delete` | every job matching the JSON filter body, in batches |
 //! | `GET /api/queues` | depth by state, oldest available job's age, paused |
 //! | `POST /api/queues/{queue}/pause`, `.../resume` | stop or restart claims of a queue; a queue the cluster does not know is a 404, unless the pause's body is `{"new": true}` |
+//! | `PUT /api/queues/{queue}/limits`, `DELETE` | set a queue's cluster-wide limits (body `{"global_concurrency": 4, "rate": "100/1m", "rate_key": "customer_id"}`, each optional: left out, no such limit; `"new": true` for a queue the cluster does not know), or give them back to forge.toml |
 //!
 //! Pages are `{ "items": [...], "next": cursor | null }`: pass `next` as `before` for the
 //! following page; `limit` is 1 to 500 (default 50). Errors are
@@ -414,6 +415,10 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/queues", get(work::queues))
         .route("/api/queues/{queue}/pause", post(work::pause_queue))
         .route("/api/queues/{queue}/resume", post(work::resume_queue))
+        .route(
+            "/api/queues/{queue}/limits",
+            axum::routing::put(work::set_queue_limits).delete(work::reset_queue_limits),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::guard));
     Router::new()
         .route("/api/health/live", get(cluster::live))

@@ -7,7 +7,7 @@ use axum::routing::{MethodRouter, delete, post};
 use axum::{Extension, Json};
 use forge_core::inspect::{Change, Page};
 use forge_scheduler::inspect::{CronView, JobFilter, TickView};
-use forge_scheduler::jobs::{JobAction, JobId, JobState};
+use forge_scheduler::jobs::{JobAction, JobId, JobState, QueueLimits, Rate};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -409,5 +409,69 @@ pub(crate) async fn resume_queue(
     audit_log("resume_queue", &queue, &by);
     Ok(Json(
         json!({ "queue": queue, "paused": false, "was_paused": was_paused }),
+    ))
+}
+
+/// The body of `PUT /api/queues/{queue}/limits`: the queue's limits, all of them (a key left
+/// out: no such limit).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct QueueLimitsBody {
+    #[serde(default)]
+    global_concurrency: Option<u32>,
+    /// Such as `"100/1m"`.
+    #[serde(default)]
+    rate: Option<String>,
+    #[serde(default)]
+    rate_key: Option<String>,
+    /// Limit it even though the cluster does not know it yet.
+    #[serde(default)]
+    new: bool,
+}
+
+/// Sets a queue's cluster-wide limits as an operator (they win over forge.toml's until reset).
+pub(crate) async fn set_queue_limits(
+    State(state): State<AdminState>,
+    Extension(Actor(by)): Extension<Actor>,
+    ApiPath(queue): ApiPath<String>,
+    ApiJson(body): ApiJson<QueueLimitsBody>,
+) -> ApiResult<Json<Value>> {
+    check_queue(&queue)?;
+    let rate = match &body.rate {
+        Some(text) => Some(
+            text.parse::<Rate>()
+                .map_err(|err| ApiError::bad_request(err).with("parameter", "rate"))?,
+        ),
+        None => None,
+    };
+    let limits = QueueLimits::new(body.global_concurrency, rate, body.rate_key)
+        .map_err(ApiError::bad_request)?;
+    let workload = state.workload.clone();
+    let (q, b, l) = (queue.clone(), by.clone(), limits.clone());
+    state
+        .write(async move { workload.set_queue_limits(&q, &l, &b, body.new).await })
+        .await?
+        .ok_or_else(|| unknown_queue(&queue))?;
+    audit_log("limit_queue", &queue, &by);
+    Ok(Json(json!({ "queue": queue, "limits": limits })))
+}
+
+/// Gives a queue's limits back to forge.toml (removes an operator's).
+pub(crate) async fn reset_queue_limits(
+    State(state): State<AdminState>,
+    Extension(Actor(by)): Extension<Actor>,
+    ApiPath(queue): ApiPath<String>,
+    _: NoBody,
+) -> ApiResult<Json<Value>> {
+    check_queue(&queue)?;
+    let workload = state.workload.clone();
+    let (q, b) = (queue.clone(), by.clone());
+    let had = state
+        .write(async move { workload.reset_queue_limits(&q, &b).await })
+        .await?
+        .ok_or_else(|| unknown_queue(&queue))?;
+    audit_log("reset_queue_limits", &queue, &by);
+    Ok(Json(
+        json!({ "queue": queue, "reset": true, "had_operator_limits": had }),
     ))
 }

@@ -304,6 +304,36 @@ pub(crate) enum QueuesCommand {
         /// The queue.
         queue: String,
     },
+    /// Sets a queue's cluster-wide limits, for every node at once and without a restart: the
+    /// ones given, and no other (`--none`: none at all). An operator's limits win over
+    /// forge.toml's until `--reset`.
+    Limit(LimitArgs),
+}
+
+/// `forge queues limit`.
+#[derive(Debug, Args)]
+pub(crate) struct LimitArgs {
+    /// The queue.
+    pub(crate) queue: String,
+    /// At most this many of its jobs running at once on all nodes together.
+    #[arg(long = "global", value_name = "N")]
+    pub(crate) global: Option<u32>,
+    /// At most this many claims in any window, such as 100/1m.
+    #[arg(long, value_name = "COUNT/WINDOW")]
+    pub(crate) rate: Option<String>,
+    /// The rate per value of this top-level field of the jobs' arguments.
+    #[arg(long, value_name = "FIELD", requires = "rate")]
+    pub(crate) rate_key: Option<String>,
+    /// No limits at all (over forge.toml's, until --reset).
+    #[arg(long, conflicts_with_all = ["global", "rate", "reset"])]
+    pub(crate) none: bool,
+    /// Give the queue's limits back to forge.toml: it is unlimited until a node starts and
+    /// writes forge.toml's.
+    #[arg(long, conflicts_with_all = ["global", "rate"])]
+    pub(crate) reset: bool,
+    /// Limit it although no node works it and it holds no job yet.
+    #[arg(long)]
+    pub(crate) new: bool,
 }
 
 #[derive(Debug, Args)]

@@ -27,7 +27,13 @@ pub(crate) fn check(file: &Path, env: bool, json: bool) -> Outcome {
         .jobs
         .queues
         .iter()
-        .map(|(queue, n)| format!("{queue} {n}"))
+        .map(|(queue, tuning)| {
+            let limits = &tuning.limits;
+            match limits.is_empty() {
+                true => format!("{queue} {}", config.jobs.concurrency(queue)),
+                false => format!("{queue} {} ({limits})", config.jobs.concurrency(queue)),
+            }
+        })
         .chain([format!("others {}", config.jobs.default_concurrency)])
         .collect::<Vec<_>>()
         .join(", ");

@@ -2,10 +2,12 @@
 
 use forge::inspect::{Change, CronView, JobFilter, PageRequest, QueueView, TickView};
 use forge::jobs::JobAction as Action;
-use forge::jobs::{JobId, JobState};
+use forge::jobs::{JobId, JobState, QueueLimits, Rate};
 use serde_json::json;
 
-use crate::args::{CronsCommand, JobAction, JobFilterArgs, JobsCommand, JobsList, QueuesCommand};
+use crate::args::{
+    CronsCommand, JobAction, JobFilterArgs, JobsCommand, JobsList, LimitArgs, QueuesCommand,
+};
 use crate::cluster::print_next;
 use crate::ctx::Ctx;
 use crate::fail::{Fail, Outcome};
@@ -490,6 +492,8 @@ pub(crate) async fn queues(ctx: &Ctx, action: &QueuesCommand, json: bool) -> Out
                     "RETRYABLE",
                     "DEAD",
                     "OLDEST",
+                    "LIMITS",
+                    "WAITING ON",
                     "PAUSED",
                 ]);
                 for q in &queues {
@@ -514,6 +518,7 @@ pub(crate) async fn queues(ctx: &Ctx, action: &QueuesCommand, json: bool) -> Out
             }
             Ok(0)
         }
+        QueuesCommand::Limit(args) => limit(ctx, args, json).await,
         QueuesCommand::Resume { queue } => {
             let Some(was_paused) = workload.resume_queue(queue, &ctx.by).await? else {
                 return Err(unknown_queue(ctx, queue, false));
@@ -530,6 +535,56 @@ pub(crate) async fn queues(ctx: &Ctx, action: &QueuesCommand, json: bool) -> Out
             Ok(0)
         }
     }
+}
+
+/// `forge queues limit`: sets, removes or resets a queue's limits.
+async fn limit(ctx: &Ctx, args: &LimitArgs, json: bool) -> Outcome {
+    let workload = ctx.workload();
+    let queue = &args.queue;
+    if args.reset {
+        let Some(had) = workload.reset_queue_limits(queue, &ctx.by).await? else {
+            return Err(unknown_queue(ctx, queue, false));
+        };
+        if json {
+            out::print_json(&json!({ "queue": queue, "reset": true, "had_operator_limits": had }));
+        } else {
+            outln!(
+                "queue {queue}: limits given back to forge.toml (unlimited until a node starts and writes them){}",
+                if had {
+                    ""
+                } else {
+                    "; no operator had set them"
+                }
+            );
+        }
+        return Ok(0);
+    }
+    if args.global.is_none() && args.rate.is_none() && !args.none {
+        return Err(Fail::usage(
+            "say which limits: --global N, --rate COUNT/WINDOW (with --rate-key FIELD), --none, or --reset".to_owned(),
+        ));
+    }
+    let rate = match &args.rate {
+        Some(text) => Some(
+            text.parse::<Rate>()
+                .map_err(|err| Fail::usage(format!("--rate: {err}")))?,
+        ),
+        None => None,
+    };
+    let limits = QueueLimits::new(args.global, rate, args.rate_key.clone()).map_err(Fail::usage)?;
+    if workload
+        .set_queue_limits(queue, &limits, &ctx.by, args.new)
+        .await?
+        .is_none()
+    {
+        return Err(unknown_queue(ctx, queue, false));
+    }
+    if json {
+        out::print_json(&json!({ "queue": queue, "limits": limits }));
+    } else {
+        outln!("queue {queue}: {limits}, from the next claim on every node");
+    }
+    Ok(0)
 }
 
 fn unknown_queue(ctx: &Ctx, queue: &str, pausing: bool) -> Fail {
@@ -557,6 +612,12 @@ fn queue_row(q: &QueueView) -> Vec<String> {
         } else {
             "-".to_owned()
         },
+        match (q.limits.is_empty(), &q.limits_set_by) {
+            (true, _) => "-".to_owned(),
+            (false, None) => q.limits.to_string(),
+            (false, Some(by)) => format!("{} (by {by})", q.limits),
+        },
+        q.waiting_on.clone().unwrap_or_else(|| "-".to_owned()),
         if q.paused { "yes" } else { "no" }.to_owned(),
     ]
 }

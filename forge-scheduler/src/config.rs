@@ -6,6 +6,8 @@ use std::time::Duration;
 use forge_core::config::{ConfigSource, duration};
 use forge_core::{Error, Result};
 use forge_rules::{Name, check_name, format_duration};
+
+use crate::jobs::{QueueLimits, Rate};
 use serde::{Deserialize, Serialize};
 
 /// `[cron]`: how leader-only schedules behave around failovers, and how long the tick ledger
@@ -79,11 +81,12 @@ pub struct JobsConfig {
     /// How many jobs of one queue run at once on this node, for a queue `queues` does not
     /// tune. Also a role's jobs, on the role's leader.
     pub default_concurrency: u32,
-    /// Per-queue tuning: today a queue's concurrency (jobs of it running at once on this
-    /// node), for the queues whose need differs from `default_concurrency`. Tuning only: which
+    /// Per-queue tuning: a queue's concurrency on this node (`mailers = 4`, or
+    /// `[jobs.queues.mailers] concurrency = 4`), and its cluster-wide limits
+    /// (`global_concurrency`, `rate`, `rate_key`: see [`QueueConfig`]). Tuning only: which
     /// queues a node works is `[node] queues` (unset: the queues its job types declare, and the
     /// ones tuned here).
-    pub queues: BTreeMap<String, u32>,
+    pub queues: BTreeMap<String, QueueConfig>,
     /// Attempts of a job whose declaration does not say `max_attempts`.
     pub default_max_attempts: u32,
     /// How often the Scheduler leader rescues and dead-letters jobs of departed nodes and
@@ -144,17 +147,34 @@ impl JobsConfig {
     pub fn concurrency(&self, queue: &str) -> u32 {
         self.queues
             .get(queue)
-            .copied()
+            .and_then(|q| q.concurrency)
             .unwrap_or(self.default_concurrency)
+    }
+
+    /// The cluster-wide limits forge.toml gives `queue` (none when it gives none).
+    pub fn limits(&self, queue: &str) -> QueueLimits {
+        self.queues
+            .get(queue)
+            .map(|q| q.limits.clone())
+            .unwrap_or_default()
     }
 
     /// Checks the section's values.
     pub fn validate(&self, at: &ConfigSource<'_>) -> Result<()> {
         check_concurrency(at, "jobs.default_concurrency", self.default_concurrency)?;
-        for (queue, concurrency) in &self.queues {
+        for (queue, tuning) in &self.queues {
             let key = format!("jobs.queues.{queue}");
             check_name(Name::Queue, queue).map_err(|err| at.error(&key, err.to_string()))?;
-            check_concurrency(at, &key, *concurrency)?;
+            if let Some(concurrency) = tuning.concurrency {
+                let key = match tuning.short {
+                    true => key.clone(),
+                    false => format!("{key}.concurrency"),
+                };
+                check_concurrency(at, &key, concurrency)?;
+            }
+            if let Some((field, message)) = tuning.limits.problem() {
+                return Err(at.error(&format!("{key}.{field}"), message));
+            }
         }
         if self.default_max_attempts == 0 {
             return Err(at.error("jobs.default_max_attempts", "must be at least 1".into()));
@@ -178,6 +198,115 @@ impl JobsConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// One queue's `[jobs.queues]` entry: `mailers = 4` (its concurrency on this node), or a table
+/// `[jobs.queues.mailers]` with `concurrency`, `global_concurrency`, `rate` (`"100/1m"`) and
+/// `rate_key`. The limits are the cluster's: each node writes forge.toml's to the database at
+/// start (`forge.queue_limits`), where an operator's values win over them until reset.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct QueueConfig {
+    /// Jobs of the queue running at once on this node (unset: `default_concurrency`).
+    pub concurrency: Option<u32>,
+    /// The queue's cluster-wide limits.
+    pub limits: QueueLimits,
+    /// Written in the short form (`mailers = 4`): its errors name the queue's key.
+    short: bool,
+}
+
+/// The short form when it says all (`mailers = 4`), else the table.
+impl Serialize for QueueConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        if let (Some(n), true) = (self.concurrency, self.limits.is_empty()) {
+            return s.serialize_u32(n);
+        }
+        let mut map = s.serialize_map(None)?;
+        if let Some(n) = self.concurrency {
+            map.serialize_entry("concurrency", &n)?;
+        }
+        if let Some(n) = self.limits.global_concurrency {
+            map.serialize_entry("global_concurrency", &n)?;
+        }
+        if let Some(rate) = &self.limits.rate {
+            map.serialize_entry("rate", rate)?;
+        }
+        if let Some(key) = &self.limits.rate_key {
+            map.serialize_entry("rate_key", key)?;
+        }
+        map.end()
+    }
+}
+
+impl From<u32> for QueueConfig {
+    fn from(concurrency: u32) -> QueueConfig {
+        QueueConfig {
+            concurrency: Some(concurrency),
+            limits: QueueLimits::default(),
+            short: true,
+        }
+    }
+}
+
+impl QueueConfig {
+    /// A queue's tuning from its parts.
+    pub fn new(concurrency: Option<u32>, limits: QueueLimits) -> QueueConfig {
+        QueueConfig {
+            concurrency,
+            limits,
+            short: false,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for QueueConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        /// The table form.
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Table {
+            concurrency: Option<u32>,
+            global_concurrency: Option<u32>,
+            rate: Option<Rate>,
+            rate_key: Option<String>,
+        }
+        /// Either form.
+        struct Form;
+        impl<'de> serde::de::Visitor<'de> for Form {
+            type Value = QueueConfig;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a concurrency (mailers = 4) or a table ([jobs.queues.mailers] with concurrency, global_concurrency, rate, rate_key)")
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> std::result::Result<QueueConfig, E> {
+                u32::try_from(n).map(QueueConfig::from).map_err(|_| {
+                    E::custom(format!("concurrency {n} is out of range: use 1 to 10000"))
+                })
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> std::result::Result<QueueConfig, E> {
+                self.visit_i64(i64::try_from(n).unwrap_or(-1))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<QueueConfig, A::Error> {
+                let t = Table::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(QueueConfig::new(
+                    t.concurrency,
+                    QueueLimits {
+                        global_concurrency: t.global_concurrency,
+                        rate: t.rate,
+                        rate_key: t.rate_key,
+                    },
+                ))
+            }
+        }
+        d.deserialize_any(Form)
     }
 }
 

@@ -16,6 +16,7 @@ use crate::cron::{StoredCron, TickState};
 use crate::jobs::{
     CancelOutcome, JOB_SQL, JobAction, JobActions, JobId, JobInfo, JobRow, JobState,
 };
+use crate::jobs::{QueueLimits, Rate};
 
 /// A cron the cluster knows (registered by some node).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -124,6 +125,21 @@ pub struct QueueView {
     pub oldest_available_age_s: f64,
     /// Paused: no node claims its jobs until it is resumed.
     pub paused: bool,
+    /// Its cluster-wide limits (global concurrency, rate), checked by every claim.
+    pub limits: QueueLimits,
+    /// Who set the limits: `None` for forge.toml's (written by a node at start), else the
+    /// operator, whose values win until reset.
+    pub limits_set_by: Option<String>,
+    /// Attempts counted against the global concurrency limit now (running or claimed).
+    pub limited_running: i64,
+    /// Claims counted against the rate in its current window (all rate keys).
+    pub rate_claims: i64,
+    /// When the rate lets the next claim through, when its window is full (without a rate key;
+    /// with one, when the first key's window frees a claim).
+    pub rate_limited_until: Option<DateTime<Utc>>,
+    /// Why its available jobs wait, when a limit holds them: "at global limit (4/4 running)",
+    /// "rate limited until ...".
+    pub waiting_on: Option<String>,
 }
 
 /// Which jobs to list.
@@ -719,8 +735,160 @@ impl Workload {
                 JobState::Completed | JobState::Cancelled => {}
             }
         }
+        self.add_limits(&mut queues).await?;
         Ok(queues)
     }
+
+    /// Adds each queue's limits, what counts against them now, and why its jobs wait (a queue
+    /// with limits and no jobs is listed too).
+    async fn add_limits(&self, queues: &mut Vec<QueueView>) -> Result<()> {
+        /// A queue's limits and their use.
+        #[derive(sqlx::FromRow)]
+        struct LimitRow {
+            queue: String,
+            global_concurrency: Option<i32>,
+            rate_count: Option<i32>,
+            rate_window_ms: Option<i64>,
+            rate_key: Option<String>,
+            set_by: Option<String>,
+            limited_running: i64,
+            rate_claims: i64,
+            rate_full_until: Option<DateTime<Utc>>,
+        }
+        let rows: Vec<LimitRow> = sqlx::query_as(
+            "SELECT l.queue, l.global_concurrency, l.rate_count, l.rate_window_ms, l.rate_key,
+                    l.set_by,
+                    (SELECT count(*) FROM forge.jobs j
+                      WHERE j.namespace = l.namespace AND j.queue = l.queue
+                        AND j.state = 'running' AND j.limited) AS limited_running,
+                    (SELECT count(*) FROM forge.queue_claims c
+                      WHERE c.namespace = l.namespace AND c.queue = l.queue
+                        AND c.claimed_at > clock_timestamp()
+                                           - l.rate_window_ms * interval '1 millisecond') AS rate_claims,
+                    (SELECT min(c.claimed_at) + l.rate_window_ms * interval '1 millisecond'
+                       FROM (SELECT c.rate_key, c.claimed_at,
+                                    count(*) OVER (PARTITION BY c.rate_key) AS n
+                               FROM forge.queue_claims c
+                              WHERE c.namespace = l.namespace AND c.queue = l.queue
+                                AND c.claimed_at > clock_timestamp()
+                                                   - l.rate_window_ms * interval '1 millisecond') c
+                      WHERE c.n >= l.rate_count) AS rate_full_until
+               FROM forge.queue_limits l WHERE l.namespace = $1 ORDER BY l.queue",
+        )
+        .bind(&self.namespace)
+        .fetch_all(&self.pool)
+        .await?;
+        for row in rows {
+            let at = match queues.binary_search_by(|q| q.queue.as_str().cmp(&row.queue)) {
+                Ok(at) => at,
+                Err(at) => {
+                    queues.insert(
+                        at,
+                        QueueView {
+                            queue: row.queue.clone(),
+                            ..QueueView::default()
+                        },
+                    );
+                    at
+                }
+            };
+            let view = &mut queues[at];
+            view.limits = QueueLimits {
+                global_concurrency: row.global_concurrency.map(|n| n.max(0) as u32),
+                rate: row.rate_count.zip(row.rate_window_ms).map(|(n, ms)| Rate {
+                    count: n.max(0) as u32,
+                    per: std::time::Duration::from_millis(ms.max(0) as u64),
+                }),
+                rate_key: row.rate_key,
+            };
+            view.limits_set_by = row.set_by;
+            view.limited_running = row.limited_running;
+            view.rate_claims = row.rate_claims;
+            view.rate_limited_until = row.rate_full_until;
+            view.waiting_on = waiting_on(view);
+        }
+        Ok(())
+    }
+
+    /// Sets a queue's cluster-wide limits as an operator (`by`, in the audit trail): every
+    /// claim from the next on checks them, on every node, and a node's start leaves them alone
+    /// (forge.toml's values apply again after [`Workload::reset_queue_limits`]). `None` when
+    /// the cluster knows no such queue, unless `new`.
+    pub async fn set_queue_limits(
+        &self,
+        queue: &str,
+        limits: &QueueLimits,
+        by: &str,
+        new: bool,
+    ) -> Result<Option<()>> {
+        crate::jobs::validate_queue(queue)
+            .map_err(|message| forge_core::Error::InvalidInput { message })?;
+        if let Some((_, message)) = limits.problem() {
+            return Err(forge_core::Error::InvalidInput { message });
+        }
+        let mut tx = forge_core::begin(&self.pool).await?;
+        if !new && !self.queue_known(&mut tx, queue).await? {
+            return Ok(None);
+        }
+        limits
+            .write(&mut *tx, self.namespace.name(), queue, Some(by))
+            .await?;
+        tx.commit().await?;
+        Ok(Some(()))
+    }
+
+    /// Removes an operator's limits of a queue (in the audit trail): the queue is unlimited
+    /// until a node starts and writes forge.toml's. Returns whether an operator had set them;
+    /// `None` when the cluster knows no such queue.
+    pub async fn reset_queue_limits(&self, queue: &str, by: &str) -> Result<Option<bool>> {
+        crate::jobs::validate_queue(queue)
+            .map_err(|message| forge_core::Error::InvalidInput { message })?;
+        let mut tx = forge_core::begin(&self.pool).await?;
+        let limited: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM forge.queue_limits WHERE namespace = $1 AND queue = $2)",
+        )
+        .bind(&self.namespace)
+        .bind(queue)
+        .fetch_one(&mut *tx)
+        .await?;
+        if !limited && !self.queue_known(&mut tx, queue).await? {
+            return Ok(None);
+        }
+        let had: bool = sqlx::query_scalar("SELECT forge.queue_limit_reset($1, $2, $3)")
+            .bind(&self.namespace)
+            .bind(queue)
+            .bind(by)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(had))
+    }
+
+    async fn queue_known(&self, tx: &mut sqlx::PgConnection, queue: &str) -> Result<bool> {
+        Ok(sqlx::query_scalar("SELECT forge.queue_known($1, $2)")
+            .bind(&self.namespace)
+            .bind(queue)
+            .fetch_one(tx)
+            .await?)
+    }
+}
+
+/// Why a queue's available jobs wait, when one of its limits holds them.
+fn waiting_on(view: &QueueView) -> Option<String> {
+    if let Some(limit) = view.limits.global_concurrency
+        && view.limited_running >= i64::from(limit)
+    {
+        return Some(format!(
+            "at global limit ({}/{limit} running)",
+            view.limited_running
+        ));
+    }
+    view.rate_limited_until.map(|until| {
+        format!(
+            "rate limited until {}",
+            until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        )
+    })
 }
 
 /// Jobs per bulk transaction.

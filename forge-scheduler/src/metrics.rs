@@ -89,6 +89,12 @@ pub(crate) const JOB_DEAD_JOBS: MetricDef = MetricDef::gauge(
     "Dead-lettered jobs of the queue still kept (until [jobs] dead_retention); reported by the metrics_aggregator leader only",
 );
 
+/// `forge_job_queue_limited{queue,limit}`
+pub(crate) const JOB_QUEUE_LIMITED: MetricDef = MetricDef::gauge(
+    "forge_job_queue_limited",
+    "1 while the queue has available jobs and its limit (limit: global, rate) is reached, so they wait for it; 0 otherwise; reported by the metrics_aggregator leader only",
+);
+
 /// Every metric of the crons.
 pub(crate) const CRON_METRICS: &[&MetricDef] = &[
     &CRON_LAG,
@@ -113,7 +119,12 @@ pub(crate) const JOB_SERIES: &[&MetricDef] = &[
 ];
 
 /// The queue figures, reported by the `metrics_aggregator` leader only.
-pub(crate) const JOB_FIGURES: &[&MetricDef] = &[&JOB_QUEUE_DEPTH, &JOB_OLDEST_AGE, &JOB_DEAD_JOBS];
+pub(crate) const JOB_FIGURES: &[&MetricDef] = &[
+    &JOB_QUEUE_DEPTH,
+    &JOB_OLDEST_AGE,
+    &JOB_DEAD_JOBS,
+    &JOB_QUEUE_LIMITED,
+];
 
 forge_core::sql_enum! {
     /// A cluster series (`forge.stats.series`) of the scheduler: counters the nodes publish

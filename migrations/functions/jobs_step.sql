@@ -32,6 +32,18 @@
 -- its claims are fenced: a deposed leader claims nothing (its outcomes are still recorded,
 -- guarded as above). A paused queue (forge.queues) is not claimed from.
 --
+-- A queue's limits (forge.queue_limits: a global concurrency, a rate) bound a queue worker's
+-- claims (a role's jobs, claimed by one leader, are not bound by them). Such a claim takes the
+-- queue's limit lock (a transaction-level advisory lock, so two nodes' claims take turns and
+-- cannot both take the last slot), counts in statements that begin after it (each sees every
+-- claim that released the lock before) the queue's running attempts claimed under the limit
+-- (jobs_limited) and its claims in the rate's window (forge.queue_claims, pruned here), and
+-- claims at most what is left, only jobs that start at once (none ahead: a slot held by a job
+-- waiting on its node would sit idle, and a rate counts starts). A claim cut short answers a
+-- 'limited' row whose pickup_ms says when to claim again: when the window lets the next claim
+-- through, or in a second for a global limit (a recorded outcome of the queue wakes its workers
+-- sooner). A queue without limits pays one primary-key probe of forge.queue_limits.
+--
 -- A claim carries its worker's identity: its node's incarnation and its lane's generation
 -- (forge.job_lanes; the lane is the queue, or '@' || role). It claims only if that is the lane's
 -- current identity, checked under the lane lock that the round trip holds shared from its start,
@@ -113,6 +125,11 @@ DECLARE
     v_start   tid[];
     v_start_all boolean;
     v_lane    text := coalesce(p_queue, '@' || p_role);
+    v_limits  forge.queue_limits;
+    v_room    integer;
+    v_budget  integer;
+    v_wait    double precision;
+    v_claimed_at timestamptz;
 BEGIN
     -- The worker's lane lock, held shared until this round trip's transaction ends: the
     -- worker's reconciliation waits for it, or ends this session (forge.jobs_reconcile).
@@ -302,6 +319,14 @@ BEGIN
                END;
     END IF;
 
+    IF cardinality(p_ids) > 0 AND p_queue IS NOT NULL AND p_role IS NULL
+       AND EXISTS (SELECT 1 FROM forge.queue_limits l
+                    WHERE l.namespace = p_namespace AND l.queue = p_queue
+                      AND l.global_concurrency IS NOT NULL) THEN
+        -- Attempts of a queue with a global limit ended: a slot may be free for any node.
+        PERFORM pg_notify('forge_jobs', p_namespace || ' ' || p_queue);
+    END IF;
+
     IF p_limit <= 0 OR (p_role IS NOT NULL
                         AND NOT forge.fence_holds(p_namespace, p_role, p_epoch, p_tenure))
        OR (p_queue IS NOT NULL AND EXISTS (SELECT 1 FROM forge.queues q
@@ -318,6 +343,87 @@ BEGIN
                             NULL::smallint, NULL::timestamptz;
         RETURN;
     END IF;
+    IF p_role IS NULL THEN
+        SELECT * INTO v_limits FROM forge.queue_limits l
+         WHERE l.namespace = p_namespace AND l.queue = p_queue
+           AND (l.global_concurrency IS NOT NULL OR l.rate_count IS NOT NULL);
+        IF FOUND THEN
+            -- The queue's limit lock, then its limits again: they may have changed meanwhile.
+            PERFORM pg_advisory_xact_lock(hashtext('forge.queue_limit'),
+                                          hashtext(p_namespace || ' ' || p_queue));
+            SELECT * INTO v_limits FROM forge.queue_limits l
+             WHERE l.namespace = p_namespace AND l.queue = p_queue;
+            p_limit := least(p_limit, p_start);
+            IF p_limit <= 0 THEN
+                v_wait := 0;
+            END IF;
+            IF v_limits.global_concurrency IS NOT NULL THEN
+                SELECT v_limits.global_concurrency - count(*) INTO v_room FROM forge.jobs j
+                 WHERE j.namespace = p_namespace AND j.queue = p_queue
+                   AND j.state = 'running' AND j.limited;
+                IF v_room < p_limit THEN
+                    p_limit := greatest(v_room, 0);
+                    v_wait := 1000;
+                END IF;
+            END IF;
+            IF v_limits.rate_count IS NOT NULL AND p_limit > 0 THEN
+                DELETE FROM forge.queue_claims c
+                 WHERE c.namespace = p_namespace AND c.queue = p_queue
+                   AND c.claimed_at <= clock_timestamp()
+                                       - v_limits.rate_window_ms * interval '1 millisecond';
+                IF v_limits.rate_key IS NULL THEN
+                    SELECT v_limits.rate_count - count(*) INTO v_budget FROM forge.queue_claims c
+                     WHERE c.namespace = p_namespace AND c.queue = p_queue AND c.rate_key = '';
+                    IF v_budget < p_limit THEN
+                        p_limit := greatest(v_budget, 0);
+                        SELECT least(v_wait, greatest(extract(epoch FROM min(c.claimed_at)
+                                   + v_limits.rate_window_ms * interval '1 millisecond'
+                                   - clock_timestamp()) * 1000, 1))
+                          INTO v_wait FROM forge.queue_claims c
+                         WHERE c.namespace = p_namespace AND c.queue = p_queue AND c.rate_key = '';
+                    END IF;
+                ELSIF p_limit > 0 THEN
+                    -- Per rate key: the first jobs of the queue (up to 10 times the claim's
+                    -- size, and 100 more), of which each key's first ones within its budget.
+                    SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
+                      FROM (SELECT w.*, row_number() OVER (PARTITION BY w.rate_key
+                                                           ORDER BY w.priority, w.run_at, w.id) AS nth
+                              FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at,
+                                           coalesce(j.args ->> v_limits.rate_key, '') AS rate_key
+                                      FROM forge.jobs j
+                                     WHERE j.namespace = p_namespace AND j.queue = p_queue
+                                       AND j.state = 'available' AND j.role IS NULL
+                                       AND j.kind = ANY (p_kinds)
+                                     ORDER BY j.priority, j.run_at, j.id
+                                     LIMIT p_limit * 10 + 100
+                                       FOR UPDATE SKIP LOCKED) w) c
+                     WHERE c.nth <= v_limits.rate_count
+                                    - (SELECT count(*) FROM forge.queue_claims q
+                                        WHERE q.namespace = p_namespace AND q.queue = p_queue
+                                          AND q.rate_key = c.rate_key);
+                    v_tids := v_tids[1:p_limit];
+                    IF coalesce(cardinality(v_tids), 0) < p_limit THEN
+                        -- (Perhaps only the end of the queue: then the wait is moot, as a
+                        -- new job wakes the workers.)
+                        SELECT least(v_wait, greatest(extract(epoch FROM min(c.claimed_at)
+                                   + v_limits.rate_window_ms * interval '1 millisecond'
+                                   - clock_timestamp()) * 1000, 1))
+                          INTO v_wait FROM forge.queue_claims c
+                         WHERE c.namespace = p_namespace AND c.queue = p_queue;
+                        p_limit := coalesce(cardinality(v_tids), 0);
+                    END IF;
+                END IF;
+            END IF;
+            -- The limits' row: the worker claims nothing ahead, and claims again after
+            -- pickup_ms when the claim was cut short (NULL: it was not).
+            RETURN QUERY SELECT NULL::bigint, false, NULL::text, NULL::jsonb, NULL::integer,
+                                NULL::integer, NULL::bigint, v_wait, 'limited'::text,
+                                NULL::smallint, NULL::timestamptz;
+            IF p_limit <= 0 THEN
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
     -- Claims of one queue on several nodes run side by side: SKIP LOCKED skips the rows another
     -- claim has locked, and re-checks (EvalPlanQual) and drops those committed after this
     -- statement's snapshot. (They used to take turns under an advisory lock, which spared that
@@ -331,7 +437,9 @@ BEGIN
     -- lock_timeout). The worker claims from the head now and then, and whenever a claim
     -- from its floor comes back short, for jobs that sort before it (a higher priority, a
     -- promoted scheduled job, a job another claimer had locked).
-    IF p_role IS NULL AND p_after_id IS NOT NULL THEN
+    IF v_limits.rate_key IS NOT NULL THEN
+        NULL; -- claimed above, per rate key
+    ELSIF p_role IS NULL AND p_after_id IS NOT NULL THEN
         SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
           FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs j
                  WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
@@ -362,6 +470,17 @@ BEGIN
     END IF;
     -- The claimed rows, locked above, by ctid: the first p_start of the claim order start now
     -- (the slice taken once, not once per row).
+    IF v_limits.rate_count IS NOT NULL THEN
+        -- One instant for the claim's rows here and its jobs' attempted_at: the window a claim
+        -- counts is the one its jobs show.
+        v_claimed_at := clock_timestamp();
+        INSERT INTO forge.queue_claims (namespace, queue, rate_key, claimed_at)
+        SELECT p_namespace, p_queue,
+               CASE WHEN v_limits.rate_key IS NULL THEN ''
+                    ELSE coalesce(j.args ->> v_limits.rate_key, '') END,
+               v_claimed_at
+          FROM forge.jobs j WHERE j.ctid = ANY (v_tids);
+    END IF;
     v_start_all := p_start >= coalesce(cardinality(v_tids), 0);
     v_start := CASE WHEN NOT v_start_all THEN v_tids[1:p_start] END;
     RETURN QUERY
@@ -369,8 +488,10 @@ BEGIN
        SET state = 'running', attempt = j.attempt + 1, node_id = p_node,
            epoch = CASE WHEN p_role IS NOT NULL THEN p_epoch END,
            tenure = CASE WHEN p_role IS NOT NULL THEN p_tenure END,
-           attempted_at = clock_timestamp(),
-           started_at = CASE WHEN v_start_all OR j.ctid = ANY (v_start) THEN clock_timestamp() END
+           limited = v_limits.global_concurrency IS NOT NULL,
+           attempted_at = coalesce(v_claimed_at, clock_timestamp()),
+           started_at = CASE WHEN v_start_all OR j.ctid = ANY (v_start)
+                             THEN coalesce(v_claimed_at, clock_timestamp()) END
      WHERE j.ctid = ANY (v_tids)
     RETURNING j.id, true, j.kind, j.args, j.attempt, j.max_attempts, j.timeout_ms,
               extract(epoch FROM j.attempted_at - j.run_at)::double precision * 1000,

@@ -300,7 +300,7 @@ async fn a_triggered_cron_runs_once_on_its_leader_even_when_asked_without_one() 
 async fn jobs_are_retried_cancelled_and_deleted_one_by_one_and_by_filter() {
     let (db, pool) = setup().await;
     let mut config = job_config(db.url(), "a");
-    config.jobs.queues = [("default".to_owned(), 4)].into_iter().collect();
+    config.jobs.queues = [("default".to_owned(), 4.into())].into_iter().collect();
     let node = Node::builder(config)
         .auto_register(false)
         .job(plain)
@@ -449,9 +449,12 @@ async fn a_paused_queue_is_not_claimed_until_resumed() {
     let (db, pool) = setup().await;
     let mut config = job_config(db.url(), "a");
     config.node.queues = Some(vec!["default".into(), "other".into()]);
-    config.jobs.queues = [("default".to_owned(), 4), ("other".to_owned(), 4)]
-        .into_iter()
-        .collect();
+    config.jobs.queues = [
+        ("default".to_owned(), 4.into()),
+        ("other".to_owned(), 4.into()),
+    ]
+    .into_iter()
+    .collect();
     let node = Node::builder(config)
         .auto_register(false)
         .job(plain)

@@ -2041,3 +2041,53 @@ async fn output_to_a_closed_pipe_ends_the_command_quietly() {
     );
     assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
 }
+
+/// `forge queues limit` sets a queue's limits (shown by `forge queues`), refuses bad values
+/// with what is wrong, and gives them back to forge.toml with `--reset`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_limits_are_set_shown_and_reset() {
+    let db = migrated_db().await;
+    let url = db.url();
+    let run = forge(
+        url,
+        &[
+            "queues", "limit", "mail", "--global", "4", "--rate", "100/1m", "--new",
+        ],
+    )
+    .await
+    .ok();
+    assert!(
+        run.stdout.contains("global 4, rate 100/1m"),
+        "{}",
+        run.stdout
+    );
+    let queues = forge(url, &["queues", "--json"]).await.ok().json();
+    assert_eq!(queues[0]["queue"], "mail");
+    assert_eq!(queues[0]["limits"]["global_concurrency"], 4);
+    assert_eq!(queues[0]["limits"]["rate"], "100/1m");
+    assert_eq!(
+        queues[0]["limits_set_by"].as_str().map(|b| !b.is_empty()),
+        Some(true)
+    );
+    let table = forge(url, &["queues"]).await.ok();
+    assert!(
+        table.stdout.contains("LIMITS") && table.stdout.contains("global 4"),
+        "{}",
+        table.stdout
+    );
+    let run = forge(url, &["queues", "limit", "mail", "--rate", "100 a minute"])
+        .await
+        .expect(2);
+    assert!(run.stderr.contains("100/1m"), "{}", run.stderr);
+    let run = forge(url, &["queues", "limit", "mail"]).await.expect(2);
+    assert!(run.stderr.contains("--global"), "{}", run.stderr);
+    forge(url, &["queues", "limit", "mail", "--reset"])
+        .await
+        .ok();
+    let queues = forge(url, &["queues", "--json"]).await.ok().json();
+    assert_eq!(
+        queues,
+        serde_json::json!([]),
+        "no limits, no jobs: no queue"
+    );
+}

@@ -41,7 +41,7 @@ pub(crate) fn job_config(url: &str, node: &str) -> Config {
 pub(crate) fn served_job_config(url: &str, node: &str, charted: bool) -> Config {
     let mut config = job_config(url, node);
     config.node.queues = Some(vec!["work".into()]);
-    config.jobs.queues = [("work".to_owned(), 2)].into_iter().collect();
+    config.jobs.queues = [("work".to_owned(), 2.into())].into_iter().collect();
     config.admin.listen = Some("127.0.0.1:0".parse().unwrap());
     if charted {
         config.node.roles = Some(vec!["scheduler".into(), "metrics_aggregator".into()]);
@@ -369,7 +369,7 @@ async fn an_attempt_past_its_timeout_fails_and_is_retried() {
 async fn a_panicking_handler_fails_its_attempt_and_the_worker_keeps_working() {
     let (db, pool) = setup().await;
     let mut config = job_config(db.url(), "a");
-    config.jobs.queues = [("default".to_owned(), 1)].into_iter().collect();
+    config.jobs.queues = [("default".to_owned(), 1.into())].into_iter().collect();
     let node = start(config).await;
     let panics = inserted(
         node.jobs()
@@ -753,7 +753,7 @@ async fn bulk_enqueued_jobs_all_run_exactly_once_on_two_nodes() {
     // A node that works mailers runs them, though their type declares another queue.
     let mut config = job_config(db.url(), "c");
     config.node.queues = Some(vec!["mailers".into()]);
-    config.jobs.queues = [("mailers".to_owned(), 4)].into_iter().collect();
+    config.jobs.queues = [("mailers".to_owned(), 4.into())].into_iter().collect();
     let c = start(config).await;
     wait_until(
         "c to run the jobs enqueued on mailers",
@@ -806,7 +806,7 @@ async fn priorities_order_waiting_jobs_and_run_at_defers_them() {
     assert_eq!(info.state, JobState::Scheduled);
 
     let mut config = job_config(db.url(), "a");
-    config.jobs.queues = [("default".to_owned(), 1)].into_iter().collect();
+    config.jobs.queues = [("default".to_owned(), 1.into())].into_iter().collect();
     let node = start(config).await;
     for (_, id, _) in &expected {
         wait_state(&pool, *id, JobState::Completed).await;
@@ -1152,7 +1152,7 @@ async fn bad_job_declarations_and_config_are_clear_errors() {
     );
 
     let mut config = job_config(url, "a");
-    config.jobs.queues = [("default".to_owned(), 0)].into_iter().collect();
+    config.jobs.queues = [("default".to_owned(), 0.into())].into_iter().collect();
     let err = Node::builder(config)
         .auto_register(false)
         .job(plain)
@@ -1290,7 +1290,7 @@ async fn a_job_notified_while_a_claim_is_in_flight_is_claimed_next() {
     .await
     .unwrap();
     let mut config = job_config(db.url(), "a");
-    config.jobs.queues = [("default".to_owned(), 1)].into_iter().collect();
+    config.jobs.queues = [("default".to_owned(), 1.into())].into_iter().collect();
     let node = start(config).await;
     let jobs = client(&pool);
     let first = inserted(jobs.enqueue(plain, Behave::tag("first")).await.unwrap());

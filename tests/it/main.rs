@@ -54,6 +54,7 @@ mod exactly_once;
 mod faults;
 mod flow;
 mod jobs;
+mod limits;
 mod model;
 mod module_graph;
 mod observability;

@@ -113,7 +113,7 @@ async fn counters_are_exported_at_zero_from_the_start() {
     let mut config = crate::jobs::job_config(db.url(), "a");
     config.node.roles = Some(vec!["scheduler".into(), "log_compactor".into()]);
     config.node.queues = Some(vec!["default".into(), "mailers".into()]);
-    config.jobs.queues.insert("mailers".into(), 2);
+    config.jobs.queues.insert("mailers".into(), 2.into());
     let noop = |_ctx: CronContext| async { Ok::<_, forge::CronError>(()) };
     let yearly = CronJob::new("yearly", Schedule::parse("0 0 1 1 *").unwrap(), noop);
     // A cron of a role this node does not campaign for: only that role's leaders count it.
@@ -908,7 +908,7 @@ async fn job_attempts_cron_runs_and_elections_run_in_spans() {
     let db = fresh_db().await;
     let mut config = crate::jobs::job_config(db.url(), "traced");
     config.node.queues = Some(vec!["default".into(), "traces".into()]);
-    config.jobs.queues.insert("traces".into(), 1);
+    config.jobs.queues.insert("traces".into(), 1.into());
     let every_second = CronJob::new(
         "every_second",
         Schedule::parse("* * * * * *").unwrap(),

@@ -244,7 +244,7 @@ async fn a_claim_that_reaches_the_server_after_its_worker_reconciled_takes_nothi
     let server = PgServer::shared().unwrap();
     let proxy = PgProxy::start(server.host(), server.port()).unwrap();
     let mut config = job_config(&proxy.url_for(server, db.name()), "b");
-    config.jobs.queues = [("default".to_owned(), 2)].into_iter().collect();
+    config.jobs.queues = [("default".to_owned(), 2.into())].into_iter().collect();
     let b = jobs_node(config).await;
     // One slot busy throughout; b keeps the connections of its lanes while it works.
     span_running(&b, "late: holding", 20_000).await;
@@ -825,7 +825,7 @@ impl Job for CutBegin {
 async fn a_handlers_begin_cut_by_its_timeout_leaves_no_transaction_behind() {
     let (db, pool) = setup().await;
     let mut config = job_config(db.url(), "a");
-    config.jobs.queues = [("default".to_owned(), 1)].into_iter().collect();
+    config.jobs.queues = [("default".to_owned(), 1.into())].into_iter().collect();
     let node = jobs_node(config).await;
     for round in 1..=30 {
         let id = node.jobs().enqueue(CutBegin, ()).await.unwrap().id();

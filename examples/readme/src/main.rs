@@ -251,6 +251,17 @@ mod job_flow {
     }
 }
 
+/// The guide's "Jobs", "Limits across the cluster".
+#[rustfmt::skip]
+mod limits {
+    // For every node at once, without a restart; recorded in the audit trail as "ops".
+    async fn limit_mailers(node: &forge::Node) -> Result<(), Box<dyn std::error::Error>> {
+        let limits = forge::jobs::QueueLimits::new(Some(16), Some("100/1m".parse()?), None)?;
+        node.workload().set_queue_limits("mailers", &limits, "ops", false).await?;
+        Ok(())
+    }
+}
+
 /// The guide's "Alerts and metrics", "Your metrics and FORGE's in one scrape".
 #[rustfmt::skip]
 mod one_scrape {

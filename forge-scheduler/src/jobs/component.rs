@@ -236,6 +236,7 @@ async fn node_service(shared: Arc<Shared>, ctx: NodeContext, specs: Vec<WorkerSp
             }
         }
     }
+    write_config_limits(&shared, &ctx, &specs).await;
     shared.ready.send_replace(Some(ctx.clone()));
     let mut workers = JoinSet::new();
     for spec in specs {
@@ -244,6 +245,34 @@ async fn node_service(shared: Arc<Shared>, ctx: NodeContext, specs: Vec<WorkerSp
         workers.spawn(worker::run_node_worker(shared.clone(), ctx.clone(), spec));
     }
     while workers.join_next().await.is_some() {}
+}
+
+/// Writes forge.toml's cluster-wide limits of the queues this node works or tunes
+/// (`forge.queue_limits`; a queue without limits in forge.toml loses those forge.toml gave it
+/// before), except where an operator set them: theirs win until reset.
+async fn write_config_limits(shared: &Shared, ctx: &NodeContext, specs: &[WorkerSpec]) {
+    let queues: BTreeSet<&str> = specs
+        .iter()
+        .map(|s| s.queue.as_str())
+        .chain(shared.config.queues.keys().map(String::as_str))
+        .collect();
+    for queue in queues {
+        let limits = shared.config.limits(queue);
+        match limits
+            .write_as_config(ctx.pool(), shared.namespace.name(), queue)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                info!(target: "forge::job", queue = %queue,
+                      "an operator set this queue's limits: forge.toml's are not applied (reset them with `forge queues limit <queue> --reset`)");
+            }
+            Err(err) => {
+                warn!(target: "forge::job", queue = %queue, error = %err,
+                      "cannot write forge.toml's limits of this queue: the database keeps the ones it has");
+            }
+        }
+    }
 }
 
 /// Rescues the jobs this node's previous run left running (it holds its id's lock now, so no

@@ -1,7 +1,8 @@
 //! The `metrics_aggregator` leader's queue figures: every `[jobs] maintenance_interval` (15 s by
 //! default), the unfinished jobs by queue,
 //! kind and state (`forge_job_queue_depth`), the age of each queue's oldest due job
-//! (`forge_job_oldest_age_seconds`) and the dead jobs (`forge_job_dead_jobs`), reported by that
+//! (`forge_job_oldest_age_seconds`), the dead jobs (`forge_job_dead_jobs`) and whether a
+//! queue's limit holds its available jobs back (`forge_job_queue_limited`), reported by that
 //! leader only (registered through the tenure's metrics: they go when the tenure ends), so
 //! that one scrape sees the whole cluster's queues; once per
 //! `[metrics] rollup_interval`, the same as cluster series (`queue_depth`,
@@ -23,7 +24,7 @@ use tokio::time::{Instant, sleep, timeout};
 use tracing::debug;
 
 use super::JobState;
-use crate::metrics::{JOB_DEAD_JOBS, JOB_OLDEST_AGE, JOB_QUEUE_DEPTH, Series};
+use crate::metrics::{JOB_DEAD_JOBS, JOB_OLDEST_AGE, JOB_QUEUE_DEPTH, JOB_QUEUE_LIMITED, Series};
 
 /// One look at the queues.
 #[derive(Default)]
@@ -34,6 +35,8 @@ struct Look {
     oldest: BTreeMap<String, f64>,
     /// queue -> dead jobs.
     dead: BTreeMap<String, f64>,
+    /// (queue, limit) -> whether the limit holds available jobs back.
+    limited: BTreeMap<(String, String), bool>,
 }
 
 /// A look takes at most one part in `LOOK_SHARE` of the leader's time (2 % of one database
@@ -100,9 +103,15 @@ async fn look(leadership: &Leadership) -> Result<(Look, Duration), Error> {
             .bind(leadership.namespace())
             .fetch_all(&mut *session)
             .await?;
-        Ok::<_, Error>((rows, started.elapsed()))
+        let took = started.elapsed();
+        let reached: Vec<(String, String, Option<bool>)> =
+            sqlx::query_as("SELECT * FROM forge.queue_limits_reached($1)")
+                .bind(leadership.namespace())
+                .fetch_all(&mut *session)
+                .await?;
+        Ok::<_, Error>(((rows, reached), took))
     };
-    let (rows, took) = timeout(leadership.lease_duration(), rows)
+    let ((rows, reached), took) = timeout(leadership.lease_duration(), rows)
         .await
         .map_err(|_| Error::Database(sqlx::Error::PoolTimedOut))??;
     let mut look = Look::default();
@@ -124,6 +133,14 @@ async fn look(leadership: &Leadership) -> Result<(Look, Duration), Error> {
             *oldest = oldest.max(age.unwrap_or_default().max(0.0));
         }
         look.depth.insert((queue, kind, state), n);
+    }
+    for (queue, limit, reached) in reached {
+        let waiting = look
+            .depth
+            .iter()
+            .any(|((q, _, s), n)| *q == queue && *s == JobState::Available && *n > 0.0);
+        look.limited
+            .insert((queue, limit), waiting && reached == Some(true));
     }
     Ok((look, took))
 }
@@ -151,6 +168,11 @@ fn report(leadership: &Leadership, look: &Look, before: &Look) {
         .chain(before.oldest.keys())
         .chain(before.dead.keys())
         .collect();
+    for (queue, limit) in look.limited.keys().chain(before.limited.keys()) {
+        let held = look.limited.get(&(queue.clone(), limit.clone())) == Some(&true);
+        m.gauge(&JOB_QUEUE_LIMITED, &[("queue", queue), ("limit", limit)])
+            .set(if held { 1.0 } else { 0.0 });
+    }
     for queue in queues {
         m.gauge(&JOB_OLDEST_AGE, &[("queue", queue)])
             .set(look.oldest.get(queue).copied().unwrap_or(0.0));

@@ -114,6 +114,7 @@ mod component;
 mod enqueue;
 mod figures;
 pub(crate) mod flow;
+mod limits;
 mod maintenance;
 mod shared;
 mod wire;
@@ -139,6 +140,7 @@ pub(crate) use enqueue::cancel;
 pub use enqueue::{AttemptError, CancelOutcome, Enqueued, JobInfo, Jobs, NewJob};
 pub(crate) use enqueue::{JOB_SQL, JobRow};
 pub use flow::{ParentFailure, Workflow};
+pub use limits::{MAX_LIMIT, QueueLimits, Rate};
 
 /// A durable job type, declared with `#[job]` (or implemented by hand, see the
 /// [module docs](self)).

@@ -81,6 +81,9 @@ forge_core::sql_enum! {
         Refused = "refused",
         /// Nothing claimed: the claim did not carry its lane's current identity.
         Stale = "stale",
+        /// The queue has limits (global concurrency, rate): claim nothing ahead, and claim
+        /// again after `pickup_ms` when the claim was cut short by them.
+        Limited = "limited",
     }
 }
 

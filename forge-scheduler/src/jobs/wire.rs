@@ -207,6 +207,9 @@ pub(super) enum StepAnswer {
     /// The claim carried a stale identity (the lane was taken since the worker's last
     /// reconciliation): it claimed nothing.
     Stale,
+    /// The queue has limits; when they cut the claim short, how long until a claim may take
+    /// more (milliseconds).
+    Limited { wait_ms: Option<f64> },
 }
 
 /// A claimed job, as `forge.jobs_step` answers it.
@@ -245,6 +248,12 @@ struct StepHead {
     state: String,
 }
 
+/// A `limited` row: when the queue's limits let a claim take more.
+#[derive(sqlx::FromRow)]
+struct LimitedRow {
+    pickup_ms: Option<f64>,
+}
+
 /// The job a row is about, where the row's kind says it has one.
 #[derive(sqlx::FromRow)]
 struct JobOfRow {
@@ -257,8 +266,14 @@ impl StepAnswer {
         if head.claimed {
             return Ok(StepAnswer::Claimed(ClaimedRow::from_row(row)?));
         }
-        if StepRow::parse(&head.state) == Some(StepRow::Stale) {
-            return Ok(StepAnswer::Stale);
+        match StepRow::parse(&head.state) {
+            Some(StepRow::Stale) => return Ok(StepAnswer::Stale),
+            Some(StepRow::Limited) => {
+                return Ok(StepAnswer::Limited {
+                    wait_ms: LimitedRow::from_row(row)?.pickup_ms,
+                });
+            }
+            _ => {}
         }
         Ok(StepAnswer::Exception {
             id: JobOfRow::from_row(row)?.id,

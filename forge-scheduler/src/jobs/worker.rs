@@ -193,6 +193,9 @@ struct Wants {
     /// A claim was sent since the last reconciliation: reconcile within [`RECONCILE_EVERY`] of
     /// that reconciliation.
     claimed_since_reconcile: bool,
+    /// The queue's limits cut the last claim short: claim again then (the window lets a claim
+    /// through, or a slot may have freed unheard).
+    claim_at: Option<Instant>,
 }
 
 struct Worker {
@@ -220,6 +223,9 @@ struct Worker {
     generation: Option<i64>,
     /// When the last reconciliation was answered.
     reconciled_at: Instant,
+    /// The last claim answered that the queue has cluster-wide limits (`forge.queue_limits`):
+    /// claim no job ahead of a free slot (it would hold a slot, or a rate's share, idle).
+    limited: bool,
 }
 
 impl Drop for Worker {
@@ -290,6 +296,7 @@ impl Worker {
             floor: None,
             generation: None,
             reconciled_at: Instant::now(),
+            limited: false,
         }
     }
 
@@ -303,7 +310,10 @@ impl Worker {
     /// How many jobs to claim now, and how many of them can start at once.
     fn room(&self) -> (usize, usize) {
         let held = self.attempts.running() + self.attempts.claimed.len();
-        let ahead = claim_ahead(self.spec.concurrency, self.pace.0.0, self.pace.1.trusted());
+        let ahead = match self.limited {
+            true => 0,
+            false => claim_ahead(self.spec.concurrency, self.pace.0.0, self.pace.1.trusted()),
+        };
         room(self.spec.concurrency, held, ahead)
     }
 
@@ -431,6 +441,12 @@ impl Worker {
                     if Instant::now() >= self.ctx.standing().until() {
                         self.cut_off();
                     }
+                    None
+                }
+                _ = async { sleep_until(self.wants.claim_at.expect("guarded")).await },
+                    if self.wants.claim_at.is_some() => {
+                    self.wants.claim_at = None;
+                    self.wants.claim = true;
                     None
                 }
                 _ = async { sleep_until(self.wants.reconcile_at.expect("guarded")).await },
@@ -724,6 +740,10 @@ impl Worker {
         let mut ahead = Vec::new();
         let mut claimed = 0usize;
         let mut highest: Option<Floor> = None;
+        if trip.limit > 0 {
+            // (Answered afresh by each claim.)
+            self.limited = false;
+        }
         for row in &rows {
             match StepAnswer::decode(row)? {
                 StepAnswer::Claimed(job) => {
@@ -740,6 +760,13 @@ impl Worker {
                 }
                 StepAnswer::Exception { id, recorded_as } => {
                     exceptions.insert(id, recorded_as);
+                }
+                StepAnswer::Limited { wait_ms } => {
+                    self.limited = true;
+                    if let Some(ms) = wait_ms {
+                        let at = Instant::now() + Duration::from_secs_f64(ms.max(0.0) / 1000.0);
+                        self.wants.claim_at = Some(self.wants.claim_at.map_or(at, |t| t.min(at)));
+                    }
                 }
                 StepAnswer::Stale => {
                     // The lane was taken since this worker's last reconciliation (the node's

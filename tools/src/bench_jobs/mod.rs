@@ -14,6 +14,7 @@
 //! cargo run --release -p forge-tools --bin bench_jobs -- --only throughput --peers   # graphile_worker side by side
 //! cargo run --release -p forge-tools --bin bench_jobs -- --quick --only limit --both-modes [--batch 128]
 //! cargo run --release -p forge-tools --bin bench_jobs -- --only pool   # what the pool's guard costs
+//! cargo run --release -p forge-tools --bin bench_jobs -- --quick --only limits   # queue limits side by side
 //! ```
 //!
 //! Side by side with the peer: `--peers` builds `tools/peers` and runs graphile_worker at its
@@ -50,6 +51,10 @@
 //! `/proc` times, when the server runs on this machine); the throughput rounds print the same
 //! for the drain, the enqueue and the node processes.
 //!
+//! Queue limits (`--only limits`, not to be confused with `limit`): 2 nodes drain short jobs
+//! without limits, under a global concurrency limit of 16 and under a rate, side by side in each
+//! round (`queue_limits.rs`).
+//!
 //! The pool's guard (`--only pool`): the node's pool checks at each release that the connection
 //! is outside any transaction block (one statement, bounded) and pings it, bounded, before
 //! handing it out; a pool with sqlx's defaults pings at every acquire and release, unbounded. Both pools (10 connections each, on one database) run cycles
@@ -71,6 +76,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use forge::jobs::QueueLimits;
 use forge_testkit::{PgOptions, PgServer};
 
 mod drain;
@@ -82,6 +88,7 @@ mod meter;
 mod node;
 mod peer;
 mod pool;
+mod queue_limits;
 
 use drain::drain;
 use harness::{Bench, median, percentile};
@@ -92,6 +99,7 @@ pub use node::{NODE_FLAG, node};
 use peer::peer_round;
 pub use peer::{PEER_LABEL, build_peer};
 use pool::pool_guard;
+use queue_limits::{NAP_MS, limited_drain};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -99,7 +107,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 const HELP: &str = "bench_jobs: FORGE's job queue benchmark (see tools/src/bench_jobs/ for what each part measures)
 
   --quick                 1 round of each part, 20 s idle window (default: 3 rounds, 60 s)
-  --only PART             throughput, latency, idle, limit or pool
+  --only PART             throughput, latency, idle, limit, limits (queue limits) or pool
   --nodes N               throughput with N nodes only (default: 1 and 2)
   --jobs N                jobs drained per throughput round (default 20000)
   --backlog N             N available jobs in another queue, in every measurement's database
@@ -343,6 +351,8 @@ pub async fn bench(options: Options) -> Result<Figures, BoxError> {
         .filter(|n| part("throughput") && only_nodes.is_none_or(|only| only == *n))
         .collect();
     let limits = part("limit");
+    let queue_limits = options.only.as_deref() == Some("limits");
+    let mut limited_rates: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     let batch = options.batch;
     // Rounds interleaved (peer, FORGE's drains by mode and nodes, the limits), so that a slow
     // minute of a shared machine falls on all of them rather than on one.
@@ -382,6 +392,34 @@ pub async fn bench(options: Options) -> Result<Figures, BoxError> {
                 enqueues.push(d.enqueue_per_s);
             }
         }
+        if queue_limits {
+            let jobs = options.jobs.unwrap_or(4000);
+            let rate = format!("{}/1s", jobs / 8);
+            let runs: [(&str, Option<QueueLimits>); 3] = [
+                ("unlimited", None),
+                ("global 16", Some(QueueLimits::new(Some(16), None, None)?)),
+                (
+                    "rate",
+                    Some(QueueLimits::new(None, Some(rate.parse()?), None)?),
+                ),
+            ];
+            for (label, limits) in runs {
+                let l = limited_drain(&mut bench, jobs, limits).await?;
+                println!(
+                    "  limits, {label}, 2 nodes, round {round}: {:>8.0} jobs/s, {:>5.1} running on average ({jobs} jobs of {NAP_MS} ms, concurrency 16 per node{})",
+                    l.per_s,
+                    l.running,
+                    if label == "rate" {
+                        format!(", rate {rate}")
+                    } else {
+                        String::new()
+                    }
+                );
+                let (rates, running) = limited_rates.entry(label).or_default();
+                rates.push(l.per_s);
+                running.push(l.running);
+            }
+        }
         if limits {
             for &mode in &options.modes {
                 for connections in [1, 2] {
@@ -408,6 +446,14 @@ pub async fn bench(options: Options) -> Result<Figures, BoxError> {
             .collect::<Vec<_>>()
             .join(" / ")
     };
+    for (label, (rates, running)) in limited_rates {
+        println!(
+            "LIMITS {label}: median {:.0} jobs/s, {:.1} running on average (rounds {})",
+            median(rates.clone()),
+            median(running),
+            runs(&rates)
+        );
+    }
     for ((mode, nodes), [drains, walls, enqueues]) in rates {
         let drain = median(drains.clone());
         figures.throughput.insert((mode, nodes), drain);

@@ -30,6 +30,20 @@ impl Job for noop {
     }
 }
 
+/// A job that sleeps its argument's milliseconds (the queue limits' part).
+#[allow(non_camel_case_types)]
+pub(super) struct nap;
+
+impl Job for nap {
+    type Args = u64;
+    const KIND: &'static str = "nap";
+
+    async fn run(&self, _: JobContext, ms: u64) -> Result<(), JobError> {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        Ok(())
+    }
+}
+
 /// A job that prints how long after its enqueue (wall clock, microseconds) it started.
 #[allow(non_camel_case_types)]
 pub(super) struct ping;
@@ -69,6 +83,7 @@ pub async fn node(config: String) -> ExitCode {
             .auto_register(false)
             .job(noop)
             .job(ping)
+            .job(nap)
             .start()
             .await
     };

@@ -19,8 +19,14 @@
 //!
 //! * `soak_tick`, a per-second cron (`catch_up = "all"`, `overlap = "wait"`) whose handler, in
 //!   its fenced transaction, inserts an effect row (no unique key: a repeated effect is a second
-//!   row), enqueues one `soak_tx_job` and one `soak_plain_job`, and completes the tick in the
-//!   same commit: exactly once;
+//!   row), enqueues one `soak_tx_job` and one `soak_plain_job` (and one `soak_limited_job`
+//!   and four `soak_rated_job`s, below), and completes the tick in the same commit: exactly
+//!   once;
+//! * `soak_limited_job` (queue `limited`, `global_concurrency = 2`, 300 ms) and
+//!   `soak_rated_job` (queue `rated`, `rate = "5/1s"`): each attempt's row in `soak_limit_runs`
+//!   (the claim's instant, the handler's start and end); the report prints the limited queue's
+//!   most attempts at once and the rated queue's most claims in any 1 s window, and FAILs above
+//!   the limit;
 //! * `soak_default_tick`, a per-second cron with `catch_up = "all"` and the default overlap
 //!   (since issue 22 `"wait"` under `catch_up = "all"`, `"skip"` before): an effect row, a read
 //!   of `forge.jobs` and the tick's completion in its fenced transaction (with

@@ -52,6 +52,8 @@ pub(crate) async fn node_main(config_path: String) -> ExitCode {
         .job(soak_tx_job)
         .job(soak_plain_job)
         .job(soak_burst_job)
+        .job(soak_limited_job)
+        .job(soak_rated_job)
         .job(soak_big_job)
         .job(soak_hog_n1)
         .job(soak_hog_n2)
@@ -167,6 +169,16 @@ async fn tick_transaction(
         .await?;
     jobs.enqueue_in(&mut *tx, soak_plain_job, TickArgs { tick_us })
         .await?;
+    // The limited queue's job (300 ms, at most 2 at once in the cluster: one a tick fits), and
+    // the rated queue's (4 a tick under a rate of 5 a second: the rate holds back the bursts
+    // of ticks caught up after a failover).
+    jobs.enqueue_in(&mut *tx, soak_limited_job, TickArgs { tick_us })
+        .await?;
+    jobs.enqueue_many_in(
+        &mut *tx,
+        (0..4).map(|_| NewJob::new(soak_rated_job, TickArgs { tick_us })),
+    )
+    .await?;
     ctx.complete(&mut tx).await?;
     hold_if_asked(
         &mut tx,
@@ -300,6 +312,42 @@ async fn soak_plain_job(ctx: JobContext, args: TickArgs) -> Result<(), JobError>
     Ok(())
 }
 
+/// An attempt of a job of a limited queue: its row in `soak_limit_runs` (the claim's instant,
+/// the handler's start), then `work`, then its end.
+async fn limit_run(ctx: &JobContext, queue: &str, work: Duration) -> Result<(), JobError> {
+    let _mark = HandlerMark::start(ctx);
+    sqlx::query(
+        "INSERT INTO soak_limit_runs (job_id, attempt, queue, claimed_at)
+         SELECT id, attempt, $2, attempted_at FROM forge.jobs WHERE id = $1
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(ctx.id().0)
+    .bind(queue)
+    .execute(ctx.pool())
+    .await?;
+    tokio::time::sleep(work).await;
+    sqlx::query(
+        "UPDATE soak_limit_runs SET finished_at = clock_timestamp() WHERE job_id = $1 AND attempt = $2",
+    )
+    .bind(ctx.id().0)
+    .bind(ctx.attempt() as i32)
+    .execute(ctx.pool())
+    .await?;
+    Ok(())
+}
+
+/// A job of the queue `limited` (global_concurrency = 2): 300 ms.
+#[forge::job(name = "soak_limited_job", queue = "limited", max_attempts = 100)]
+async fn soak_limited_job(ctx: JobContext, _args: TickArgs) -> Result<(), JobError> {
+    limit_run(&ctx, "limited", Duration::from_millis(300)).await
+}
+
+/// A job of the queue `rated` (rate = "5/1s"): no work.
+#[forge::job(name = "soak_rated_job", queue = "rated", max_attempts = 100)]
+async fn soak_rated_job(ctx: JobContext, _args: TickArgs) -> Result<(), JobError> {
+    limit_run(&ctx, "rated", Duration::ZERO).await
+}
+
 /// A no-op job of 100 ms, enqueued by the harness in a burst just before a write stall, so that
 /// workers claim while commits stall: a claim whose commit waits past the statement bound is
 /// dropped by its worker, and commits (invisibly until the stall ends) after the worker's
@@ -423,7 +471,7 @@ drift_after = "1500ms"
 down_after = "{down}s"
 
 [node]
-queues = ["default", "hog_{id}"]
+queues = ["default", "hog_{id}", "limited", "rated"]
 
 [jobs]
 maintenance_interval = "5s"
@@ -432,6 +480,14 @@ drain_timeout = "2s"
 [jobs.queues]
 default = 8
 hog_{id} = {hogs}
+
+[jobs.queues.limited]
+concurrency = 2
+global_concurrency = 2
+
+[jobs.queues.rated]
+concurrency = 2
+rate = "5/1s"
 "#,
         lease = LEASE.as_secs(),
         down = DOWN_AFTER.as_secs(),

@@ -57,6 +57,18 @@ CREATE TABLE soak_job_effects (
 );
 CREATE INDEX soak_job_effects_job ON soak_job_effects (job_id);
 
+-- The attempts of the limited queue's and the rated queue's jobs, as their handlers saw them:
+-- the claim's instant (the job's attempted_at), the handler's start and end (database clock).
+CREATE TABLE soak_limit_runs (
+    job_id      bigint      NOT NULL,
+    attempt     integer     NOT NULL,
+    queue       text        NOT NULL,
+    claimed_at  timestamptz NOT NULL,
+    started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    finished_at timestamptz,
+    PRIMARY KEY (job_id, attempt)
+);
+
 CREATE TABLE soak_leader_work (
     id     bigserial   PRIMARY KEY,
     role   text        NOT NULL,
