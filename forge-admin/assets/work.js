@@ -113,6 +113,10 @@ function cronDetail(ctx, name) {
           ['Missing, last 24 h', fmtNumber(c.missing_24h)],
           ['Status', cronStatus(c)],
           ['Registered by', c.last_seen_by],
+          ['Job', c.job_kind
+            ? h('span', { dataset: { field: 'job' } }, 'stored in the database: enqueues ', h('code', {}, c.job_kind), ' ',
+              h('code', {}, JSON.stringify(c.job_args)))
+            : 'defined in code'],
         ]),
         cronActions(ctx, c));
       const seen = new Set();

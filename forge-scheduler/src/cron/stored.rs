@@ -5,7 +5,7 @@
 //! nodes' cron-registry service reads every stored definition into the board (at start, and on
 //! each notification on `forge_crons`, which `forge.cron_store` and `forge.cron_unstore` send),
 //! and the scheduler's leader keeps one cron loop per stored cron, the same loop as a cron of
-//! code's (ledger, claim, catch-up, overlap, interrupted runs): [`keep_stored`] stops the loop
+//! code's (ledger, claim, catch-up, overlap, interrupted runs): `supervisor/stored.rs` stops the loop
 //! of a changed or deleted cron (a run in progress ends first) and starts the new one. The
 //! tick's handler enqueues the job in the tick's fenced transaction and completes the tick in
 //! it (`clients.rs`, since `cron` does not use `jobs`): a tick enqueues its job exactly once.
@@ -15,23 +15,19 @@
 //! cron logs an error, and no leader runs that cron of code while the stored one exists (the
 //! stored one runs).
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forge_core::{Error, Leadership, Result, Role};
+use forge_core::{Error, Result, Role};
 use forge_cron::Schedule;
 use forge_rules::{Name, check_duration, check_name};
 use serde_json::{Value, json};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::error;
 
-use super::supervisor::{Batchers, Settings, run_cron};
-use super::{CatchUp, CronContext, CronError, CronJob, Interrupted, Overlap, ledger};
+use super::{CatchUp, CronContext, CronError, CronJob, Interrupted, Overlap};
 
 /// A cron stored in the database: a schedule, the job its ticks enqueue (a `#[job]` kind and
 /// its JSON arguments), and the same policies as a `#[cron]`'s. It runs on the scheduler's
@@ -209,7 +205,7 @@ impl StoredCron {
 
     /// The cron loop's definition: this schedule and these policies on the scheduler's role,
     /// with a handler that enqueues the job through `enqueue`.
-    fn cron_job(&self, enqueue: &EnqueueTick) -> CronJob {
+    pub(super) fn cron_job(&self, enqueue: &EnqueueTick) -> CronJob {
         let (enqueue, kind, args) = (enqueue.clone(), self.kind.clone(), self.args.clone());
         let mut job = CronJob::new(self.name.clone(), self.schedule.clone(), move |ctx| {
             enqueue(ctx, kind.clone(), args.clone())
@@ -391,91 +387,6 @@ pub(crate) type EnqueueTick = Arc<
         + Send
         + Sync,
 >;
-
-/// A stored cron's loop in this tenure.
-struct Kept {
-    cron: StoredCron,
-    stop: CancellationToken,
-    running: JoinHandle<()>,
-}
-
-/// The scheduler's leader task for stored crons, for one tenure: keeps one cron loop per stored
-/// cron of the board, restarting it when its definition changes and stopping it when it is
-/// deleted, until the tenure ends (then the loops drain as the crons of code's do). `code`: the
-/// names of the crons of code running in this tenure (a stored cron of such a name - stored in
-/// a race with the registration of the cron of code - is not run).
-pub(super) async fn keep_stored(
-    code: BTreeSet<String>,
-    enqueue: EnqueueTick,
-    leadership: Leadership,
-    settings: Arc<Settings>,
-    batchers: Batchers,
-) {
-    let mut board = settings.board.subscribe();
-    let mut kept: BTreeMap<String, Kept> = BTreeMap::new();
-    loop {
-        let wanted = board.borrow_and_update().stored.clone();
-        // Stop the loops of crons changed or deleted; each ends its run in progress first.
-        let stale: Vec<String> = kept
-            .iter()
-            .filter(|(name, k)| wanted.get(*name) != Some(&k.cron))
-            .map(|(name, _)| name.clone())
-            .collect();
-        for name in stale {
-            if let Some(k) = kept.remove(&name) {
-                k.stop.cancel();
-                let _ = k.running.await;
-                info!(target: "forge::cron", cron = %name, "stored cron changed or deleted: its loop stopped");
-            }
-        }
-        for (name, cron) in &wanted {
-            if kept.contains_key(name) || code.contains(name) {
-                continue;
-            }
-            let resume = loop {
-                match ledger::resume_stored(&leadership, name).await {
-                    Ok(resume) => break Some(resume),
-                    Err(err) => {
-                        warn!(target: "forge::cron", cron = %name, error = %err,
-                              "cannot read a stored cron's ledger; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                            _ = leadership.stopping() => break None,
-                        }
-                    }
-                }
-            };
-            let Some(resume) = resume else { break };
-            let stop = CancellationToken::new();
-            let running = tokio::spawn(run_cron(
-                cron.cron_job(&enqueue),
-                leadership.clone(),
-                resume,
-                settings.clone(),
-                batchers.clone(),
-                stop.clone(),
-            ));
-            info!(target: "forge::cron", cron = %name, kind = %cron.kind, schedule = %cron.schedule,
-                  "running stored cron");
-            kept.insert(
-                name.clone(),
-                Kept {
-                    cron: cron.clone(),
-                    stop,
-                    running,
-                },
-            );
-        }
-        tokio::select! {
-            changed = board.changed() => if changed.is_err() { break },
-            _ = leadership.stopping() => break,
-        }
-    }
-    // The loops see the tenure end themselves; wait for their drains.
-    for (_, k) in kept {
-        let _ = k.running.await;
-    }
-}
 
 /// Reports the crons of code of this binary that carry the name of a stored cron: they do not
 /// run while the stored cron exists.

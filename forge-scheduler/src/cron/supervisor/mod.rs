@@ -49,6 +49,7 @@ mod gates;
 mod outcomes;
 mod recovery;
 mod runs;
+mod stored;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,7 +65,7 @@ use super::CronJob;
 use super::clock::DbClock;
 use super::ledger::{self, Board, Resume};
 use super::plan::{self, to_delta};
-use super::stored::{EnqueueTick, keep_stored, report_shadowed};
+use super::stored::{EnqueueTick, report_shadowed};
 use crate::metrics::{CRON_MISSED, CRON_UNKNOWN};
 pub(super) use batch::Batchers;
 use batch::batches;
@@ -72,6 +73,7 @@ use gates::GatePassed;
 use outcomes::CronMetrics;
 use recovery::recover;
 use runs::Runs;
+use stored::keep_stored;
 
 /// Attempts of one tick under [`Interrupted::Rerun`], the first included.
 const MAX_TICK_ATTEMPTS: i32 = 3;
