@@ -63,7 +63,7 @@ mod routing;
 mod schema;
 mod skew;
 mod snooze;
-mod unique;
 mod stalls;
 mod support;
 mod ui;
+mod unique;
