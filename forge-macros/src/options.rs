@@ -325,7 +325,9 @@ fn literal(expr: &Expr, spec: &Spec) -> syn::Result<Value> {
         }
     };
     let value = match (spec.kind, lit, negative) {
-        (Kind::Str | Kind::Choice(_) | Kind::StrOrFn, Lit::Str(lit), false) => Value::Str(lit.clone()),
+        (Kind::Str | Kind::Choice(_) | Kind::StrOrFn, Lit::Str(lit), false) => {
+            Value::Str(lit.clone())
+        }
         (Kind::Duration, Lit::Str(lit), false) => Value::Duration(duration(spec.name, lit)?),
         (Kind::Int, Lit::Int(lit), _) => {
             let value: i128 = lit.base10_parse()?;

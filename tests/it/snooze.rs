@@ -154,14 +154,22 @@ async fn a_snooze_counts_no_attempt_shows_in_the_history_and_frees_its_slot() {
     let id = inserted(node.jobs().enqueue(napper, (3, 300)).await.unwrap());
     let job = wait_state(&pool, id, JobState::Completed).await;
     let reasons: Vec<_> = job.errors.iter().map(|e| e.reason.as_str()).collect();
-    assert_eq!(reasons, ["snoozed", "snoozed", "snoozed", "error"], "{:?}", job.errors);
+    assert_eq!(
+        reasons,
+        ["snoozed", "snoozed", "snoozed", "error"],
+        "{:?}",
+        job.errors
+    );
     assert_eq!(job.errors[0].error, "snoozed for 300ms");
     assert_eq!(job.errors[0].node.as_deref(), Some("a"));
     let naps = nap_times(&pool, id).await;
     assert_eq!(naps.len(), 5, "{naps:?}");
     for pair in naps[..4].windows(2) {
         let gap = pair[1].1 - pair[0].1;
-        assert!(gap >= 0.3, "a snooze of 300 ms ran again after {gap}s: {naps:?}");
+        assert!(
+            gap >= 0.3,
+            "a snooze of 300 ms ran again after {gap}s: {naps:?}"
+        );
     }
 
     // A long snooze frees the only slot: a job enqueued after it runs meanwhile.
@@ -172,7 +180,11 @@ async fn a_snooze_counts_no_attempt_shows_in_the_history_and_frees_its_slot() {
     let job = client(&pool).get(sleeper).await.unwrap().unwrap();
     assert_eq!(job.state, JobState::Scheduled, "{job:?}");
     assert_eq!(job.attempt, 1);
-    assert_eq!(job.max_attempts, Some(3), "the snoozed attempt is given back");
+    assert_eq!(
+        job.max_attempts,
+        Some(3),
+        "the snoozed attempt is given back"
+    );
     node.shutdown().await;
 }
 
@@ -219,7 +231,11 @@ async fn max_snoozes_of_the_config_bounds_a_type_that_declares_none() {
     let job = wait_state(&pool, id, JobState::Dead).await;
     assert_eq!(job.errors.len(), 1, "{:?}", job.errors);
     assert_eq!(job.errors[0].reason, "too_many_snoozes");
-    assert!(job.errors[0].error.contains("max_snoozes (0)"), "{:?}", job.errors);
+    assert!(
+        job.errors[0].error.contains("max_snoozes (0)"),
+        "{:?}",
+        job.errors
+    );
     node.shutdown().await;
 }
 

@@ -46,7 +46,8 @@ async fn a_hundred_concurrent_enqueues_of_one_key_in_a_period_create_one_job() {
             let pool = wide.clone();
             let together = together.clone();
             tokio::spawn(async move {
-                let job = keyed(&format!("n{i}"), "sync:42").unique_period(Duration::from_secs(3600));
+                let job =
+                    keyed(&format!("n{i}"), "sync:42").unique_period(Duration::from_secs(3600));
                 let jobs = client(&pool);
                 let mut conn = pool.acquire().await.unwrap();
                 together.wait().await;
@@ -76,7 +77,8 @@ async fn a_hundred_concurrent_enqueues_of_one_key_in_a_period_create_one_job() {
     assert!(
         results
             .iter()
-            .all(|r| r.id() == winners[0] && (r.is_duplicate() || *r == Enqueued::Inserted(winners[0]))),
+            .all(|r| r.id() == winners[0]
+                && (r.is_duplicate() || *r == Enqueued::Inserted(winners[0]))),
         "{results:?}"
     );
     assert_eq!(count_jobs(&pool, "sync:42").await, 1);
@@ -127,11 +129,8 @@ async fn a_period_counts_finished_and_pruned_jobs_and_then_ends() {
     assert_eq!(again, Enqueued::Duplicate(first));
 
     // Once the period is over, the next enqueue inserts.
-    let second = forge_testkit::wait_until(
-        "the period to end",
-        SOON,
-        Duration::from_millis(50),
-        || {
+    let second =
+        forge_testkit::wait_until("the period to end", SOON, Duration::from_millis(50), || {
             let jobs = jobs.clone();
             async move {
                 match jobs
@@ -143,10 +142,9 @@ async fn a_period_counts_finished_and_pruned_jobs_and_then_ends() {
                     _ => None,
                 }
             }
-        },
-    )
-    .await
-    .unwrap();
+        })
+        .await
+        .unwrap();
     let (first_at, second_at): (chrono::DateTime<Utc>, chrono::DateTime<Utc>) = sqlx::query_as(
         "SELECT k.enqueued_at, j.created_at FROM forge.job_keys k, forge.jobs j
           WHERE k.unique_key = 'hourly' AND j.id = $1",
@@ -156,10 +154,11 @@ async fn a_period_counts_finished_and_pruned_jobs_and_then_ends() {
     .await
     .unwrap();
     assert_eq!(first_at, second_at, "the new job holds the key");
-    let held = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM forge.jobs WHERE unique_key = 'hourly'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let held =
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM forge.jobs WHERE unique_key = 'hourly'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(held, 1);
 
     // A key whose job is gone and whose period is over is pruned; one still held is not.
@@ -180,9 +179,12 @@ async fn a_period_counts_finished_and_pruned_jobs_and_then_ends() {
             .await
             .unwrap()
     };
-    forge_testkit::wait_until("the compactor to prune the key", SOON, Duration::from_millis(50), || async {
-        (!keys().await.contains(&"gone".to_owned())).then_some(())
-    })
+    forge_testkit::wait_until(
+        "the compactor to prune the key",
+        SOON,
+        Duration::from_millis(50),
+        || async { (!keys().await.contains(&"gone".to_owned())).then_some(()) },
+    )
     .await
     .unwrap();
     assert!(keys().await.contains(&"hourly".to_owned()));
@@ -201,9 +203,13 @@ async fn the_covered_states_decide_what_blocks() {
             .unwrap(),
     );
     let second = inserted(
-        jobs.enqueue_job(keyed("b", "s").unique_states(states).delay(Duration::from_secs(600)))
-            .await
-            .unwrap(),
+        jobs.enqueue_job(
+            keyed("b", "s")
+                .unique_states(states)
+                .delay(Duration::from_secs(600)),
+        )
+        .await
+        .unwrap(),
     );
     assert_ne!(first, second);
     // The scheduled holder blocks.
@@ -227,8 +233,7 @@ async fn the_covered_states_decide_what_blocks() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replace_keeps_exactly_one_waiting_job_with_the_last_arguments_under_concurrent_enqueues()
-{
+async fn replace_keeps_exactly_one_waiting_job_with_the_last_arguments_under_concurrent_enqueues() {
     let (db, pool) = setup().await;
     // No node works the jobs: they wait. The order in which the enqueues took the key is the
     // order of the sequence values drawn right after them, in the same transaction (the key's
@@ -323,12 +328,20 @@ async fn keep_earliest_run_at_takes_the_arguments_and_keeps_the_earlier_run_at()
     );
     // Replace takes the later one as given.
     let r = jobs
-        .enqueue_job(keyed("4", "e").unique_mode(UniqueMode::Replace).run_at(at(30)))
+        .enqueue_job(
+            keyed("4", "e")
+                .unique_mode(UniqueMode::Replace)
+                .run_at(at(30)),
+        )
         .await
         .unwrap();
     assert_eq!(r, Enqueued::Replaced(id));
     let job = client(&pool).get(id).await.unwrap().unwrap();
-    assert!(job.run_at > earlier + TimeDelta::minutes(10), "{}", job.run_at);
+    assert!(
+        job.run_at > earlier + TimeDelta::minutes(10),
+        "{}",
+        job.run_at
+    );
     assert_eq!(count_jobs(&pool, "e").await, 1);
 }
 

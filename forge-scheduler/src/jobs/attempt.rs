@@ -111,10 +111,7 @@ impl Snoozer {
                 Ok(Ok(_)) => return Snoozed::Done,
                 Ok(Err(err)) => failure = err.to_string(),
                 Err(_) => {
-                    failure = format!(
-                        "no answer within {}",
-                        fmt_duration(self.statement_bound)
-                    );
+                    failure = format!("no answer within {}", fmt_duration(self.statement_bound));
                 }
             }
             sleep(Duration::from_millis(100)).await;
