@@ -7,7 +7,7 @@ use forge_core::config::{ConfigSource, duration};
 use forge_core::{Error, Result};
 use forge_rules::{Name, check_name, format_duration};
 
-use crate::jobs::{QueueLimits, Rate};
+use crate::limits::{QueueLimits, Rate};
 use serde::{Deserialize, Serialize};
 
 /// `[cron]`: how leader-only schedules behave around failovers, and how long the tick ledger

@@ -10,6 +10,7 @@ pub mod config;
 pub mod cron;
 pub mod inspect;
 pub mod jobs;
+mod limits;
 mod metrics;
 #[cfg(test)]
 mod schema;

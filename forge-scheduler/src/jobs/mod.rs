@@ -114,7 +114,6 @@ mod component;
 mod enqueue;
 mod figures;
 pub(crate) mod flow;
-mod limits;
 mod maintenance;
 mod shared;
 mod wire;
@@ -134,13 +133,13 @@ use forge_rules::{Name, check_name};
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 
+pub use crate::limits::{MAX_LIMIT, QueueLimits, Rate};
 #[allow(deprecated)]
 pub use component::{JobQueue, JobRunner};
 pub(crate) use enqueue::cancel;
 pub use enqueue::{AttemptError, CancelOutcome, Enqueued, JobInfo, Jobs, NewJob};
 pub(crate) use enqueue::{JOB_SQL, JobRow};
 pub use flow::{ParentFailure, Workflow};
-pub use limits::{MAX_LIMIT, QueueLimits, Rate};
 
 /// A durable job type, declared with `#[job]` (or implemented by hand, see the
 /// [module docs](self)).
