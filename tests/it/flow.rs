@@ -11,7 +11,6 @@ use forge::jobs::{JobId, JobState, NewJob, ParentFailure, Workflow};
 use forge::{Config, Node};
 use forge_testkit::{NodeProcess, TestDatabase, wait_until};
 use sqlx::PgPool;
-use tokio::process::Command;
 
 use crate::jobs::{FLOW_TABLE_SQL, Step, StepOutput, flow_step, job_config, setup, wait_state};
 use crate::support::*;
@@ -303,19 +302,9 @@ struct FlowNode {
 
 impl FlowNode {
     async fn start(config: &std::path::Path, id: &str) -> FlowNode {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_forge-job-node"));
-        command
-            .arg(config)
-            .env("FORGE_NODE_ID", id)
-            .env_remove("DATABASE_URL")
-            .env_remove("FORGE_ROLES")
-            .env_remove("FORGE_METRICS_LISTEN");
-        let mut process = NodeProcess::spawn(command).unwrap().named(id);
-        process
-            .wait_for_line("READY", SOON, |line| line.starts_with("FORGE-JOBS READY"))
-            .await
-            .unwrap();
-        FlowNode { process }
+        FlowNode {
+            process: crate::jobs::process::spawn_job_node(config, id).await,
+        }
     }
 }
 

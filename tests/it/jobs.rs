@@ -5,7 +5,7 @@
 #[path = "../job_types.rs"]
 mod job_types;
 #[path = "jobs_process.rs"]
-mod process;
+pub(crate) mod process;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

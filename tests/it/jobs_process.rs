@@ -47,20 +47,28 @@ struct JobNode {
 
 impl JobNode {
     async fn start(config: &std::path::Path, id: &str) -> JobNode {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_forge-job-node"));
-        command
-            .arg(config)
-            .env("FORGE_NODE_ID", id)
-            .env_remove("DATABASE_URL")
-            .env_remove("FORGE_ROLES")
-            .env_remove("FORGE_METRICS_LISTEN");
-        let mut process = NodeProcess::spawn(command).unwrap().named(id);
-        process
-            .wait_for_line("READY", SOON, |line| line.starts_with("FORGE-JOBS READY"))
-            .await
-            .unwrap();
-        JobNode { process }
+        JobNode {
+            process: spawn_job_node(config, id).await,
+        }
     }
+}
+
+/// A `forge-job-node` process (tests/job_node.rs) with `config`, started and ready: the one way
+/// the process tests of jobs start one.
+pub(crate) async fn spawn_job_node(config: &std::path::Path, id: &str) -> NodeProcess {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_forge-job-node"));
+    command
+        .arg(config)
+        .env("FORGE_NODE_ID", id)
+        .env_remove("DATABASE_URL")
+        .env_remove("FORGE_ROLES")
+        .env_remove("FORGE_METRICS_LISTEN");
+    let mut process = NodeProcess::spawn(command).unwrap().named(id);
+    process
+        .wait_for_line("READY", SOON, |line| line.starts_with("FORGE-JOBS READY"))
+        .await
+        .unwrap();
+    process
 }
 
 async fn write_config(

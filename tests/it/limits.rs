@@ -13,7 +13,6 @@ use forge::jobs::{QueueLimits, Rate};
 use forge::{Config, LockNamespace, Node};
 use forge_testkit::{NodeProcess, wait_until};
 use sqlx::PgPool;
-use tokio::process::Command;
 
 use crate::jobs::{Behave, job_config, metric, plain, setup};
 use crate::support::*;
@@ -355,19 +354,7 @@ async fn bad_limits_are_refused_with_what_is_wrong() {
 
 /// The job node process, with the default queue limited in its forge.toml.
 async fn limited_node(config: &std::path::Path, id: &str) -> NodeProcess {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_forge-job-node"));
-    command
-        .arg(config)
-        .env("FORGE_NODE_ID", id)
-        .env_remove("DATABASE_URL")
-        .env_remove("FORGE_ROLES")
-        .env_remove("FORGE_METRICS_LISTEN");
-    let mut process = NodeProcess::spawn(command).unwrap().named(id);
-    process
-        .wait_for_line("READY", SOON, |line| line.starts_with("FORGE-JOBS READY"))
-        .await
-        .unwrap();
-    process
+    crate::jobs::process::spawn_job_node(config, id).await
 }
 
 /// Waits until `n` plain jobs completed.

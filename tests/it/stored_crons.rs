@@ -11,7 +11,6 @@ use forge::inspect::{Upserted, Workload};
 use forge::{Config, LockNamespace, Node, Schedule};
 use forge_testkit::{NodeProcess, wait_until};
 use sqlx::PgPool;
-use tokio::process::Command;
 
 use crate::admin::Api;
 use crate::cli::forge;
@@ -323,19 +322,7 @@ fn node_toml(url: &str) -> String {
 }
 
 async fn spawn_job_node(config: &std::path::Path, id: &str) -> NodeProcess {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_forge-job-node"));
-    command
-        .arg(config)
-        .env("FORGE_NODE_ID", id)
-        .env_remove("DATABASE_URL")
-        .env_remove("FORGE_ROLES")
-        .env_remove("FORGE_METRICS_LISTEN");
-    let mut process = NodeProcess::spawn(command).unwrap().named(id);
-    process
-        .wait_for_line("READY", SOON, |line| line.starts_with("FORGE-JOBS READY"))
-        .await
-        .unwrap();
-    process
+    crate::jobs::process::spawn_job_node(config, id).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
