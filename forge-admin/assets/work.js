@@ -11,7 +11,7 @@ const enc = encodeURIComponent;
 
 // --- Crons -------------------------------------------------------------------------------
 
-function cronActions(ctx, c) {
+function cronActions(ctx, c, { onDeleted } = {}) {
   if (!ctx.canWrite()) return null;
   const verb = c.paused_at ? 'resume' : 'pause';
   return h('span', { class: 'actions' },
@@ -26,7 +26,7 @@ function cronActions(ctx, c) {
     ), { focus: `cron-trigger-${c.name}`, action: 'trigger-cron', kind: 'write' }),
     c.job_kind ? [' ', button('Edit', () => cronForm(ctx, c), {
       focus: `cron-edit-${c.name}`, action: 'edit-cron', kind: 'write', title: `Change the stored cron ${c.name}`,
-    }), ' ', button('Delete', () => deleteCron(ctx, c), {
+    }), ' ', button('Delete', () => deleteCron(ctx, c, onDeleted), {
       focus: `cron-delete-${c.name}`, action: 'delete-cron', kind: 'write', danger: true, title: `Delete the stored cron ${c.name}`,
     })] : null);
 }
@@ -71,12 +71,12 @@ function cronForm(ctx, c) {
   }, { submitLabel: c ? 'Save changes' : 'Create', action: 'save-cron' });
 }
 
-async function deleteCron(ctx, c) {
+async function deleteCron(ctx, c, onDeleted) {
   const yes = await confirmDialog(`Delete cron ${c.name}?`,
     `The stored cron ${c.name} stops: no tick of it enqueues a job any more (its ledger of ticks stays until [cron] ledger_retention).`, 'Delete');
   if (!yes) return;
   const ok = await ctx.act(() => api(`api/crons/${enc(c.name)}`, { method: 'DELETE' }), () => `Cron ${c.name} deleted.`);
-  if (ok && ctx.rest[0]) ctx.navigate('#/crons');
+  if (ok && onDeleted) onDeleted();
 }
 
 function cronStatus(c) {
@@ -156,8 +156,10 @@ function cronDetail(ctx, name) {
     section('Recent ticks', {}, ticks, more));
   let older = [];
   let cursor;
+  let deleted = false;
   return {
     async update() {
+      if (deleted) return;
       const data = await api(`api/crons/${enc(name)}?limit=50`);
       const c = data.cron;
       if (cursor === undefined) cursor = data.ticks.next;
@@ -177,7 +179,7 @@ function cronDetail(ctx, name) {
             : h('span', { dataset: { field: 'job' } }, 'defined in code: its schedule and job change in the code, '
               + 'with a deploy. Here it can be paused, resumed and triggered; the API refuses to change or delete it.')],
         ]),
-        cronActions(ctx, c));
+        cronActions(ctx, c, { onDeleted: () => { deleted = true; ctx.navigate('#/crons'); } }));
       const seen = new Set();
       const items = [...data.ticks.items, ...older].filter((t) => (seen.has(t.scheduled_at) ? false : seen.add(t.scheduled_at)));
       replace(ticks, tickTable(items));

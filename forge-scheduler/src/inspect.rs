@@ -984,9 +984,10 @@ fn cron_from_row(row: &PgRow) -> Result<CronView> {
 /// [`StoredCronSpec`](crate::cron::StoredCronSpec) (human durations).
 fn spec_options(stored: &serde_json::Value) -> serde_json::Value {
     let duration = |key: &str| {
-        stored.get(key).and_then(serde_json::Value::as_u64).map(|ms| {
-            forge_rules::format_duration(std::time::Duration::from_millis(ms))
-        })
+        stored
+            .get(key)
+            .and_then(serde_json::Value::as_u64)
+            .map(|ms| forge_rules::format_duration(std::time::Duration::from_millis(ms)))
     };
     serde_json::json!({
         "catch_up": stored.get("catch_up"),

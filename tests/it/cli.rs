@@ -945,8 +945,9 @@ async fn pending_jobs_show_in_forge_queues_and_forge_status() {
 
     let run = forge(url, &["status"]).await.ok();
     assert!(
-        run.stdout
-            .contains("1 available, 0 running, 0 scheduled, 2 pending, 0 retryable, 0 dead in 1 queues"),
+        run.stdout.contains(
+            "1 available, 0 running, 0 scheduled, 2 pending, 0 retryable, 0 dead in 1 queues"
+        ),
         "{}",
         run.stdout
     );

@@ -1970,7 +1970,9 @@ async fn a_stored_cron_is_created_changed_paused_and_deleted_from_the_dashboard(
     browser.fill("expression", "0 3 * * *").await;
     browser.fill("kind", "plain").await;
     browser.fill("args", r#"{"tag": "nightly""#).await;
-    browser.click("dialog.form button[data-action=save-cron]").await;
+    browser
+        .click("dialog.form button[data-action=save-cron]")
+        .await;
     let (error, invalid) = browser
         .form_error("the arguments refused", "must be JSON")
         .await;
@@ -1978,7 +1980,9 @@ async fn a_stored_cron_is_created_changed_paused_and_deleted_from_the_dashboard(
     // A policy the API refuses: its message, the field marked.
     browser.fill("args", r#"{"tag": "nightly"}"#).await;
     browser.fill("catch_up", "sometimes").await;
-    browser.click("dialog.form button[data-action=save-cron]").await;
+    browser
+        .click("dialog.form button[data-action=save-cron]")
+        .await;
     browser.give_token().await;
     let (error, invalid) = browser
         .form_error("the API's error about catch_up", "sometimes")
@@ -1997,7 +2001,9 @@ async fn a_stored_cron_is_created_changed_paused_and_deleted_from_the_dashboard(
         .assert_console_shows_only_refusals("after the bad catch_up", &[400])
         .await;
     browser.fill("catch_up", "skip").await;
-    browser.click("dialog.form button[data-action=save-cron]").await;
+    browser
+        .click("dialog.form button[data-action=save-cron]")
+        .await;
     browser.form_closed("the new cron's dialog to close").await;
     let row: (String, String, String, Value, Value) = sqlx::query_as(
         "SELECT expression, timezone, job_kind, job_args, options FROM forge.crons WHERE name = 'nightly'",
@@ -2049,7 +2055,9 @@ async fn a_stored_cron_is_created_changed_paused_and_deleted_from_the_dashboard(
     );
     browser.fill("expression", "30 4 * * *").await;
     browser.fill("timezone", "Europe/Paris").await;
-    browser.click("dialog.form button[data-action=save-cron]").await;
+    browser
+        .click("dialog.form button[data-action=save-cron]")
+        .await;
     browser.form_closed("the change's dialog to close").await;
     let (expression, zone): (String, String) =
         sqlx::query_as("SELECT expression, timezone FROM forge.crons WHERE name = 'nightly'")
@@ -2070,9 +2078,7 @@ async fn a_stored_cron_is_created_changed_paused_and_deleted_from_the_dashboard(
         .await;
 
     // Pause and resume, as for any cron.
-    browser
-        .click("#page button[data-action=pause-cron]")
-        .await;
+    browser.click("#page button[data-action=pause-cron]").await;
     browser
         .wait_js(
             "the cron paused",
@@ -2081,9 +2087,7 @@ async fn a_stored_cron_is_created_changed_paused_and_deleted_from_the_dashboard(
             vec![],
         )
         .await;
-    browser
-        .click("#page button[data-action=resume-cron]")
-        .await;
+    browser.click("#page button[data-action=resume-cron]").await;
     browser
         .wait_js(
             "the cron resumed",
@@ -2094,9 +2098,7 @@ async fn a_stored_cron_is_created_changed_paused_and_deleted_from_the_dashboard(
         .await;
 
     // Delete, confirmed: gone from the database, back to the list.
-    browser
-        .click("#page button[data-action=delete-cron]")
-        .await;
+    browser.click("#page button[data-action=delete-cron]").await;
     browser
         .wait_js(
             "the confirmation of the delete",
@@ -2159,7 +2161,9 @@ async fn a_stored_cron_is_created_changed_paused_and_deleted_from_the_dashboard(
     browser.fill("name", "in_code").await;
     browser.fill("expression", "*/5 * * * *").await;
     browser.fill("kind", "plain").await;
-    browser.click("dialog.form button[data-action=save-cron]").await;
+    browser
+        .click("dialog.form button[data-action=save-cron]")
+        .await;
     let (error, _) = browser
         .form_error("the API's refusal of a code cron's name", "a cron of code")
         .await;
@@ -2173,7 +2177,9 @@ async fn a_stored_cron_is_created_changed_paused_and_deleted_from_the_dashboard(
     browser
         .assert_console_shows_only_refusals("after the refused name", &[409])
         .await;
-    browser.click("dialog.form button[data-action=cancel-form]").await;
+    browser
+        .click("dialog.form button[data-action=cancel-form]")
+        .await;
     browser.form_closed("the dialog to close on Cancel").await;
     browser
         .assert_no_console_errors("while operating stored crons")
