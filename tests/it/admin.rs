@@ -1961,21 +1961,7 @@ async fn pending_jobs_are_counted_and_a_stored_crons_policies_read_back_as_put_t
     let admin = api.with_token(TOKEN);
 
     // No node works `flow`: the parent stays available, its children pending.
-    let jobs = client(&pool);
-    let parent = jobs
-        .enqueue_job(NewJob::new(plain, Behave::tag("parent")).queue("flow"))
-        .await
-        .unwrap()
-        .id();
-    for tag in ["child-1", "child-2"] {
-        jobs.enqueue_job(
-            NewJob::new(plain, Behave::tag(tag))
-                .queue("flow")
-                .after([parent]),
-        )
-        .await
-        .unwrap();
-    }
+    crate::cli::parent_and_children(&pool, "flow", 2).await;
     let queues = api.get("/api/queues").await.expect(200);
     let flow = queues["queues"]
         .as_array()

@@ -901,27 +901,29 @@ async fn queues_show_their_depth_and_are_paused_and_resumed() {
     assert!(run.stderr.contains("queue"), "{}", run.stderr);
 }
 
+/// Enqueues in `queue` a parent (available) and `children` jobs waiting for it (pending).
+pub(crate) async fn parent_and_children(pool: &sqlx::PgPool, queue: &str, children: usize) {
+    let jobs = client(pool);
+    let parent = jobs
+        .enqueue_job(NewJob::new(plain, Behave::tag("parent")).queue(queue))
+        .await
+        .unwrap()
+        .id();
+    for i in 0..children {
+        let child = NewJob::new(plain, Behave::tag(format!("child-{i}")));
+        jobs.enqueue_job(child.queue(queue).after([parent]))
+            .await
+            .unwrap();
+    }
+}
+
 /// Jobs waiting for their parents (`pending`) are counted in `forge queues` (a PENDING column)
 /// and in `forge status`'s jobs line, as in `--json`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_jobs_show_in_forge_queues_and_forge_status() {
     let db = migrated_db().await;
     let pool = db.pool().await.unwrap();
-    let jobs = client(&pool);
-    let parent = jobs
-        .enqueue_job(NewJob::new(plain, Behave::tag("parent")).queue("flow"))
-        .await
-        .unwrap()
-        .id();
-    for tag in ["child-1", "child-2"] {
-        jobs.enqueue_job(
-            NewJob::new(plain, Behave::tag(tag))
-                .queue("flow")
-                .after([parent]),
-        )
-        .await
-        .unwrap();
-    }
+    parent_and_children(&pool, "flow", 2).await;
     let url = db.url();
     let run = forge(url, &["queues"]).await.ok();
     let lines: Vec<Vec<&str>> = run

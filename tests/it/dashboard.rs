@@ -901,24 +901,12 @@ async fn jobs_and_a_cron_are_operated_from_the_dashboard_by_mouse_and_keyboard_a
     // The node itself serves the dashboard at `/` on [admin] listen, with a token. It runs a
     // cron every second, and leads the metrics aggregator with a 1 s rollup, so the charts
     // have points within seconds.
-    let mut config = served_job_config(db.url(), "web-1", true);
-    config.admin.token = Some(TOKEN.to_owned());
     let every_second = CronJob::new(
         "every_second",
         Schedule::parse("* * * * * *").unwrap(),
         |_ctx: CronContext| async move { Ok::<_, forge::CronError>(()) },
     );
-    let node = forge::Node::builder(config)
-        .auto_register(false)
-        .job(plain)
-        .cron(every_second)
-        .start()
-        .await
-        .expect("node starts");
-    let base = format!(
-        "{}/",
-        node.admin_url().expect("the node serves the admin API")
-    );
+    let (node, base) = token_node(db.url(), true, Some(every_second)).await;
 
     // Dead on its first attempt (discarded); a retry makes attempt 2, which succeeds.
     let id = client(&pool)
@@ -1745,6 +1733,24 @@ impl Browser {
     }
 }
 
+/// A node that works `plain` jobs and serves the dashboard with [`TOKEN`] (see
+/// [`served_job_config`]; `charted`: it leads the aggregator too), with `cron`; and the
+/// dashboard's URL.
+async fn token_node(url: &str, charted: bool, cron: Option<CronJob>) -> (forge::Node, String) {
+    let mut config = served_job_config(url, "web-1", charted);
+    config.admin.token = Some(TOKEN.to_owned());
+    let mut builder = forge::Node::builder(config).auto_register(false).job(plain);
+    if let Some(cron) = cron {
+        builder = builder.cron(cron);
+    }
+    let node = builder.start().await.expect("node starts");
+    let base = format!(
+        "{}/",
+        node.admin_url().expect("the node serves the admin API")
+    );
+    (node, base)
+}
+
 /// The admin actions recorded for `subject`, oldest first.
 async fn audited(pool: &PgPool, subject: &str) -> Vec<String> {
     sqlx::query_scalar(
@@ -1788,29 +1794,9 @@ async fn a_queues_pending_jobs_show_and_its_limits_are_set_and_reset_from_the_da
         return;
     }
     let (db, pool) = setup().await;
-    let mut config = served_job_config(db.url(), "web-1", false);
-    config.admin.token = Some(TOKEN.to_owned());
-    let node = forge::Node::builder(config)
-        .auto_register(false)
-        .job(plain)
-        .start()
-        .await
-        .expect("node starts");
-    let base = format!("{}/", node.admin_url().expect("the admin API"));
+    let (node, base) = token_node(db.url(), false, None).await;
     // No node works `limited`: its parent stays available and its child pending.
-    let jobs = client(&pool);
-    let parent = jobs
-        .enqueue_job(NewJob::new(plain, Behave::tag("parent")).queue("limited"))
-        .await
-        .unwrap()
-        .id();
-    jobs.enqueue_job(
-        NewJob::new(plain, Behave::tag("child"))
-            .queue("limited")
-            .after([parent]),
-    )
-    .await
-    .unwrap();
+    crate::cli::parent_and_children(&pool, "limited", 1).await;
 
     let browser = Browser::start("queue-limits").await;
     browser.open(&format!("{base}#/overview")).await;
@@ -1931,21 +1917,12 @@ async fn a_stored_cron_is_created_changed_paused_and_deleted_from_the_dashboard(
         return;
     }
     let (db, pool) = setup().await;
-    let mut config = served_job_config(db.url(), "web-1", false);
-    config.admin.token = Some(TOKEN.to_owned());
     let in_code = CronJob::new(
         "in_code",
         Schedule::parse("0 * * * *").unwrap(),
         |_ctx: CronContext| async move { Ok::<_, forge::CronError>(()) },
     );
-    let node = forge::Node::builder(config)
-        .auto_register(false)
-        .job(plain)
-        .cron(in_code)
-        .start()
-        .await
-        .expect("node starts");
-    let base = format!("{}/", node.admin_url().expect("the admin API"));
+    let (node, base) = token_node(db.url(), false, Some(in_code)).await;
     let browser = Browser::start("stored-crons").await;
     browser.open(&format!("{base}#/crons")).await;
     browser.wait_loaded("crons").await;
