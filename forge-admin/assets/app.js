@@ -132,14 +132,21 @@ function askToken(why) {
 /**
  * Runs a write: asks for the token first when none is set, reports the outcome, refreshes.
  * `fn` performs the request; `done(result)` says what happened. Resolves true when applied.
+ * With `inForm` (a form dialog shows the error next to the operator's input), a failure
+ * rejects with its error instead of flashing it (a refused token is still handled here).
  */
-async function act(fn, done) {
-  if (!canWrite()) {
-    flash('This node refuses writes (read-only, or no [admin] token configured).', 'error');
+async function act(fn, done, { inForm = false } = {}) {
+  const failed = (err) => {
+    if (inForm) throw err;
     return false;
+  };
+  if (!canWrite()) {
+    const message = 'This node refuses writes (read-only, or no [admin] token configured).';
+    flash(message, 'error');
+    return failed(new Error(message));
   }
   if (!token() && !(await askToken('This action needs the admin token ([admin] token).'))) {
-    return false;
+    return failed(new Error('Not applied: the change needs the admin token ([admin] token).'));
   }
   try {
     const result = await fn();
@@ -153,10 +160,10 @@ async function act(fn, done) {
     } else if (err.status === 403) {
       flash(err.message, 'error');
       await loadAccess().catch(() => {});
-    } else {
+    } else if (!inForm) {
       flash(describe(err), 'error');
     }
-    return false;
+    return failed(err);
   } finally {
     refresh();
   }

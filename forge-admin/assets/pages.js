@@ -3,7 +3,7 @@
 import { api, query } from './api.js';
 import {
   h, replace, section, badge, table, time, fmtTime, fmtDuration, since, relative, fmtNumber,
-  json, button, confirmDialog, serverNow,
+  json, button, confirmDialog, serverNow, formDialog, inputError,
 } from './ui.js';
 
 /** The event kinds of a group of the API's vocabulary (`GET /api/meta`), comma-separated. */
@@ -170,19 +170,21 @@ export function overview(ctx) {
 
       replace(queues, table(
         [{ title: 'Queue' }, { title: 'Available', class: 'num' }, { title: 'Scheduled', class: 'num' },
-          { title: 'Running', class: 'num' }, { title: 'Retryable', class: 'num' }, { title: 'Dead', class: 'num' },
+          { title: 'Pending', class: 'num' }, { title: 'Running', class: 'num' }, { title: 'Retryable', class: 'num' }, { title: 'Dead', class: 'num' },
           { title: 'Oldest waiting', class: 'num' }, { title: 'State' }, { title: 'Limits' },
           write ? { title: '' } : null].filter(Boolean),
         qs.queues.map((q) => ({
           attrs: { dataset: { queue: q.queue } },
           cells: [
             h('a', { href: `#/jobs?queue=${encodeURIComponent(q.queue)}` }, q.queue),
-            fmtNumber(q.available), fmtNumber(q.scheduled), fmtNumber(q.running), fmtNumber(q.retryable),
+            fmtNumber(q.available), fmtNumber(q.scheduled),
+            h('span', { dataset: { field: 'pending' }, title: 'waiting for their parents' }, fmtNumber(q.pending)),
+            fmtNumber(q.running), fmtNumber(q.retryable),
             q.dead ? h('a', { href: `#/jobs?state=dead&queue=${encodeURIComponent(q.queue)}`, class: 'bad-text' }, fmtNumber(q.dead)) : '0',
             q.oldest_available_age_s > 0 ? fmtDuration(q.oldest_available_age_s * 1000) : '-',
             q.paused ? badge('paused', 'warn') : badge('working', 'good'),
             queueLimits(q),
-            write ? queueAction(ctx, q) : null,
+            write ? [queueAction(ctx, q), ' ', queueLimitsButton(ctx, q)] : null,
           ].filter((c) => c !== null),
         })),
         { empty: 'No queue has jobs.', label: 'Queues' }));
@@ -205,7 +207,7 @@ export function overview(ctx) {
   };
 }
 
-// A queue's cluster-wide limits (set with `forge queues limit` or the API) and why its jobs
+// A queue's cluster-wide limits (set with `forge queues limit`, the API or the Limits button) and why its jobs
 // wait on them.
 function queueLimits(q) {
   const l = q.limits || {};
@@ -223,6 +225,55 @@ function queueAction(ctx, q) {
     () => api(`api/queues/${encodeURIComponent(q.queue)}/${verb}`, { method: 'POST' }),
     () => `Queue ${q.queue} ${q.paused ? 'resumed' : 'paused'}.`,
   ), { focus: `queue-toggle-${q.queue}`, action: `${verb}-queue`, kind: 'write' });
+}
+
+// Sets or resets a queue's limits as an operator (`PUT` / `DELETE api/queues/{queue}/limits`):
+// the values shown are the queue's current ones; an empty field is no such limit.
+function queueLimitsButton(ctx, q) {
+  const url = `api/queues/${encodeURIComponent(q.queue)}/limits`;
+  const l = q.limits || {};
+  const open = () => formDialog(`Limits of queue ${q.queue}`, [
+    { name: 'global_concurrency', label: 'Global concurrency', value: l.global_concurrency ?? '', placeholder: 'no limit',
+      hint: 'At most this many of its jobs run at once on all nodes together.' },
+    { name: 'rate', label: 'Rate', value: l.rate ?? '', placeholder: 'no limit, or such as 100/1m',
+      hint: 'At most COUNT claims in any WINDOW: 100/1m, 5/1s.' },
+    { name: 'rate_key', label: 'Rate key', value: l.rate_key ?? '', placeholder: 'none: one rate for the queue',
+      hint: 'An argument field, such as customer_id: the rate holds per value of it.' },
+  ], async (v) => {
+    const body = {};
+    if (v.global_concurrency) {
+      const n = Number(v.global_concurrency);
+      if (!/^[0-9]+$/.test(v.global_concurrency) || !Number.isSafeInteger(n)) {
+        throw inputError(`Global concurrency must be a whole number, such as 4, not "${v.global_concurrency}" (empty: no limit).`,
+          'global_concurrency');
+      }
+      body.global_concurrency = n;
+    }
+    if (v.rate) body.rate = v.rate;
+    if (v.rate_key) body.rate_key = v.rate_key;
+    await ctx.act(() => api(url, { method: 'PUT', body }),
+      (r) => `Queue ${q.queue}: ${limitsText(r.limits)}, from the next claim on every node.`, { inForm: true });
+  }, {
+    submitLabel: 'Set limits',
+    action: 'save-queue-limits',
+    more: q.limits_set_by ? [{
+      label: 'Reset to forge.toml',
+      action: 'reset-queue-limits',
+      run: () => ctx.act(() => api(url, { method: 'DELETE' }),
+        () => `Queue ${q.queue}: limits given back to forge.toml.`, { inForm: true }),
+    }] : [],
+  });
+  return button('Limits', open, {
+    focus: `queue-limits-${q.queue}`, action: 'limit-queue', kind: 'write',
+    title: `Set the cluster-wide limits of queue ${q.queue}`,
+  });
+}
+
+function limitsText(l) {
+  const parts = [];
+  if (l.global_concurrency != null) parts.push(`global concurrency ${l.global_concurrency}`);
+  if (l.rate != null) parts.push(l.rate_key ? `rate ${l.rate} per ${l.rate_key}` : `rate ${l.rate}`);
+  return parts.length ? parts.join(', ') : 'no limits';
 }
 
 // --- Leadership --------------------------------------------------------------------------

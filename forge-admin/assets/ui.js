@@ -213,3 +213,93 @@ export function confirmDialog(title, message, confirmLabel) {
     dialog.showModal();
   });
 }
+
+/**
+ * A modal form that makes a change (keyboard: Tab through the fields and buttons, Enter
+ * submits, Escape cancels). `fields`: [{ name, label, value, placeholder, hint, required,
+ * readonly, multiline }]. `submit(values)` makes the change with the fields' trimmed texts:
+ * when it resolves the dialog closes; when it rejects, the dialog stays open with the
+ * operator's input and says what is wrong (the API's own message), the field the error names
+ * (`body.parameter`, else a field named in the message) marked invalid. `more`: other buttons
+ * [{ label, action, danger, run }], each closing the dialog when `run()` resolves true.
+ */
+export function formDialog(title, fields, submit, { submitLabel = 'Save', action, more = [] } = {}) {
+  const error = h('div', { class: 'form-error', role: 'alert', dataset: { field: 'form-error' } });
+  const controls = {};
+  const rows = fields.map((f) => {
+    const id = `form-${f.name}`;
+    const attrs = {
+      name: f.name, id, placeholder: f.placeholder, required: f.required, readonly: f.readonly,
+      autocomplete: 'off', spellcheck: 'false', 'aria-describedby': f.hint ? `${id}-hint` : null,
+    };
+    const control = f.multiline
+      ? h('textarea', { ...attrs, rows: 3 }, f.value ?? '')
+      : h('input', { ...attrs, value: f.value ?? '' });
+    controls[f.name] = control;
+    return h('div', { class: 'form-row' },
+      h('label', { for: id }, f.label),
+      control,
+      f.hint ? h('small', { id: `${id}-hint`, class: 'muted' }, f.hint) : null);
+  });
+  const busy = (on) => {
+    for (const b of dialog.querySelectorAll('button')) b.disabled = on;
+  };
+  const fail = (err) => {
+    const named = (err && err.body && err.body.parameter)
+      // The longest name the message mentions (catch_up_window before catch_up).
+      || fields.map((f) => f.name).filter((name) => String(err && err.message).includes(name))
+        .sort((a, b) => b.length - a.length)[0];
+    for (const [name, control] of Object.entries(controls)) {
+      if (name === named) control.setAttribute('aria-invalid', 'true');
+      else control.removeAttribute('aria-invalid');
+    }
+    replace(error, describe(err));
+    if (named && controls[named]) controls[named].focus();
+  };
+  const run = async (fn) => {
+    busy(true);
+    try {
+      if (await fn()) dialog.close();
+    } catch (err) {
+      fail(err);
+    } finally {
+      busy(false);
+    }
+  };
+  const form = h('form', { class: 'change' },
+    h('h2', { id: 'form-title' }, title),
+    rows,
+    error,
+    h('div', { class: 'buttons' },
+      h('button', { type: 'submit', class: 'primary', dataset: { action: action || 'submit' } }, submitLabel),
+      more.map((m) => h('button', {
+        type: 'button',
+        class: m.danger ? 'danger' : null,
+        dataset: { action: m.action },
+        on: { click: () => run(m.run) },
+      }, m.label)),
+      h('button', { type: 'button', dataset: { action: 'cancel-form' }, on: { click: () => dialog.close() } }, 'Cancel')));
+  form.addEventListener('submit', (e) => {
+    e.preventDefault();
+    const values = {};
+    for (const f of fields) values[f.name] = controls[f.name].value.trim();
+    run(async () => {
+      await submit(values);
+      return true;
+    });
+  });
+  const dialog = h('dialog', { class: 'confirm form', 'aria-labelledby': 'form-title' }, form);
+  dialog.addEventListener('close', () => dialog.remove());
+  document.body.appendChild(dialog);
+  dialog.showModal();
+  const first = fields.find((f) => !f.readonly);
+  if (first) controls[first.name].focus();
+  return dialog;
+}
+
+/** An error of the operator's input, found before a request: shown in the form, next to `parameter`. */
+export function inputError(message, parameter) {
+  const err = new Error(message);
+  err.body = { parameter };
+  return err;
+}

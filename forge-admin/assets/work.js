@@ -4,14 +4,14 @@
 import { api, query } from './api.js';
 import {
   h, replace, section, badge, table, definitions, time, fmtTime, fmtDuration, relative, fmtNumber,
-  button, confirmDialog,
+  button, confirmDialog, formDialog, inputError,
 } from './ui.js';
 
 const enc = encodeURIComponent;
 
 // --- Crons -------------------------------------------------------------------------------
 
-function cronActions(ctx, c) {
+function cronActions(ctx, c, { onDeleted } = {}) {
   if (!ctx.canWrite()) return null;
   const verb = c.paused_at ? 'resume' : 'pause';
   return h('span', { class: 'actions' },
@@ -23,7 +23,60 @@ function cronActions(ctx, c) {
     button('Trigger now', () => ctx.act(
       () => api(`api/crons/${enc(c.name)}/trigger`, { method: 'POST' }),
       (r) => `Cron ${c.name} triggered: a manual tick at ${fmtTime(r.scheduled_at, { ms: true })} runs on the ${c.role} leader.`,
-    ), { focus: `cron-trigger-${c.name}`, action: 'trigger-cron', kind: 'write' }));
+    ), { focus: `cron-trigger-${c.name}`, action: 'trigger-cron', kind: 'write' }),
+    c.job_kind ? [' ', button('Edit', () => cronForm(ctx, c), {
+      focus: `cron-edit-${c.name}`, action: 'edit-cron', kind: 'write', title: `Change the stored cron ${c.name}`,
+    }), ' ', button('Delete', () => deleteCron(ctx, c, onDeleted), {
+      focus: `cron-delete-${c.name}`, action: 'delete-cron', kind: 'write', danger: true, title: `Delete the stored cron ${c.name}`,
+    })] : null);
+}
+
+// A stored cron (`PUT api/crons/{name}`): a new one (`c` undefined), or a change of `c`,
+// starting from what is stored. The API checks every field and says what is wrong; a name of
+// a cron of code is refused (409).
+function cronForm(ctx, c) {
+  const o = (c && c.job_options) || {};
+  const policy = (name, label, hint) => ({ name, label, value: o[name] ?? '', placeholder: 'default', hint });
+  formDialog(c ? `Change cron ${c.name}` : 'New cron', [
+    { name: 'name', label: 'Name', value: c ? c.name : '', readonly: Boolean(c), required: true, placeholder: 'nightly_report' },
+    { name: 'expression', label: 'Expression', value: c ? c.expression : '', required: true, placeholder: '0 3 * * *',
+      hint: '5 fields (minute hour day month weekday), 6 with seconds first, or @hourly, @daily, ...' },
+    { name: 'timezone', label: 'Time zone', value: c && c.timezone !== 'UTC' ? c.timezone : '', placeholder: 'UTC',
+      hint: 'An IANA name, such as Europe/Paris.' },
+    { name: 'kind', label: 'Job kind', value: c ? c.job_kind : '', required: true, placeholder: 'send_report',
+      hint: 'The kind of the job each tick enqueues (a #[job] some node registers).' },
+    { name: 'args', label: 'Arguments (JSON)', value: c ? JSON.stringify(c.job_args) : '', multiline: true,
+      placeholder: '{"to": "ops@example.com"}' },
+    policy('catch_up', 'Catch-up', 'Ticks missed while no leader ran: skip, latest (default) or all.'),
+    policy('catch_up_window', 'Catch-up window', 'How far back missed ticks are caught up, such as 1h (default 1day).'),
+    policy('overlap', 'Overlap', 'A tick while the last one runs: skip, wait or allow.'),
+    policy('interrupted', 'Interrupted', 'A tick cut off by its leader\'s death: rerun (default) or abandon.'),
+    policy('timeout', 'Timeout', 'Bounds the enqueue of a tick, such as 30s (default none).'),
+  ], async (v) => {
+    if (!v.name) throw inputError('A cron needs a name.', 'name');
+    const body = { expression: v.expression, kind: v.kind };
+    if (v.args) {
+      try {
+        body.args = JSON.parse(v.args);
+      } catch (err) {
+        throw inputError(`The arguments must be JSON, such as {"to": "ops@example.com"}: ${err.message}`, 'args');
+      }
+    }
+    for (const key of ['timezone', 'catch_up', 'catch_up_window', 'overlap', 'interrupted', 'timeout']) {
+      if (v[key]) body[key] = v[key];
+    }
+    await ctx.act(() => api(`api/crons/${enc(v.name)}`, { method: 'PUT', body }),
+      (r) => `Cron ${v.name}: ${r.result}.`, { inForm: true });
+    if (!c) ctx.navigate(`#/crons/${enc(v.name)}`);
+  }, { submitLabel: c ? 'Save changes' : 'Create', action: 'save-cron' });
+}
+
+async function deleteCron(ctx, c, onDeleted) {
+  const yes = await confirmDialog(`Delete cron ${c.name}?`,
+    `The stored cron ${c.name} stops: no tick of it enqueues a job any more (its ledger of ticks stays until [cron] ledger_retention).`, 'Delete');
+  if (!yes) return;
+  const ok = await ctx.act(() => api(`api/crons/${enc(c.name)}`, { method: 'DELETE' }), () => `Cron ${c.name} deleted.`);
+  if (ok && onDeleted) onDeleted();
 }
 
 function cronStatus(c) {
@@ -40,7 +93,12 @@ function cronStatus(c) {
 export function crons(ctx) {
   if (ctx.rest[0]) return cronDetail(ctx, ctx.rest[0]);
   const list = h('div');
-  ctx.root.append(section('Crons', {}, list));
+  const create = ctx.canWrite()
+    ? h('p', {}, button('New cron', () => cronForm(ctx), {
+      focus: 'new-cron', action: 'new-cron', kind: 'write', title: 'Create a cron stored in the database',
+    }))
+    : null;
+  ctx.root.append(section('Crons', {}, create, list));
   return {
     async update() {
       const data = await api('api/crons');
@@ -98,8 +156,10 @@ function cronDetail(ctx, name) {
     section('Recent ticks', {}, ticks, more));
   let older = [];
   let cursor;
+  let deleted = false;
   return {
     async update() {
+      if (deleted) return;
       const data = await api(`api/crons/${enc(name)}?limit=50`);
       const c = data.cron;
       if (cursor === undefined) cursor = data.ticks.next;
@@ -116,9 +176,10 @@ function cronDetail(ctx, name) {
           ['Job', c.job_kind
             ? h('span', { dataset: { field: 'job' } }, 'stored in the database: enqueues ', h('code', {}, c.job_kind), ' ',
               h('code', {}, JSON.stringify(c.job_args)))
-            : 'defined in code'],
+            : h('span', { dataset: { field: 'job' } }, 'defined in code: its schedule and job change in the code, '
+              + 'with a deploy. Here it can be paused, resumed and triggered; the API refuses to change or delete it.')],
         ]),
-        cronActions(ctx, c));
+        cronActions(ctx, c, { onDeleted: () => { deleted = true; ctx.navigate('#/crons'); } }));
       const seen = new Set();
       const items = [...data.ticks.items, ...older].filter((t) => (seen.has(t.scheduled_at) ? false : seen.add(t.scheduled_at)));
       replace(ticks, tickTable(items));

@@ -30,7 +30,7 @@
 //! | `GET /api/cluster/config` | the serving node's configuration, passwords and tokens redacted |
 //! | `GET /api/cluster/this` | the serving node: id, roles and its state in each |
 //! | `POST /api/cluster/roles/{role}/step-down` | ask the role's leader to hand over gracefully (202) |
-//! | `GET /api/crons` | every cron: next run, last tick, skipped and missing ticks, paused |
+//! | `GET /api/crons` | every cron: next run, last tick, skipped and missing ticks, paused; a stored cron's job and policies (`job_options`, as `PUT` takes them) |
 //! | `GET /api/crons/{name}?limit=&before=` | one cron and a page of its ticks |
 //! | `GET /api/crons/{name}/ticks?limit=&before=` | a page of its ticks (`before`: the `next` cursor) |
 //! | `POST /api/crons/{name}/pause`, `.../resume` | pause or resume it |
@@ -41,7 +41,7 @@
 //! | `GET /api/jobs/{id}` | one job, with each failed attempt's error |
 //! | `POST /api/jobs/{id}/retry`, `.../cancel`; `DELETE /api/jobs/{id}` | one job (409 when its state refuses: deleting a running job) |
 //! | `POST /api/jobs/bulk/retry`, `.../cancel`, `.../delete` | every job matching the JSON filter body, in batches |
-//! | `GET /api/queues` | depth by state, oldest available job's age, paused |
+//! | `GET /api/queues` | depth by state (`pending`: waiting for parents), oldest available job's age, paused, limits and why jobs wait on them |
 //! | `POST /api/queues/{queue}/pause`, `.../resume` | stop or restart claims of a queue; a queue the cluster does not know is a 404, unless the pause's body is `{"new": true}` |
 //! | `PUT /api/queues/{queue}/limits`, `DELETE` | set a queue's cluster-wide limits (body `{"global_concurrency": 4, "rate": "100/1m", "rate_key": "customer_id"}`, each optional: left out, no such limit; `"new": true` for a queue the cluster does not know), or give them back to forge.toml |
 //!

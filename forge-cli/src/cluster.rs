@@ -87,10 +87,11 @@ pub(crate) async fn status(ctx: &Ctx, json: bool) -> Outcome {
         (
             "jobs",
             format!(
-                "{} available, {} running, {} scheduled, {} retryable, {} dead in {} queues",
+                "{} available, {} running, {} scheduled, {} pending, {} retryable, {} dead in {} queues",
                 sum(|q| q.available),
                 sum(|q| q.running),
                 sum(|q| q.scheduled),
+                sum(|q| q.pending),
                 sum(|q| q.retryable),
                 sum(|q| q.dead),
                 queues.len()

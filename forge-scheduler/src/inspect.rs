@@ -53,6 +53,10 @@ pub struct CronView {
     pub job_kind: Option<String>,
     /// For a stored cron: the job's arguments.
     pub job_args: Option<serde_json::Value>,
+    /// For a stored cron: its policies as `PUT /api/crons/{name}` takes them (`catch_up`,
+    /// `catch_up_window`, `overlap`, `interrupted`, `timeout`; durations as `"1day"`, `"30s"`;
+    /// `null`: the default), so that a change can start from what is stored.
+    pub job_options: Option<serde_json::Value>,
 }
 
 /// What [`Workload::upsert_cron`] did.
@@ -897,7 +901,7 @@ const BULK_BATCH: i64 = 1000;
 /// The crons with their newest tick and their last day's skipped ticks; `$1` namespace.
 const CRONS_SQL: &str = "SELECT c.name, c.role, c.expression, c.timezone, c.paused_at,
         c.paused_by, c.trigger_requested_at, c.first_seen_at, c.last_seen_by, c.job_kind,
-        c.job_args, t.*,
+        c.job_args, c.options AS job_options, t.*,
         (SELECT count(*) FROM forge.cron_ticks s
           WHERE s.namespace = c.namespace AND s.cron = c.name AND s.state = 'skipped'
             AND s.scheduled_at > clock_timestamp() - interval '24 hours') AS skipped_24h,
@@ -936,6 +940,7 @@ struct CronRow {
     last_seen_by: String,
     job_kind: Option<String>,
     job_args: Option<serde_json::Value>,
+    job_options: Option<serde_json::Value>,
     skipped_24h: i64,
     rows_24h: i64,
     /// The newest tick's instant: `None` when the cron has no tick yet.
@@ -971,6 +976,25 @@ fn cron_from_row(row: &PgRow) -> Result<CronView> {
         last_seen_by: cron.last_seen_by,
         job_kind: cron.job_kind,
         job_args: cron.job_args,
+        job_options: cron.job_options.as_ref().map(spec_options),
+    })
+}
+
+/// A stored cron's `forge.crons.options` (durations in milliseconds) in the words of
+/// [`StoredCronSpec`](crate::cron::StoredCronSpec) (human durations).
+fn spec_options(stored: &serde_json::Value) -> serde_json::Value {
+    let duration = |key: &str| {
+        stored
+            .get(key)
+            .and_then(serde_json::Value::as_u64)
+            .map(|ms| forge_rules::format_duration(std::time::Duration::from_millis(ms)))
+    };
+    serde_json::json!({
+        "catch_up": stored.get("catch_up"),
+        "catch_up_window": duration("catch_up_window_ms"),
+        "overlap": stored.get("overlap"),
+        "interrupted": stored.get("interrupted"),
+        "timeout": duration("timeout_ms"),
     })
 }
 

@@ -1944,3 +1944,89 @@ async fn a_ticks_lag_and_duration_are_the_handlers() {
     );
     node.shutdown().await;
 }
+
+/// Jobs waiting for their parents are counted as `pending` by `GET /api/queues` and by the
+/// aggregator's `forge_job_queue_depth{state="pending"}`; a stored cron's policies read back
+/// from `GET /api/crons/{name}` in the words `PUT` takes (`job_options`), so that storing them
+/// again changes nothing (what the dashboard's form of a change starts from).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_jobs_are_counted_and_a_stored_crons_policies_read_back_as_put_takes_them() {
+    let (db, pool) = setup().await;
+    let node = admin_node_with(db.url(), "a", Some(TOKEN), |config| {
+        config.node.roles = Some(vec!["scheduler".into(), "metrics_aggregator".into()]);
+    })
+    .await;
+    wait_single_leader(&[&node], &Role::METRICS_AGGREGATOR).await;
+    let api = Api::of(&node);
+    let admin = api.with_token(TOKEN);
+
+    // No node works `flow`: the parent stays available, its children pending.
+    crate::cli::parent_and_children(&pool, "flow", 2).await;
+    let queues = api.get("/api/queues").await.expect(200);
+    let flow = queues["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "flow")
+        .unwrap_or_else(|| panic!("flow in {queues}"));
+    assert_eq!(
+        (&flow["available"], &flow["pending"]),
+        (&json!(1), &json!(2)),
+        "{flow}"
+    );
+    wait_until(
+        "the pending jobs in forge_job_queue_depth",
+        SOON,
+        Duration::from_millis(50),
+        || {
+            let text = node.render_metrics();
+            async move {
+                (crate::jobs::metric(
+                    &text,
+                    r#"forge_job_queue_depth{queue="flow",kind="plain",state="pending"}"#,
+                ) == Some(2.0))
+                .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    let spec = json!({
+        "expression": "*/5 * * * *", "kind": "plain", "args": {"tag": "report"},
+        "catch_up": "all", "catch_up_window": "2h", "overlap": "skip", "timeout": "30s",
+    });
+    let put = |body: Value| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .call("PUT", "/api/crons/report", Some(&body.to_string()))
+                .await
+                .expect(200)
+        }
+    };
+    assert_eq!(put(spec.clone()).await["result"], "created");
+    let cron = api.get("/api/crons/report").await.expect(200);
+    let options = &cron["cron"]["job_options"];
+    assert_eq!(
+        options,
+        &json!({
+            "catch_up": "all", "catch_up_window": "2h", "overlap": "skip",
+            "interrupted": "rerun", "timeout": "30s",
+        }),
+        "{cron}"
+    );
+    let mut again = json!({
+        "expression": cron["cron"]["expression"], "kind": cron["cron"]["job_kind"],
+        "args": cron["cron"]["job_args"],
+    });
+    for (key, value) in options.as_object().unwrap() {
+        if !value.is_null() {
+            again[key] = value.clone();
+        }
+    }
+    assert_eq!(put(again).await["result"], "unchanged");
+    let code = api.get("/api/crons/yearly").await.expect(200);
+    assert_eq!(code["cron"]["job_options"], Value::Null, "{code}");
+    node.shutdown().await;
+}

@@ -901,6 +901,62 @@ async fn queues_show_their_depth_and_are_paused_and_resumed() {
     assert!(run.stderr.contains("queue"), "{}", run.stderr);
 }
 
+/// Enqueues in `queue` a parent (available) and `children` jobs waiting for it (pending).
+pub(crate) async fn parent_and_children(pool: &sqlx::PgPool, queue: &str, children: usize) {
+    let jobs = client(pool);
+    let parent = jobs
+        .enqueue_job(NewJob::new(plain, Behave::tag("parent")).queue(queue))
+        .await
+        .unwrap()
+        .id();
+    for i in 0..children {
+        let child = NewJob::new(plain, Behave::tag(format!("child-{i}")));
+        jobs.enqueue_job(child.queue(queue).after([parent]))
+            .await
+            .unwrap();
+    }
+}
+
+/// Jobs waiting for their parents (`pending`) are counted in `forge queues` (a PENDING column)
+/// and in `forge status`'s jobs line, as in `--json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_jobs_show_in_forge_queues_and_forge_status() {
+    let db = migrated_db().await;
+    let pool = db.pool().await.unwrap();
+    parent_and_children(&pool, "flow", 2).await;
+    let url = db.url();
+    let run = forge(url, &["queues"]).await.ok();
+    let lines: Vec<Vec<&str>> = run
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let column = lines[0]
+        .iter()
+        .position(|c| *c == "PENDING")
+        .unwrap_or_else(|| panic!("no PENDING column:\n{}", run.stdout));
+    let available = lines[0].iter().position(|c| *c == "AVAILABLE").unwrap();
+    let flow = lines
+        .iter()
+        .find(|l| l.first() == Some(&"flow"))
+        .unwrap_or_else(|| panic!("no queue flow:\n{}", run.stdout));
+    assert_eq!(flow[column], "2", "{}", run.stdout);
+    assert_eq!(flow[available], "1", "{}", run.stdout);
+    let queues = forge(url, &["queues", "--json"]).await.ok().json();
+    assert_eq!(queues[0]["pending"], 2, "{queues}");
+
+    let run = forge(url, &["status"]).await.ok();
+    assert!(
+        run.stdout.contains(
+            "1 available, 0 running, 0 scheduled, 2 pending, 0 retryable, 0 dead in 1 queues"
+        ),
+        "{}",
+        run.stdout
+    );
+    let status = forge(url, &["status", "--json"]).await.ok().json();
+    assert_eq!(status["queues"][0]["pending"], 2, "{status}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_status_and_up_on_a_fresh_database_then_a_node_needs_none() {
     let db = fresh_db().await;

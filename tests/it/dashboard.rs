@@ -901,24 +901,12 @@ async fn jobs_and_a_cron_are_operated_from_the_dashboard_by_mouse_and_keyboard_a
     // The node itself serves the dashboard at `/` on [admin] listen, with a token. It runs a
     // cron every second, and leads the metrics aggregator with a 1 s rollup, so the charts
     // have points within seconds.
-    let mut config = served_job_config(db.url(), "web-1", true);
-    config.admin.token = Some(TOKEN.to_owned());
     let every_second = CronJob::new(
         "every_second",
         Schedule::parse("* * * * * *").unwrap(),
         |_ctx: CronContext| async move { Ok::<_, forge::CronError>(()) },
     );
-    let node = forge::Node::builder(config)
-        .auto_register(false)
-        .job(plain)
-        .cron(every_second)
-        .start()
-        .await
-        .expect("node starts");
-    let base = format!(
-        "{}/",
-        node.admin_url().expect("the node serves the admin API")
-    );
+    let (node, base) = token_node(db.url(), true, Some(every_second)).await;
 
     // Dead on its first attempt (discarded); a retry makes attempt 2, which succeeds.
     let id = client(&pool)
@@ -1681,4 +1669,498 @@ async fn get_json(url: &str) -> Value {
         .unwrap()
         .to_bytes();
     serde_json::from_slice(&bytes).unwrap()
+}
+
+impl Browser {
+    /// Replaces the text of the form field `#form-<name>` of the open form dialog.
+    async fn fill(&self, name: &str, text: &str) {
+        let field = self
+            .client
+            .find(Locator::Css(&format!("dialog.form #form-{name}")))
+            .await
+            .unwrap_or_else(|e| panic!("the form field {name}: {e}"));
+        field.clear().await.unwrap();
+        if !text.is_empty() {
+            field.send_keys(text).await.unwrap();
+        }
+    }
+
+    /// Waits until the open form dialog shows an error naming `expected`; returns the error
+    /// and the fields marked invalid.
+    async fn form_error(&self, what: &str, expected: &str) -> (String, Vec<String>) {
+        let shown = self
+            .wait_js(
+                what,
+                PAGE_DEADLINE,
+                "const d = document.querySelector('dialog.form');
+                 const e = d && d.open && d.querySelector('[data-field=form-error]');
+                 if (!e || !e.textContent.includes(arguments[0])) return null;
+                 return [e.textContent, [...d.querySelectorAll('[aria-invalid=true]')].map((f) => f.name)];",
+                vec![json!(expected)],
+            )
+            .await;
+        let error = shown[0].as_str().unwrap().to_owned();
+        let invalid = shown[1]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap().to_owned())
+            .collect();
+        (error, invalid)
+    }
+
+    /// Drains the console's errors, which must all be the browser's report of an answer the
+    /// test provoked (a 400 or 409 the page showed), none an exception or another failure.
+    async fn assert_console_shows_only_refusals(&self, when: &str, statuses: &[u16]) {
+        for error in self.console_errors().await {
+            assert!(
+                statuses.iter().any(|status| error
+                    .contains(&format!("the server responded with a status of {status}"))),
+                "a console error {when}: {error}"
+            );
+        }
+    }
+
+    /// Waits until no form dialog is open (a change was applied).
+    async fn form_closed(&self, what: &str) {
+        self.wait_js(
+            what,
+            PAGE_DEADLINE,
+            "return document.querySelector('dialog.form') === null;",
+            vec![],
+        )
+        .await;
+    }
+}
+
+/// A node that works `plain` jobs and serves the dashboard with [`TOKEN`] (see
+/// [`served_job_config`]; `charted`: it leads the aggregator too), with `cron`; and the
+/// dashboard's URL.
+async fn token_node(url: &str, charted: bool, cron: Option<CronJob>) -> (forge::Node, String) {
+    let mut config = served_job_config(url, "web-1", charted);
+    config.admin.token = Some(TOKEN.to_owned());
+    let mut builder = forge::Node::builder(config).auto_register(false).job(plain);
+    if let Some(cron) = cron {
+        builder = builder.cron(cron);
+    }
+    let node = builder.start().await.expect("node starts");
+    let base = format!(
+        "{}/",
+        node.admin_url().expect("the node serves the admin API")
+    );
+    (node, base)
+}
+
+/// The admin actions recorded for `subject`, oldest first.
+async fn audited(pool: &PgPool, subject: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT detail->>'action' FROM forge.events
+          WHERE kind = 'admin_action' AND detail->>'subject' = $1 ORDER BY id",
+    )
+    .bind(subject)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// A queue's operator limits as stored: (global concurrency, rate count, rate window in ms,
+/// rate key, set by); `None` when no row.
+type StoredLimits = Option<(
+    Option<i32>,
+    Option<i32>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+)>;
+
+async fn stored_limits(pool: &PgPool, queue: &str) -> StoredLimits {
+    sqlx::query_as(
+        "SELECT global_concurrency, rate_count, rate_window_ms, rate_key, set_by
+           FROM forge.queue_limits WHERE queue = $1",
+    )
+    .bind(queue)
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+/// From the Overview's queue table: a queue's jobs waiting for their parents (Pending), and its
+/// limits set from the page (the token asked for first), a bad rate refused with the API's
+/// message in the form (nothing stored), then set (stored, audited, shown), then reset to
+/// forge.toml.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queues_pending_jobs_show_and_its_limits_are_set_and_reset_from_the_dashboard() {
+    if !browser_present() {
+        return;
+    }
+    let (db, pool) = setup().await;
+    let (node, base) = token_node(db.url(), false, None).await;
+    // No node works `limited`: its parent stays available and its child pending.
+    crate::cli::parent_and_children(&pool, "limited", 1).await;
+
+    let browser = Browser::start("queue-limits").await;
+    browser.open(&format!("{base}#/overview")).await;
+    browser.wait_loaded("overview").await;
+    browser
+        .wait_js(
+            "the queue's pending job in the Pending column",
+            PAGE_DEADLINE,
+            "const row = document.querySelector('#page tr[data-queue=limited]');
+             const pending = row && row.querySelector('[data-field=pending]');
+             const heads = [...row.closest('table').querySelectorAll('th')].map((t) => t.textContent);
+             return pending && pending.textContent === '1' && heads.includes('Pending');",
+            vec![],
+        )
+        .await;
+    assert!(
+        browser
+            .assert_actions_are_keyboard_buttons("overview")
+            .await
+            .contains(&"limit-queue".to_owned())
+    );
+
+    // A bad rate: the API's message in the form, the field marked, nothing stored.
+    browser
+        .click("#page tr[data-queue=limited] button[data-action=limit-queue]")
+        .await;
+    browser.fill("global_concurrency", "4").await;
+    browser.fill("rate", "100 per minute").await;
+    browser
+        .click("dialog.form button[data-action=save-queue-limits]")
+        .await;
+    browser.give_token().await;
+    let (error, invalid) = browser
+        .form_error("the API's error about the rate", "100 per minute")
+        .await;
+    assert!(error.contains("HTTP 400"), "{error}");
+    assert_eq!(invalid, ["rate"], "{error}");
+    assert_eq!(stored_limits(&pool, "limited").await, None);
+    browser.screenshot("queue-limits-bad-rate").await;
+    browser
+        .assert_console_shows_only_refusals("after the bad rate", &[400])
+        .await;
+
+    // Corrected: stored as the operator's, audited, shown in the table.
+    browser.fill("rate", "100/1m").await;
+    browser.fill("rate_key", "customer").await;
+    browser
+        .click("dialog.form button[data-action=save-queue-limits]")
+        .await;
+    browser.form_closed("the limits dialog to close").await;
+    let stored = stored_limits(&pool, "limited")
+        .await
+        .expect("the operator's limits");
+    assert_eq!(
+        (stored.0, stored.1, stored.2, stored.3.as_deref()),
+        (Some(4), Some(100), Some(60_000), Some("customer"))
+    );
+    assert!(
+        stored.4.as_deref().is_some_and(|by| by.starts_with("api ")),
+        "{stored:?}"
+    );
+    browser
+        .wait_js(
+            "the limits in the queue's row",
+            PAGE_DEADLINE,
+            "const row = document.querySelector('#page tr[data-queue=limited]');
+             return row && row.textContent.includes('global 4, rate 100/1m per customer');",
+            vec![],
+        )
+        .await;
+
+    // Reset: back to forge.toml (none here).
+    browser
+        .click("#page tr[data-queue=limited] button[data-action=limit-queue]")
+        .await;
+    let shown = browser
+        .wait_js(
+            "the dialog with the current limits",
+            SOON,
+            "const g = document.querySelector('dialog.form #form-global_concurrency');
+             return g && [g.value, document.querySelector('#form-rate').value];",
+            vec![],
+        )
+        .await;
+    assert_eq!(shown, json!(["4", "100/1m"]));
+    browser
+        .click("dialog.form button[data-action=reset-queue-limits]")
+        .await;
+    browser.form_closed("the limits dialog to close").await;
+    assert_eq!(stored_limits(&pool, "limited").await, None);
+    browser
+        .wait_js(
+            "no limits in the queue's row",
+            PAGE_DEADLINE,
+            "const row = document.querySelector('#page tr[data-queue=limited]');
+             return row && !row.textContent.includes('global 4');",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        audited(&pool, "limited").await,
+        ["limit_queue", "reset_queue_limits"]
+    );
+    browser
+        .assert_no_console_errors("while limiting a queue")
+        .await;
+    browser.close().await;
+    node.shutdown().await;
+}
+
+/// The Crons page creates a stored cron (a bad argument and a bad policy refused in the form,
+/// with what is wrong), changes it, pauses and resumes it, and deletes it (confirmed); a cron
+/// of code has no Edit or Delete, says why, and its name is refused for a new cron with the
+/// API's 409. Every change is audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_cron_is_created_changed_paused_and_deleted_from_the_dashboard() {
+    if !browser_present() {
+        return;
+    }
+    let (db, pool) = setup().await;
+    let in_code = CronJob::new(
+        "in_code",
+        Schedule::parse("0 * * * *").unwrap(),
+        |_ctx: CronContext| async move { Ok::<_, forge::CronError>(()) },
+    );
+    let (node, base) = token_node(db.url(), false, Some(in_code)).await;
+    let browser = Browser::start("stored-crons").await;
+    browser.open(&format!("{base}#/crons")).await;
+    browser.wait_loaded("crons").await;
+    browser
+        .wait_js(
+            "the cron of code in the list",
+            PAGE_DEADLINE,
+            "return document.querySelector('#page tr[data-cron=in_code]') !== null;",
+            vec![],
+        )
+        .await;
+    assert!(
+        browser
+            .assert_actions_are_keyboard_buttons("crons")
+            .await
+            .contains(&"new-cron".to_owned())
+    );
+
+    // New: arguments that are not JSON are refused before any request.
+    browser.click("#page button[data-action=new-cron]").await;
+    browser.fill("name", "nightly").await;
+    browser.fill("expression", "0 3 * * *").await;
+    browser.fill("kind", "plain").await;
+    browser.fill("args", r#"{"tag": "nightly""#).await;
+    browser
+        .click("dialog.form button[data-action=save-cron]")
+        .await;
+    let (error, invalid) = browser
+        .form_error("the arguments refused", "must be JSON")
+        .await;
+    assert_eq!(invalid, ["args"], "{error}");
+    // A policy the API refuses: its message, the field marked.
+    browser.fill("args", r#"{"tag": "nightly"}"#).await;
+    browser.fill("catch_up", "sometimes").await;
+    browser
+        .click("dialog.form button[data-action=save-cron]")
+        .await;
+    browser.give_token().await;
+    let (error, invalid) = browser
+        .form_error("the API's error about catch_up", "sometimes")
+        .await;
+    assert!(
+        error.contains("catch_up must be one of") && error.contains("HTTP 400"),
+        "{error}"
+    );
+    assert_eq!(invalid, ["catch_up"], "{error}");
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM forge.crons WHERE name = 'nightly'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 0, "nothing stored by a refused form");
+    browser
+        .assert_console_shows_only_refusals("after the bad catch_up", &[400])
+        .await;
+    browser.fill("catch_up", "skip").await;
+    browser
+        .click("dialog.form button[data-action=save-cron]")
+        .await;
+    browser.form_closed("the new cron's dialog to close").await;
+    let row: (String, String, String, Value, Value) = sqlx::query_as(
+        "SELECT expression, timezone, job_kind, job_args, options FROM forge.crons WHERE name = 'nightly'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (row.0.as_str(), row.1.as_str(), row.2.as_str(), &row.3),
+        ("0 3 * * *", "UTC", "plain", &json!({"tag": "nightly"}))
+    );
+    assert_eq!(row.4["catch_up"], "skip", "{}", row.4);
+    // The page of the new cron.
+    browser
+        .wait_js(
+            "the new cron's page",
+            PAGE_DEADLINE,
+            "const job = document.querySelector('#page [data-field=job]');
+             return location.hash === '#/crons/nightly' && job && job.textContent.includes('plain');",
+            vec![],
+        )
+        .await;
+    browser.screenshot("stored-cron").await;
+
+    // Change: the form starts from what is stored.
+    browser.click("#page button[data-action=edit-cron]").await;
+    let shown = browser
+        .wait_js(
+            "the stored definition in the form",
+            SOON,
+            "const v = (n) => document.querySelector(`dialog.form #form-${n}`).value;
+             return document.querySelector('dialog.form')
+               && [v('name'), v('expression'), v('kind'), v('args'), v('catch_up'), v('interrupted'),
+                   document.querySelector('#form-name').readOnly];",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        shown,
+        json!([
+            "nightly",
+            "0 3 * * *",
+            "plain",
+            r#"{"tag":"nightly"}"#,
+            "skip",
+            "rerun",
+            true
+        ])
+    );
+    browser.fill("expression", "30 4 * * *").await;
+    browser.fill("timezone", "Europe/Paris").await;
+    browser
+        .click("dialog.form button[data-action=save-cron]")
+        .await;
+    browser.form_closed("the change's dialog to close").await;
+    let (expression, zone): (String, String) =
+        sqlx::query_as("SELECT expression, timezone FROM forge.crons WHERE name = 'nightly'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (expression.as_str(), zone.as_str()),
+        ("30 4 * * *", "Europe/Paris")
+    );
+    browser
+        .wait_js(
+            "the changed schedule on the page",
+            PAGE_DEADLINE,
+            "return document.querySelector('#page .facts').textContent.includes('30 4 * * * in Europe/Paris');",
+            vec![],
+        )
+        .await;
+
+    // Pause and resume, as for any cron.
+    browser.click("#page button[data-action=pause-cron]").await;
+    browser
+        .wait_js(
+            "the cron paused",
+            PAGE_DEADLINE,
+            "return document.querySelector('#page button[data-action=resume-cron]') !== null;",
+            vec![],
+        )
+        .await;
+    browser.click("#page button[data-action=resume-cron]").await;
+    browser
+        .wait_js(
+            "the cron resumed",
+            PAGE_DEADLINE,
+            "return document.querySelector('#page button[data-action=pause-cron]') !== null;",
+            vec![],
+        )
+        .await;
+
+    // Delete, confirmed: gone from the database, back to the list.
+    browser.click("#page button[data-action=delete-cron]").await;
+    browser
+        .wait_js(
+            "the confirmation of the delete",
+            SOON,
+            "const d = document.querySelector('dialog.confirm');
+             return d && d.open ? d.textContent.includes('nightly') : null;",
+            vec![],
+        )
+        .await;
+    browser.click("#confirm-yes").await;
+    browser
+        .wait_js(
+            "the list without the deleted cron",
+            PAGE_DEADLINE,
+            "return location.hash === '#/crons' && document.querySelector('#page tr[data-cron=in_code]')
+               && !document.querySelector('#page tr[data-cron=nightly]');",
+            vec![],
+        )
+        .await;
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM forge.crons WHERE name = 'nightly'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the stored cron is deleted");
+    assert_eq!(
+        audited(&pool, "nightly").await,
+        [
+            "upsert_cron",
+            "upsert_cron",
+            "pause_cron",
+            "resume_cron",
+            "delete_cron"
+        ]
+    );
+
+    // A cron of code: no Edit or Delete, the page says why; its name is refused (409).
+    browser.open(&format!("{base}#/crons/in_code")).await;
+    browser.wait_loaded("crons").await;
+    let page = browser
+        .wait_js(
+            "the cron of code's page",
+            PAGE_DEADLINE,
+            "const job = document.querySelector('#page [data-field=job]');
+             return job && document.querySelector('#page button[data-action=pause-cron]')
+               && [job.textContent, document.querySelectorAll('#page [data-action=edit-cron], #page [data-action=delete-cron]').length];",
+            vec![],
+        )
+        .await;
+    assert!(
+        page[0]
+            .as_str()
+            .unwrap()
+            .contains("the API refuses to change or delete it"),
+        "{page}"
+    );
+    assert_eq!(page[1], 0, "no Edit or Delete for a cron of code");
+    browser.open(&format!("{base}#/crons")).await;
+    browser.wait_loaded("crons").await;
+    browser.click("#page button[data-action=new-cron]").await;
+    browser.fill("name", "in_code").await;
+    browser.fill("expression", "*/5 * * * *").await;
+    browser.fill("kind", "plain").await;
+    browser
+        .click("dialog.form button[data-action=save-cron]")
+        .await;
+    let (error, _) = browser
+        .form_error("the API's refusal of a code cron's name", "a cron of code")
+        .await;
+    assert!(error.contains("HTTP 409"), "{error}");
+    let expression: String =
+        sqlx::query_scalar("SELECT expression FROM forge.crons WHERE name = 'in_code'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(expression, "0 * * * *", "the cron of code is unchanged");
+    browser
+        .assert_console_shows_only_refusals("after the refused name", &[409])
+        .await;
+    browser
+        .click("dialog.form button[data-action=cancel-form]")
+        .await;
+    browser.form_closed("the dialog to close on Cancel").await;
+    browser
+        .assert_no_console_errors("while operating stored crons")
+        .await;
+    browser.close().await;
+    node.shutdown().await;
 }
