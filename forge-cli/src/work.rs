@@ -315,9 +315,10 @@ pub(crate) async fn jobs(ctx: &Ctx, action: &JobsCommand, json: bool) -> Outcome
                 ),
                 (
                     "snoozes",
-                    out::or_dash((job.snoozes > 0).then(|| {
-                        format!("{} (each gave its attempt back)", job.snoozes)
-                    })),
+                    out::or_dash(
+                        (job.snoozes > 0)
+                            .then(|| format!("{} (each gave its attempt back)", job.snoozes)),
+                    ),
                 ),
                 ("priority", job.priority.to_string()),
                 ("run at", out::time(job.run_at)),

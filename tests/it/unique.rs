@@ -463,8 +463,15 @@ async fn enqueue_from_processes(
     for enqueuer in &mut enqueuers {
         let status = enqueuer.wait_exit(SOON).await.unwrap();
         let lines = enqueuer.lines();
-        assert!(status.success(), "{}: {status}\n{lines:#?}", enqueuer.name());
-        assert!(lines.iter().any(|l| l == "FORGE-ENQUEUE DONE"), "{lines:#?}");
+        assert!(
+            status.success(),
+            "{}: {status}\n{lines:#?}",
+            enqueuer.name()
+        );
+        assert!(
+            lines.iter().any(|l| l == "FORGE-ENQUEUE DONE"),
+            "{lines:#?}"
+        );
         for line in lines {
             let fields: Vec<&str> = line.split(' ').collect();
             if let ["FORGE-ENQUEUE", tag, what, id] = fields[..] {
@@ -477,7 +484,11 @@ async fn enqueue_from_processes(
         }
     }
     let tags: std::collections::BTreeSet<&str> = reported.iter().map(|r| r.tag.as_str()).collect();
-    assert_eq!(tags.len() as i64, total, "one answer per enqueue: {reported:?}");
+    assert_eq!(
+        tags.len() as i64,
+        total,
+        "one answer per enqueue: {reported:?}"
+    );
     reported
 }
 
@@ -517,7 +528,10 @@ async fn a_debounce_from_four_processes_keeps_one_waiting_job_with_the_last_comm
         .iter()
         .filter(|r| r.what != "inserted" && (r.what != "replaced" || r.id != id))
         .collect();
-    assert!(others.is_empty(), "not replacements of job {id}: {others:?}");
+    assert!(
+        others.is_empty(),
+        "not replacements of job {id}: {others:?}"
+    );
     assert_eq!(count_jobs(&pool, "debounce").await, 1);
     let last: String = sqlx::query_scalar("SELECT tag FROM debounced ORDER BY n DESC LIMIT 1")
         .fetch_one(&pool)
