@@ -135,7 +135,7 @@ async fn enqueue_one(
         result
     } else {
         let job = job.unique_period(Duration::from_secs(3600));
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             jobs.enqueue_job_in(&mut *conn, job)
                 .await
                 .map_err(|err| error(&err))?
