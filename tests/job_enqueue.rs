@@ -115,41 +115,33 @@ async fn enqueue_one(
         .await
         .map_err(|err| error(&err))?;
     let job = NewJob::new(plain, Behave::tag(&tag)).unique_key(spec.key.as_str());
-    let result = if spec.replace {
-        let job = job
-            .unique_mode(UniqueMode::Replace)
-            .delay(Duration::from_secs(60 * (i + 1)));
-        let mut tx = sqlx::Connection::begin(&mut *conn)
-            .await
-            .map_err(|err| error(&err))?;
+    let job = if spec.replace {
+        job.unique_mode(UniqueMode::Replace)
+            .delay(Duration::from_secs(60 * (i + 1)))
+    } else {
+        job.unique_period(Duration::from_secs(3600))
+    };
+    if !spec.replace && i.is_multiple_of(2) {
         let result = jobs
-            .enqueue_job_in(&mut *tx, job)
+            .enqueue_job_in(&mut *conn, job)
             .await
             .map_err(|err| error(&err))?;
+        return Ok((tag, result));
+    }
+    let mut tx = sqlx::Connection::begin(&mut *conn)
+        .await
+        .map_err(|err| error(&err))?;
+    let result = jobs
+        .enqueue_job_in(&mut *tx, job)
+        .await
+        .map_err(|err| error(&err))?;
+    if spec.replace {
         sqlx::query("INSERT INTO debounced (tag, n) VALUES ($1, nextval('debounce_order'))")
             .bind(&tag)
             .execute(&mut *tx)
             .await
             .map_err(|err| error(&err))?;
-        tx.commit().await.map_err(|err| error(&err))?;
-        result
-    } else {
-        let job = job.unique_period(Duration::from_secs(3600));
-        if i.is_multiple_of(2) {
-            jobs.enqueue_job_in(&mut *conn, job)
-                .await
-                .map_err(|err| error(&err))?
-        } else {
-            let mut tx = sqlx::Connection::begin(&mut *conn)
-                .await
-                .map_err(|err| error(&err))?;
-            let result = jobs
-                .enqueue_job_in(&mut *tx, job)
-                .await
-                .map_err(|err| error(&err))?;
-            tx.commit().await.map_err(|err| error(&err))?;
-            result
-        }
-    };
+    }
+    tx.commit().await.map_err(|err| error(&err))?;
     Ok((tag, result))
 }

@@ -492,19 +492,26 @@ async fn enqueue_from_processes(
     reported
 }
 
+/// Asserts that exactly one enqueue inserted, and that every other one reported `other`
+/// (`duplicate` or `replaced`) naming that job; returns its id.
+fn one_inserted_and_the_others(reported: &[Reported], other: &str) -> i64 {
+    let inserted: Vec<&Reported> = reported.iter().filter(|r| r.what == "inserted").collect();
+    assert_eq!(inserted.len(), 1, "{reported:?}");
+    let id = inserted[0].id;
+    let odd: Vec<&Reported> = reported
+        .iter()
+        .filter(|r| r.what != "inserted" && (r.what != other || r.id != id))
+        .collect();
+    assert!(odd.is_empty(), "not {other} of job {id}: {odd:?}");
+    id
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_enqueues_of_one_key_from_four_processes_at_once_create_one_job() {
     let (db, pool) = setup().await;
     // 4 processes x 25 connections; half of the enqueues inside transactions that commit.
     let reported = enqueue_from_processes(&db, &pool, "sync:7", "keep", 4, 25).await;
-    let inserted: Vec<&Reported> = reported.iter().filter(|r| r.what == "inserted").collect();
-    assert_eq!(inserted.len(), 1, "{reported:?}");
-    let id = inserted[0].id;
-    let others: Vec<&Reported> = reported
-        .iter()
-        .filter(|r| r.what != "inserted" && (r.what != "duplicate" || r.id != id))
-        .collect();
-    assert!(others.is_empty(), "not duplicates of job {id}: {others:?}");
+    one_inserted_and_the_others(&reported, "duplicate");
     assert_eq!(count_jobs(&pool, "sync:7").await, 1);
 }
 
@@ -521,17 +528,7 @@ async fn a_debounce_from_four_processes_keeps_one_waiting_job_with_the_last_comm
     let before = db_now(&pool).await;
     let reported = enqueue_from_processes(&db, &pool, "debounce", "replace", 4, 25).await;
     let after = db_now(&pool).await;
-    let inserted: Vec<&Reported> = reported.iter().filter(|r| r.what == "inserted").collect();
-    assert_eq!(inserted.len(), 1, "{reported:?}");
-    let id = inserted[0].id;
-    let others: Vec<&Reported> = reported
-        .iter()
-        .filter(|r| r.what != "inserted" && (r.what != "replaced" || r.id != id))
-        .collect();
-    assert!(
-        others.is_empty(),
-        "not replacements of job {id}: {others:?}"
-    );
+    let id = one_inserted_and_the_others(&reported, "replaced");
     assert_eq!(count_jobs(&pool, "debounce").await, 1);
     let last: String = sqlx::query_scalar("SELECT tag FROM debounced ORDER BY n DESC LIMIT 1")
         .fetch_one(&pool)
