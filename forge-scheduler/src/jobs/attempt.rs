@@ -116,7 +116,8 @@ impl Snoozer {
                     // Counted when this call recorded the snooze (the job waits again): not
                     // when a cancel requested meanwhile turned it into a cancel, nor when the
                     // job is no longer this attempt's.
-                    if matches!(reply.as_deref(), Some("scheduled" | "available")) {
+                    let state = reply.as_deref().and_then(JobState::parse);
+                    if matches!(state, Some(JobState::Scheduled | JobState::Available)) {
                         let labels = [("queue", &*self.queue), ("kind", self.kind)];
                         self.metrics.counter(&JOB_SNOOZED, &labels).increment(1);
                     }
