@@ -284,12 +284,12 @@ pub use forge_core::sql::check_values as sql_check_values;
 #[doc(hidden)]
 pub mod __private {
     pub use forge_core::{Error, Result};
-    pub use forge_scheduler::__private::UniqueMode;
     pub use forge_scheduler::__private::{
         Backoff, CatchUp, CronContext, CronJob, CronRegistration, Interrupted, IntoCron,
         IntoCronResult, IntoJobResult, Job, JobContext, JobError, JobOptions, JobRegistration,
         JobRegistry, Overlap, Role, Schedule, inventory, register_jobs, registered_crons,
     };
+    pub use forge_scheduler::__private::{JobState, UniqueMode};
 
     use sqlx::SqlSafeStr as _;
     use sqlx::migrate::{Migration, MigrationType, Migrator};

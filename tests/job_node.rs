@@ -4,9 +4,14 @@
 //! (`DATABASE_URL`, `FORGE_NODE_ID`, `FORGE_ROLES`, ...). It registers the job types of
 //! `job_types.rs`, prints `FORGE-JOBS READY node=<id>` once started, and runs until SIGTERM
 //! (graceful shutdown, then `FORGE-JOBS STOPPED node=<id>`) or SIGKILL.
+//!
+//! `forge-job-node enqueue ...`: an enqueuing process instead of a node (`job_enqueue.rs`).
 
 #[path = "job_types.rs"]
 mod job_types;
+
+#[path = "job_enqueue.rs"]
+mod job_enqueue;
 
 use std::process::ExitCode;
 
@@ -22,6 +27,11 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| "warn,forge::job=info".into()),
         )
         .init();
+    // The enqueuing process of the unique-job tests (tests/it/unique.rs).
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("enqueue") {
+        return job_enqueue::main(&args[2..]).await;
+    }
     let config = match std::env::args().nth(1) {
         Some(path) => forge::Config::load(path),
         None => forge::Config::from_env(),

@@ -313,6 +313,13 @@ pub(crate) async fn jobs(ctx: &Ctx, action: &JobsCommand, json: bool) -> Outcome
                         None => format!("{} (of [jobs] default_max_attempts)", job.attempt),
                     },
                 ),
+                (
+                    "snoozes",
+                    out::or_dash(
+                        (job.snoozes > 0)
+                            .then(|| format!("{} (each gave its attempt back)", job.snoozes)),
+                    ),
+                ),
                 ("priority", job.priority.to_string()),
                 ("run at", out::time(job.run_at)),
                 ("created", out::time(job.created_at)),

@@ -86,6 +86,23 @@ const ATTR: Attr = Attr {
             ]),
             example: "\"replace\"",
         },
+        Spec {
+            name: "unique_states",
+            kind: Kind::Words {
+                ty: "JobState",
+                words: &[
+                    ("pending", ""),
+                    ("available", ""),
+                    ("scheduled", ""),
+                    ("running", ""),
+                    ("retryable", ""),
+                    ("completed", ""),
+                    ("dead", ""),
+                    ("cancelled", ""),
+                ],
+            },
+            example: "[\"scheduled\", \"completed\"]",
+        },
     ],
     aliases: &[
         ("kind", "name"),

@@ -90,6 +90,10 @@
 //! | `timeout`      | fails an attempt that runs longer (retried per the backoff), a duration | none            |
 //! | `priority`     | an `i16` (-32768 to 32767); lower runs first, like Oban               | 0                |
 //! | `unique`       | `true`: enqueueing a job whose arguments equal those of an unfinished job of the same kind reports a duplicate instead of inserting | `false` |
+//! | `unique_period` | a unique key holds this long after its job was enqueued, finished jobs counted, a duration | none |
+//! | `unique_mode`  | what a duplicate does: `"keep"`, `"replace"` (debounce) or `"keep_earliest_run_at"` | `"keep"` |
+//! | `unique_states` | the states of the job holding a unique key that block a duplicate, a non-empty list such as `["scheduled", "completed"]` | the unfinished ones (and `completed` with a period) |
+//! | `max_snoozes`  | snoozes (`JobError::snooze`) before the next one dead-letters the job  | `[jobs] max_snoozes` (100) |
 //!
 //! Every option can be overridden per job when enqueueing (`forge::jobs::NewJob`).
 //!
@@ -214,6 +218,11 @@ pub fn cron(args: TokenStream, item: TokenStream) -> TokenStream {
 /// * `priority`: an `i16`, lower runs first (default 0).
 /// * `unique`: `true` makes enqueueing a job equal to an unfinished one (same kind and
 ///   arguments) report a duplicate instead of inserting (default `false`).
+/// * `unique_period`, `unique_mode` (`"keep"`, `"replace"`, `"keep_earliest_run_at"`) and
+///   `unique_states` (a list of job states, such as `["scheduled", "completed"]`): how long a
+///   unique key holds, what a duplicate does, and which states of the job holding it block one.
+/// * `max_snoozes`: snoozes before the next one dead-letters the job (default:
+///   `[jobs] max_snoozes`).
 ///
 /// Durations are a number with a unit: `"5s"`, `"250ms"`, `"1m 30s"`.
 ///

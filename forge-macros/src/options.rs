@@ -55,6 +55,12 @@ pub(crate) enum Kind {
     Bool,
     /// A string, or the path of a function (`backoff = my_backoff`).
     StrOrFn,
+    /// A non-empty list of strings, each one of `words` (`(word, note)`), passed to the
+    /// builder as an array of the variants of the enum `ty` (`::forge::__private::<ty>`).
+    Words {
+        ty: &'static str,
+        words: &'static [(&'static str, &'static str)],
+    },
 }
 
 impl Kind {
@@ -65,6 +71,7 @@ impl Kind {
             Kind::Int => "an integer",
             Kind::Bool => "`true` or `false`",
             Kind::StrOrFn => "a string or a function's name",
+            Kind::Words { .. } => "a list of strings",
         }
     }
 }
@@ -106,6 +113,8 @@ pub(crate) enum Value {
     Bool(bool),
     /// A function's path, for [`Kind::StrOrFn`].
     Path(syn::Path),
+    /// The strings of a list, for [`Kind::Words`], and the list (for error spans).
+    Words(Vec<LitStr>, Expr),
 }
 
 /// The options given, each with a value of the right literal type.
@@ -303,6 +312,9 @@ fn literal(expr: &Expr, spec: &Spec) -> syn::Result<Value> {
     if let (Kind::StrOrFn, Expr::Path(path)) = (spec.kind, expr) {
         return Ok(Value::Path(path.path.clone()));
     }
+    if let Kind::Words { .. } = spec.kind {
+        return words(expr, spec);
+    }
     let (lit, negative) = match expr {
         Expr::Lit(ExprLit { lit, .. }) => (lit, false),
         Expr::Unary(ExprUnary {
@@ -348,6 +360,30 @@ fn literal(expr: &Expr, spec: &Spec) -> syn::Result<Value> {
         }
     };
     Ok(value)
+}
+
+/// `["word", ...]`: string literals only.
+fn words(expr: &Expr, spec: &Spec) -> syn::Result<Value> {
+    let takes = || {
+        format!(
+            "`{}` takes a list of strings, such as `{} = {}`",
+            spec.name, spec.name, spec.example
+        )
+    };
+    let Expr::Array(array) = expr else {
+        return Err(syn::Error::new_spanned(expr, takes()));
+    };
+    let lits = array
+        .elems
+        .iter()
+        .map(|elem| match elem {
+            Expr::Lit(ExprLit {
+                lit: Lit::Str(lit), ..
+            }) => Ok(lit.clone()),
+            other => Err(syn::Error::new_spanned(other, takes())),
+        })
+        .collect::<syn::Result<Vec<LitStr>>>()?;
+    Ok(Value::Words(lits, expr.clone()))
 }
 
 /// Durations as in `forge.toml` (forge-rules: the same parser and bounds), with the same
@@ -469,6 +505,29 @@ pub(crate) fn builder_call(spec: &Spec, value: &Value, errors: &mut Errors) -> O
         }
         (_, Value::Bool(value)) => quote!(#value),
         (_, Value::Path(path)) => quote!(#path),
+        (Kind::Words { ty, words }, Value::Words(lits, list)) => {
+            if lits.is_empty() {
+                errors.spanned(
+                    list,
+                    format!(
+                        "`{}` is empty: name at least one, such as `{} = {}`",
+                        spec.name, spec.name, spec.example
+                    ),
+                );
+                return None;
+            }
+            let ty = Ident::new(ty, Span::call_site());
+            let variants = lits
+                .iter()
+                .map(|lit| {
+                    let word = one_of(spec.name, lit, words, errors)?;
+                    Some(Ident::new(&camel_case(&word), Span::call_site()))
+                })
+                .collect::<Vec<_>>();
+            let variants: Vec<Ident> = variants.into_iter().collect::<Option<_>>()?;
+            quote!([#(::forge::__private::#ty::#variants),*])
+        }
+        (_, Value::Words(..)) => return None,
     };
     Some(quote!(.#method(#argument)))
 }

@@ -4,8 +4,8 @@
 pub use crate::cron::{
     CatchUp, CronContext, CronJob, Interrupted, IntoCron, IntoCronResult, Overlap,
 };
-pub use crate::jobs::UniqueMode;
 pub use crate::jobs::{Backoff, IntoJobResult, Job, JobContext, JobError, JobOptions, JobRegistry};
+pub use crate::jobs::{JobState, UniqueMode};
 pub use forge_core::Role;
 pub use forge_cron::Schedule;
 pub use inventory;

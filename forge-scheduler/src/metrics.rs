@@ -63,6 +63,11 @@ pub(crate) const JOB_RESCUED: MetricDef = MetricDef::counter(
     "forge_job_rescued_total",
     "Running jobs of down, stopped or restarted nodes given back by this node (scheduler leader, or the node itself on start)",
 );
+/// `forge_job_snoozed_total{queue, job}`
+pub(crate) const JOB_SNOOZED: MetricDef = MetricDef::counter(
+    "forge_job_snoozed_total",
+    "Snoozes (JobError::snooze) this node recorded: the job waits again without counting the attempt",
+);
 /// `forge_job_duration_seconds{queue, job}`
 pub(crate) const JOB_DURATION: MetricDef = MetricDef::histogram(
     "forge_job_duration_seconds",
@@ -114,6 +119,7 @@ pub(crate) const JOB_SERIES: &[&MetricDef] = &[
     &JOB_DEAD,
     &JOB_CANCELLED,
     &JOB_RESCUED,
+    &JOB_SNOOZED,
     &JOB_DURATION,
     &JOB_PICKUP,
 ];

@@ -209,9 +209,24 @@ async fn a_job_snoozed_more_than_max_snoozes_is_dead_lettered_saying_so() {
         last.contains("snoozed more than max_snoozes (3) times"),
         "{last}"
     );
-    // Counted as other dead jobs are.
+    // Counted as other dead jobs are; the three recorded snoozes count, the refused fourth
+    // does not.
     let labels = r#"{queue="default",kind="napper"}"#;
     wait_until_metric(&node, &format!("forge_job_dead_total{labels}"), 1.0).await;
+    wait_until_metric(&node, &format!("forge_job_snoozed_total{labels}"), 3.0).await;
+    // Operators see the count: the job's view (the admin API serves it as it is) and
+    // `forge jobs show`.
+    assert_eq!(job.snoozes, 3, "{job:?}");
+    let shown = crate::cli::forge(db.url(), &["jobs", "show", &id.0.to_string()]).await;
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    assert!(
+        shown
+            .stdout
+            .lines()
+            .any(|line| line.starts_with("snoozes") && line.contains(" 3 (each gave")),
+        "{}",
+        shown.stdout
+    );
 
     node.shutdown().await;
 }

@@ -80,7 +80,7 @@ async fn wait_ticks(
     .unwrap();
 }
 
-async fn db_now(pool: &PgPool) -> chrono::DateTime<chrono::Utc> {
+pub(crate) async fn db_now(pool: &PgPool) -> chrono::DateTime<chrono::Utc> {
     sqlx::query_scalar("SELECT clock_timestamp()")
         .fetch_one(pool)
         .await

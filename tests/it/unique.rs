@@ -1,6 +1,7 @@
 //! Unique jobs over time (`unique_period`, `unique_states`) and what a duplicate does
 //! (`UniqueMode`: keep, replace - debounce -, keep_earliest_run_at): concurrent enqueues from
-//! many connections and inside callers' transactions, against a real PostgreSQL.
+//! many connections, from several enqueuing processes (`forge-job-node enqueue`) released at
+//! once, and inside callers' transactions, against a real PostgreSQL.
 
 use std::time::Duration;
 
@@ -11,7 +12,13 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::jobs::{Behave, inserted, job_config, plain, setup, wait_for_lock_waiter, wait_state};
+use crate::stored_crons::db_now;
 use crate::support::*;
+
+/// Where debounced enqueues record the order in which they took the key: each draws
+/// `nextval('debounce_order')` after its enqueue, in its transaction.
+const DEBOUNCED_TABLE_SQL: &str =
+    "CREATE SEQUENCE debounce_order; CREATE TABLE debounced (tag text, n bigint)";
 
 fn keyed(tag: &str, key: &str) -> NewJob {
     NewJob::new(plain, Behave::tag(tag)).unique_key(key)
@@ -238,7 +245,7 @@ async fn replace_keeps_exactly_one_waiting_job_with_the_last_arguments_under_con
     // No node works the jobs: they wait. The order in which the enqueues took the key is the
     // order of the sequence values drawn right after them, in the same transaction (the key's
     // row stays locked until the transaction ends).
-    sqlx::raw_sql("CREATE SEQUENCE debounce_order; CREATE TABLE debounced (tag text, n bigint)")
+    sqlx::raw_sql(DEBOUNCED_TABLE_SQL)
         .execute(&pool)
         .await
         .unwrap();
@@ -380,4 +387,163 @@ async fn a_rolled_back_enqueue_leaves_no_job_and_no_key_and_a_waiting_enqueuer_i
     assert_ne!(id, held);
     assert!(client(&pool).get(held).await.unwrap().is_none());
     assert_eq!(count_jobs(&pool, "tx").await, 1);
+}
+
+/// The advisory lock the enqueuing processes wait at (see tests/job_enqueue.rs).
+const BARRIER: i64 = 733_301;
+
+/// What one enqueue of a `forge-job-node enqueue` process reported: its tag, `inserted`,
+/// `duplicate` or `replaced`, and the job id.
+#[derive(Debug)]
+struct Reported {
+    tag: String,
+    what: String,
+    id: i64,
+}
+
+/// Enqueues `processes * per_process` jobs of `key` in `mode` (`keep` or `replace`) from as
+/// many connections of `processes` enqueuing processes, all released at once: every
+/// connection waits at the barrier (this test holds it) before it enqueues, and the barrier
+/// is released only once all of them wait there. Returns what each enqueue reported.
+async fn enqueue_from_processes(
+    db: &forge_testkit::TestDatabase,
+    pool: &PgPool,
+    key: &str,
+    mode: &str,
+    processes: u64,
+    per_process: u64,
+) -> Vec<Reported> {
+    let mut gate = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(BARRIER)
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    let mut enqueuers: Vec<forge_testkit::NodeProcess> = (0..processes)
+        .map(|p| {
+            let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_forge-job-node"));
+            command
+                .arg("enqueue")
+                .arg(key)
+                .arg((p * per_process).to_string())
+                .arg(per_process.to_string())
+                .arg(mode)
+                .arg(BARRIER.to_string())
+                .env("DATABASE_URL", db.url());
+            forge_testkit::NodeProcess::spawn(command)
+                .unwrap()
+                .named(&format!("enqueuer{p}"))
+        })
+        .collect();
+    let total = (processes * per_process) as i64;
+    forge_testkit::wait_until(
+        "every enqueue of every process to wait at the barrier",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 0
+                    AND objid::bigint = $1 AND mode = 'ShareLock' AND NOT granted",
+            )
+            .bind(BARRIER)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            (waiting == total).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(BARRIER)
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    let mut reported = Vec::new();
+    for enqueuer in &mut enqueuers {
+        let status = enqueuer.wait_exit(SOON).await.unwrap();
+        let lines = enqueuer.lines();
+        assert!(
+            status.success(),
+            "{}: {status}\n{lines:#?}",
+            enqueuer.name()
+        );
+        assert!(
+            lines.iter().any(|l| l == "FORGE-ENQUEUE DONE"),
+            "{lines:#?}"
+        );
+        for line in lines {
+            let fields: Vec<&str> = line.split(' ').collect();
+            if let ["FORGE-ENQUEUE", tag, what, id] = fields[..] {
+                reported.push(Reported {
+                    tag: tag.to_owned(),
+                    what: what.to_owned(),
+                    id: id.parse().unwrap(),
+                });
+            }
+        }
+    }
+    let tags: std::collections::BTreeSet<&str> = reported.iter().map(|r| r.tag.as_str()).collect();
+    assert_eq!(
+        tags.len() as i64,
+        total,
+        "one answer per enqueue: {reported:?}"
+    );
+    reported
+}
+
+/// Asserts that exactly one enqueue inserted, and that every other one reported `other`
+/// (`duplicate` or `replaced`) naming that job; returns its id.
+fn one_inserted_and_the_others(reported: &[Reported], other: &str) -> i64 {
+    let inserted: Vec<&Reported> = reported.iter().filter(|r| r.what == "inserted").collect();
+    assert_eq!(inserted.len(), 1, "{reported:?}");
+    let id = inserted[0].id;
+    let odd: Vec<&Reported> = reported
+        .iter()
+        .filter(|r| r.what != "inserted" && (r.what != other || r.id != id))
+        .collect();
+    assert!(odd.is_empty(), "not {other} of job {id}: {odd:?}");
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_enqueues_of_one_key_from_four_processes_at_once_create_one_job() {
+    let (db, pool) = setup().await;
+    // 4 processes x 25 connections; half of the enqueues inside transactions that commit.
+    let reported = enqueue_from_processes(&db, &pool, "sync:7", "keep", 4, 25).await;
+    one_inserted_and_the_others(&reported, "duplicate");
+    assert_eq!(count_jobs(&pool, "sync:7").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debounce_from_four_processes_keeps_one_waiting_job_with_the_last_commit() {
+    let (db, pool) = setup().await;
+    // Each enqueue records its tag with a sequence value in its own transaction, after the
+    // enqueue: the key's row stays locked until that transaction ends, so the last commit
+    // that took the key drew the highest value. No node works the jobs: they wait.
+    sqlx::raw_sql(DEBOUNCED_TABLE_SQL)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let before = db_now(&pool).await;
+    let reported = enqueue_from_processes(&db, &pool, "debounce", "replace", 4, 25).await;
+    let after = db_now(&pool).await;
+    let id = one_inserted_and_the_others(&reported, "replaced");
+    assert_eq!(count_jobs(&pool, "debounce").await, 1);
+    let last: String = sqlx::query_scalar("SELECT tag FROM debounced ORDER BY n DESC LIMIT 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let job = client(&pool).get(JobId(id)).await.unwrap().unwrap();
+    assert_eq!(job.args["tag"], last, "{job:?}");
+    assert_eq!(job.state, JobState::Scheduled);
+    // Tag n<i> asked for a delay of i + 1 minutes from its enqueue's call, made between
+    // `before` and `after` (a few seconds: the delays are a minute apart).
+    let i: i64 = last[1..].parse().unwrap();
+    let delay = TimeDelta::minutes(i + 1);
+    assert!(
+        job.run_at >= before + delay && job.run_at <= after + delay,
+        "run_at {} for the last enqueue's delay of {i} + 1 minutes (enqueued from {before} to {after})",
+        job.run_at
+    );
 }

@@ -185,6 +185,12 @@ mod flow_control {
         Ok(())
     }
 
+    #[forge::job(unique = true, unique_states = ["available", "scheduled", "retryable"])]
+    async fn refresh_feed(ctx: forge::JobContext, feed_id: i64) -> Result<(), forge::JobError> {
+        // One waiting refresh per feed; a running one does not block the next.
+        Ok(())
+    }
+
     pub(crate) async fn on_edit(node: &forge::Node, doc_id: i64) -> forge::Result<()> {
         // Debounce: one waiting job per document, with the last edit's arguments, 10 s after it.
         node.jobs().enqueue_job(forge::jobs::NewJob::new(reindex, doc_id)

@@ -20,7 +20,7 @@ use super::{
 use crate::config::fmt_duration;
 use crate::metrics::{
     JOB_CANCELLED, JOB_COMPLETED, JOB_DEAD, JOB_DURATION, JOB_FAILED, JOB_PICKUP, JOB_RETRIED,
-    Series,
+    JOB_SNOOZED, Series,
 };
 
 /// How many cancel requests for jobs not (yet) known to the worker are remembered: a cancel
@@ -82,6 +82,10 @@ struct Snoozer {
     max_snoozes: u32,
     default_max_attempts: i32,
     statement_bound: Duration,
+    /// Where a recorded snooze is counted (`forge_job_snoozed_total{queue, kind}`).
+    metrics: forge_core::Metrics,
+    queue: Arc<str>,
+    kind: &'static str,
 }
 
 impl Snoozer {
@@ -108,7 +112,17 @@ impl Snoozer {
                 Ok(Ok(Some(reply))) if reply == "too_many_snoozes" => {
                     return Snoozed::TooMany(self.max_snoozes);
                 }
-                Ok(Ok(_)) => return Snoozed::Done,
+                Ok(Ok(reply)) => {
+                    // Counted when this call recorded the snooze (the job waits again): not
+                    // when a cancel requested meanwhile turned it into a cancel, nor when the
+                    // job is no longer this attempt's.
+                    let state = reply.as_deref().and_then(JobState::parse);
+                    if matches!(state, Some(JobState::Scheduled | JobState::Available)) {
+                        let labels = [("queue", &*self.queue), ("kind", self.kind)];
+                        self.metrics.counter(&JOB_SNOOZED, &labels).increment(1);
+                    }
+                    return Snoozed::Done;
+                }
                 Ok(Err(err)) => failure = err.to_string(),
                 Err(_) => {
                     failure = format!("no answer within {}", fmt_duration(self.statement_bound));
@@ -346,6 +360,9 @@ impl Attempts {
             max_snoozes: ty.options.max_snoozes.unwrap_or(origin.max_snoozes),
             default_max_attempts: origin.default_max_attempts,
             statement_bound: origin.statement_bound,
+            metrics: origin.metrics.clone(),
+            queue: origin.queue.clone(),
+            kind: ty.kind,
         };
         let task = self.tasks.spawn(
             async move {

@@ -275,8 +275,8 @@ pub struct AttemptError {
     /// The node that ran the attempt, if any.
     #[serde(default)]
     pub node: Option<String>,
-    /// `error`, `timeout`, `panic`, `discard`, `cancelled`, `released`, `rescued` or
-    /// `undecodable` (text rather than an enum, so that a job written by a newer FORGE with
+    /// `error`, `timeout`, `panic`, `discard`, `cancelled`, `released`, `rescued`,
+    /// `undecodable`, `snoozed` or `too_many_snoozes` (text rather than an enum, so that a job written by a newer FORGE with
     /// a reason this one does not know still reads).
     pub reason: String,
     /// What happened.
@@ -327,8 +327,13 @@ pub struct JobInfo {
     pub created_at: DateTime<Utc>,
     /// A cancel was requested while it was running.
     pub cancel_requested: bool,
-    /// Failed, interrupted and rescued attempts, oldest first.
+    /// Failed, interrupted, rescued and snoozed attempts, oldest first.
     pub errors: Vec<AttemptError>,
+    /// How many times it snoozed ([`JobError::snooze`](super::JobError::snooze)): its
+    /// `errors` with reason `snoozed`. Each gave its attempt back, so `max_attempts` is the
+    /// declared number plus this one; the next snooze past the job type's `max_snoozes`
+    /// dead-letters it.
+    pub snoozes: u32,
     /// What an operator may do to it now ([`JobActions::of`] its state).
     pub actions: JobActions,
     /// What it stored with its completion ([`JobContext::set_output`](super::JobContext::set_output),
@@ -408,10 +413,13 @@ impl TryFrom<JobRow> for JobInfo {
     type Error = Error;
 
     fn try_from(row: JobRow) -> Result<JobInfo> {
-        let errors = serde_json::from_value(row.errors).map_err(|err| Error::Serialization {
-            kind: row.kind.clone(),
-            message: format!("the job's errors cannot be read: {err}"),
-        })?;
+        let errors: Vec<AttemptError> =
+            serde_json::from_value(row.errors).map_err(|err| Error::Serialization {
+                kind: row.kind.clone(),
+                message: format!("the job's errors cannot be read: {err}"),
+            })?;
+        let snoozed = super::shared::AttemptReason::Snoozed.as_str();
+        let snoozes = errors.iter().filter(|e| e.reason == snoozed).count() as u32;
         Ok(JobInfo {
             id: row.id,
             namespace: row.namespace,
@@ -434,6 +442,7 @@ impl TryFrom<JobRow> for JobInfo {
             created_at: row.created_at,
             cancel_requested: row.cancel_requested,
             errors,
+            snoozes,
             actions: JobActions::of(row.state, row.cancel_requested),
             output: row
                 .output_text
