@@ -12,7 +12,8 @@
 # URL: a server (superuser; a database exp35_<variant>_<pid> is created and dropped); VARIANT:
 # T (today's forge.jobs_step), S (today's writes, stripped), L (advisory-lock claim), U
 # (unlogged claims table), HS, HL, HU (the same claims, kept completions moved into a
-# partitioned history; PSQL_VARS='-v hist_index=brin|none' for its index, btree by default);
+# partitioned history; LR, HLR: L and HL plus a durable row per lane written once per round
+# trip, r_lane.sql; PSQL_VARS='-v hist_index=brin|none' for its index, btree by default);
 # KEEP: true (completed jobs kept) or false (deleted); JOBS: 20000.
 set -euo pipefail
 URL=$1; VARIANT=$2; KEEP=$3; N=${4:-20000}
@@ -21,13 +22,14 @@ case $VARIANT in
   T) FILES="today";; S) FILES="common s_claim";; L) FILES="common l_claim";;
   U) FILES="common u_claim";; HS) FILES="common s_claim h_table h_s";;
   HL) FILES="common l_claim h_table h_l";; HU) FILES="common u_claim h_table h_u";;
-  *) echo "unknown variant $VARIANT (T, S, L, U, HS, HL, HU)" >&2; exit 2;;
+  LR) FILES="common l_claim r_lane";; HLR) FILES="common l_claim h_table h_l r_lane";;
+  *) echo "unknown variant $VARIANT (T, S, L, U, HS, HL, HU, LR, HLR)" >&2; exit 2;;
 esac
 DB=exp35_${VARIANT,,}_$$
 U=${URL%/*}/$DB
 "$HERE/schema.sh" "$URL" "$DB" HEAD $FILES
 trap 'psql "$URL" -XAtq -c "DROP DATABASE IF EXISTS $DB" >/dev/null' EXIT
-UNLOCK=false; [[ $VARIANT == *L ]] && UNLOCK=true
+UNLOCK=false; [[ $VARIANT == *L* ]] && UNLOCK=true
 lsn() { psql "$U" -XAtq -c "SELECT pg_current_wal_insert_lsn()"; }
 snap() {
   psql "$U" -XAtq -c "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint || '|' || wal_records || '|' || wal_fpi FROM pg_stat_wal"
@@ -67,7 +69,11 @@ SQL
 sleep 1.5   # the statistics of an ended session are flushed at its exit
 T1=$(tables); S1=$(snap); L1=$(lsn)
 START=$(date +%s.%N)
-psql "$U" -XAtq >/dev/null <<SQL
+# The drain's backend CPU (user + system, /proc/self/stat of the backend: superuser's
+# pg_read_file), before and after: less sensitive to the machine's load than the rate.
+CPU=$(psql "$U" -XAtq <<SQL
+SELECT split_part(s, ' ', 14)::bigint + split_part(s, ' ', 15)::bigint
+  FROM pg_read_file('/proc/self/stat') AS s;
 DO \$\$
 DECLARE
   ids bigint[] := '{}'; atts integer[] := '{}'; done bigint[] := '{}';
@@ -83,13 +89,17 @@ BEGIN
   END LOOP;
 END
 \$\$;
+SELECT split_part(s, ' ', 14)::bigint + split_part(s, ' ', 15)::bigint
+  FROM pg_read_file('/proc/self/stat') AS s;
 SQL
+)
 END=$(date +%s.%N)
+CPU_US=$(echo "$CPU" | awk -v n="$N" -v hz="$(getconf CLK_TCK)" 'NR == 1 { a = $1 } END { printf "%.1f", ($1 - a) * 1e6 / hz / n }')
 sleep 1.5
 T2=$(tables); S2=$(snap); L2=$(lsn)
 LEFT=$(psql "$U" -XAtq -c "SELECT count(*) FROM forge.jobs WHERE state NOT IN ('completed')")
 HIST=$(psql "$U" -XAtq -c "SELECT coalesce((SELECT count(*) FROM exp.jobs_history), 0)" 2>/dev/null || echo 0)
-python3 - "$N" "$VARIANT" "$KEEP" "$START" "$END" "$S0" "$S1" "$S2" "$T0" "$T1" "$T2" "$LEFT" "$HIST" <<'PY'
+python3 - "$N" "$VARIANT" "$KEEP" "$START" "$END" "$S0" "$S1" "$S2" "$T0" "$T1" "$T2" "$LEFT" "$HIST" "$CPU_US" <<'PY'
 import sys
 n, variant, keep = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 secs = float(sys.argv[5]) - float(sys.argv[4])
@@ -109,7 +119,8 @@ def part(a, b, name):
             rows.append(f"{tab}: {x[0]:.2f} ins, {x[1]:.2f} upd ({x[2]:.2f} HOT), {x[3]:.2f} del")
     print(f"  {name:8} WAL {wal:5.0f} B, {rec:5.2f} records, {fpi:.3f} FPI per job; " + "; ".join(rows))
 print(f"{variant}, completed {'kept' if keep == 'true' else 'deleted'}: {n} jobs "
-      f"({sys.argv[12]} unfinished left, {sys.argv[13]} in history), loop drain {n / secs:.0f} jobs/s")
+      f"({sys.argv[12]} unfinished left, {sys.argv[13]} in history), loop drain {n / secs:.0f} jobs/s, "
+      f"its backend's CPU {sys.argv[14]} us per job")
 part(0, 1, "enqueue")
 part(1, 2, "drain")
 PY

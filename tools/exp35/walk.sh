@@ -14,7 +14,7 @@ case $VARIANT in T) FILES="today";; L) FILES="common l_claim";; U) FILES="common
 DB=exp35_walk_$$
 U=${URL%/*}/$DB
 "$HERE/schema.sh" "$URL" "$DB" HEAD $FILES
-trap 'kill %1 2>/dev/null; wait; psql "$URL" -XAtq -c "DROP DATABASE IF EXISTS $DB" >/dev/null' EXIT
+trap 'kill $! 2>/dev/null; wait; psql "$URL" -XAtq -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null' EXIT
 psql "$U" -XAtq -c "SELECT count(*) FROM forge.jobs_enqueue('forge',
       array_fill('default'::text, ARRAY[10000 + $R]), array_fill('noop'::text, ARRAY[10000 + $R]),
       array_fill('null'::jsonb, ARRAY[10000 + $R]), array_fill(0::smallint, ARRAY[10000 + $R]),
@@ -24,11 +24,23 @@ psql "$U" -XAtq -c "SELECT count(*) FROM forge.jobs_enqueue('forge',
       array_fill(false, ARRAY[10000 + $R]), array_fill(NULL::jsonb, ARRAY[10000 + $R]))" \
   -c "VACUUM ANALYZE forge.jobs" >/dev/null
 # The running jobs: claimed in batches of 128 by a session that then stays (L's locks).
-psql "$U" -XAtq -c "SELECT count(*) FROM generate_series(1, ceil($R / 128.0)::int) g,
-                           LATERAL exp.step('{}', '{}', true, '{}')" -c "SELECT pg_sleep(60)" >/dev/null &
-until [ "$(psql "$U" -XAtc "SELECT count(*) >= $R FROM forge.jobs WHERE state = 'running'
-            UNION ALL SELECT count(*) >= $R FROM pg_locks WHERE locktype = 'advisory'
-            UNION ALL SELECT (SELECT count(*) >= $R FROM exp.claims) WHERE to_regclass('exp.claims') IS NOT NULL" | grep -c t)" -ge 1 ]; do sleep 0.2; done
+psql "$U" -XAtq >/dev/null <<SQL &
+DO \$\$ BEGIN
+  IF '$VARIANT' = 'L' THEN
+    -- (One session's own locks are taken again by its own claims: lock the first R directly.)
+    PERFORM pg_advisory_lock(j.id) FROM (SELECT id FROM forge.jobs ORDER BY id LIMIT $R) j;
+  ELSE
+    FOR g IN 1..ceil($R / 128.0)::int LOOP PERFORM exp.step('{}', '{}', true, '{}'); COMMIT; END LOOP;
+  END IF;
+END \$\$;
+\! sleep 60
+SQL
+case $VARIANT in
+  T) RUNNING="SELECT count(*) FROM forge.jobs WHERE state = 'running'";;
+  L) RUNNING="SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted";;
+  U) RUNNING="SELECT count(*) FROM exp.claims";;
+esac
+until [ "$(psql "$U" -XAtc "$RUNNING")" -ge "$R" ]; do sleep 0.2; done
 sleep 1   # the claimer's commit
 for i in 1 2 3 4 5; do
   psql "$U" -XAtq -c "BEGIN" -c "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT * FROM exp.step('{}', '{}', true, '{}')" -c "ROLLBACK"
