@@ -10,6 +10,10 @@ URL=$1
 psql "$URL" -XAt -c "SELECT 'max_locks_per_transaction ' || current_setting('max_locks_per_transaction')
                       || ', max_connections ' || current_setting('max_connections')
                       || ', max_prepared_transactions ' || current_setting('max_prepared_transactions')"
+psql "$URL" -XAtq -c "CREATE TABLE IF NOT EXISTS exp35_locks_full (a int)"
+# A session opened before the table fills: a statement on a table, then one on none.
+( sleep 3; echo "SELECT 'a session opened before: a count of a table: ' || count(*) FROM exp35_locks_full;"
+  echo "SELECT 'a session opened before: SELECT 1: ' || 1;" ) | psql "$URL" -XAt 2>&1 | head -3 &
 psql "$URL" -XAtq <<'SQL' &
 DO $$
 DECLARE i bigint := 0;
@@ -24,3 +28,4 @@ sleep 3
 echo "a new connection meanwhile: $(psql "$URL" -XAtc "SELECT 'connected'" 2>&1 | head -1)"
 wait
 echo "after the session ended: $(psql "$URL" -XAtc "SELECT 'connected'" 2>&1 | head -1)"
+psql "$URL" -XAtq -c "DROP TABLE exp35_locks_full"
