@@ -1,0 +1,15 @@
+-- HL: the advisory-lock claim (l_claim.sql), completion kept by a move into the history.
+DO $do$ BEGIN EXECUTE format($f$
+CREATE OR REPLACE FUNCTION exp.finish(p_ids bigint[], p_keep boolean) RETURNS void
+LANGUAGE plpgsql AS $b$
+BEGIN
+    IF NOT p_keep THEN
+        DELETE FROM forge.jobs j WHERE j.id = ANY (p_ids) AND j.state = 'available';
+        RETURN;
+    END IF;
+    WITH d AS (DELETE FROM forge.jobs j WHERE j.id = ANY (p_ids) AND j.state = 'available'
+               RETURNING j.*)
+    INSERT INTO exp.jobs_history SELECT %s FROM d;
+END $b$ $f$, exp.history_select('{"state": "''completed''", "finished_at": "clock_timestamp()",
+    "attempt": "d.attempt + 1", "node_id": "''writes''"}'));
+END $do$;
