@@ -303,3 +303,94 @@ async fn bad_kind_limits_are_refused_at_registration_with_what_is_wrong() {
     let err = "100 a minute".parse::<Rate>().unwrap_err();
     assert!(err.contains("such as \"100/1m\""), "{err}");
 }
+
+/// `forge jobs limit` sets a kind's limits (shown by `forge jobs limits`), refuses bad values
+/// with what is wrong, and gives them back to the code with `--reset`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_sets_shows_and_resets_a_kinds_limits() {
+    use crate::cli::forge;
+    let db = fresh_db().await;
+    let url = db.url();
+    assert_eq!(forge(url, &["migrate", "up"]).await.code, 0);
+    let args = ["jobs", "limit", "sync", "--global", "2", "--rate", "10/1s"];
+    let run = forge(url, &args).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("global 2, rate 10/1s"),
+        "{}",
+        run.stdout
+    );
+    let listed = forge(url, &["jobs", "limits", "--json"]).await;
+    let kinds: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
+    assert_eq!(kinds["kinds"][0]["kind"], "sync");
+    assert_eq!(kinds["kinds"][0]["limits"]["global_concurrency"], 2);
+    assert_eq!(kinds["kinds"][0]["limits"]["rate"], "10/1s");
+    let table = forge(url, &["jobs", "limits"]).await;
+    assert!(
+        table.stdout.contains("sync") && table.stdout.contains("global 2"),
+        "{}",
+        table.stdout
+    );
+    let run = forge(url, &["jobs", "limit", "sync", "--rate", "10 a second"]).await;
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("100/1m"), "{}", run.stderr);
+    let run = forge(url, &["jobs", "limit", "sync", "--reset"]).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let listed = forge(url, &["jobs", "limits", "--json"]).await;
+    let kinds: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
+    assert_eq!(kinds, serde_json::json!({ "kinds": [] }));
+}
+
+/// `forge_job_kind_limited` says when a kind's available jobs wait on its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aggregator_reports_a_kind_held_back_by_its_limit() {
+    let (db, pool) = setup().await;
+    let mut config = job_config(db.url(), "n1");
+    config.node.roles = Some(vec!["scheduler".into(), "metrics_aggregator".into()]);
+    config.jobs.maintenance_interval = Duration::from_millis(200);
+    let node = Node::builder(config)
+        .auto_register(false)
+        .job(capped)
+        .start()
+        .await
+        .unwrap();
+    let held = r#"forge_job_kind_limited{kind="capped",limit="global"}"#;
+    let w = workload(&pool);
+    let one = QueueLimits::new(Some(1), None, None).unwrap();
+    w.set_kind_limits("capped", &one, "test").await.unwrap();
+    let jobs = client(&pool);
+    for _ in 0..3 {
+        let args = Behave {
+            sleep_ms: 60_000,
+            ..Behave::tag("m")
+        };
+        jobs.enqueue(capped, args).await.unwrap();
+    }
+    let reported = |value: f64| {
+        let node = &node;
+        async move {
+            let text = node.render_metrics();
+            (crate::jobs::metric(&text, held) == Some(value)).then_some(())
+        }
+    };
+    wait_until(
+        "the kind reported as held back",
+        SOON,
+        Duration::from_millis(50),
+        || reported(1.0),
+    )
+    .await
+    .unwrap();
+    // Raised above the jobs waiting: none is held back any more.
+    let five = QueueLimits::new(Some(5), None, None).unwrap();
+    w.set_kind_limits("capped", &five, "test").await.unwrap();
+    wait_until(
+        "the kind reported as free",
+        SOON,
+        Duration::from_millis(50),
+        || reported(0.0),
+    )
+    .await
+    .unwrap();
+    node.shutdown().await;
+}
