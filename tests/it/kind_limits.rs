@@ -271,7 +271,9 @@ impl Job for limited_badly {
 #[tokio::test]
 async fn bad_kind_limits_are_refused_at_registration_with_what_is_wrong() {
     let (db, pool) = setup().await;
-    let cases: [(fn() -> JobOptions, &str); 3] = [
+    // Each case: the kind's options, and what the refusal says.
+    type Case = (fn() -> JobOptions, &'static str);
+    let cases: [Case; 3] = [
         (|| JobOptions::new().global_concurrency(0), "between 1 and"),
         (
             || JobOptions::new().rate_key("customer_id"),
