@@ -275,7 +275,9 @@ pub mod inspect {
         SeriesPoint, StepDown, TenureEnd, TenureView, UnservedWork, WorkKind,
     };
     pub use forge_scheduler::inspect::Upserted;
-    pub use forge_scheduler::inspect::{CronView, JobFilter, QueueView, TickView, Workload};
+    pub use forge_scheduler::inspect::{
+        CronView, JobFilter, KindLimitsView, QueueView, TickView, Workload,
+    };
 }
 
 #[doc(hidden)]
@@ -284,6 +286,7 @@ pub use forge_core::sql::check_values as sql_check_values;
 #[doc(hidden)]
 pub mod __private {
     pub use forge_core::{Error, Result};
+    pub use forge_scheduler::__private::Rate;
     pub use forge_scheduler::__private::{
         Backoff, CatchUp, CronContext, CronJob, CronRegistration, Interrupted, IntoCron,
         IntoCronResult, IntoJobResult, Job, JobContext, JobError, JobOptions, JobRegistration,

@@ -52,6 +52,8 @@ async fn main() -> ExitCode {
         .job(effect)
         .job(poison)
         .job(flow_step)
+        // A kind with a global limit of 3 (tests/it/kind_limits.rs).
+        .job(capped)
         .start()
         .await;
     let node = match node {

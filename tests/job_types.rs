@@ -380,3 +380,17 @@ pub(crate) async fn flow_step(ctx: JobContext, step: Step) -> Result<serde_json:
         parent_outputs,
     })?)
 }
+
+behaving_job!(
+    /// At most 3 attempts at once on all nodes together, in whichever queue (a kind's limit;
+    /// `tests/it/kind_limits.rs`; the attribute's form is checked in `tests/ui`).
+    capped,
+    JobOptions::new().global_concurrency(3)
+);
+behaving_job!(
+    /// At most 4 claims a second per `tag` on all nodes together (a kind's rate).
+    rated,
+    JobOptions::new()
+        .rate("4/1s".parse().expect("a rate"))
+        .rate_key("tag")
+);

@@ -44,6 +44,8 @@
 //! | `GET /api/queues` | depth by state (`pending`: waiting for parents), oldest available job's age, paused, limits and why jobs wait on them |
 //! | `POST /api/queues/{queue}/pause`, `.../resume` | stop or restart claims of a queue; a queue the cluster does not know is a 404, unless the pause's body is `{"new": true}` |
 //! | `PUT /api/queues/{queue}/limits`, `DELETE` | set a queue's cluster-wide limits (body `{"global_concurrency": 4, "rate": "100/1m", "rate_key": "customer_id"}`, each optional: left out, no such limit; `"new": true` for a queue the cluster does not know), or give them back to forge.toml |
+//! | `GET /api/kinds/limits` | every job kind with cluster-wide limits, who set them, what counts against them and whether the global one is reached |
+//! | `PUT /api/kinds/{kind}/limits`, `DELETE` | set a job kind's cluster-wide limits (the body as a queue's, without `new`), or give them back to the code |
 //!
 //! Pages are `{ "items": [...], "next": cursor | null }`: pass `next` as `before` for the
 //! following page; `limit` is 1 to 500 (default 50). Errors are
@@ -418,6 +420,11 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/api/queues/{queue}/limits",
             axum::routing::put(work::set_queue_limits).delete(work::reset_queue_limits),
+        )
+        .route("/api/kinds/limits", get(work::kind_limits))
+        .route(
+            "/api/kinds/{kind}/limits",
+            axum::routing::put(work::set_kind_limits).delete(work::reset_kind_limits),
         )
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::guard));
     Router::new()

@@ -17,6 +17,9 @@ use crate::cluster::{page, parse_list};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiOptionalJson, ApiPath, ApiQuery, NoBody};
 
+mod kind_limits;
+pub(crate) use kind_limits::{kind_limits, reset_kind_limits, set_kind_limits};
+
 pub(crate) async fn crons(State(state): State<AdminState>) -> ApiResult<Json<Value>> {
     let crons = state.read(state.workload.crons()).await?;
     Ok(Json(json!({ "crons": crons })))
@@ -437,15 +440,7 @@ pub(crate) async fn set_queue_limits(
     ApiJson(body): ApiJson<QueueLimitsBody>,
 ) -> ApiResult<Json<Value>> {
     check_queue(&queue)?;
-    let rate = match &body.rate {
-        Some(text) => Some(
-            text.parse::<Rate>()
-                .map_err(|err| ApiError::bad_request(err).with("parameter", "rate"))?,
-        ),
-        None => None,
-    };
-    let limits = QueueLimits::new(body.global_concurrency, rate, body.rate_key)
-        .map_err(ApiError::bad_request)?;
+    let limits = limits_of(body.global_concurrency, body.rate, body.rate_key)?;
     let workload = state.workload.clone();
     let (q, b, l) = (queue.clone(), by.clone(), limits.clone());
     state
@@ -454,6 +449,22 @@ pub(crate) async fn set_queue_limits(
         .ok_or_else(|| unknown_queue(&queue))?;
     audit_log("limit_queue", &queue, &by);
     Ok(Json(json!({ "queue": queue, "limits": limits })))
+}
+
+/// A queue's or a kind's limits from a body's values, checked.
+fn limits_of(
+    global_concurrency: Option<u32>,
+    rate: Option<String>,
+    rate_key: Option<String>,
+) -> ApiResult<QueueLimits> {
+    let rate = match rate {
+        Some(text) => Some(
+            text.parse::<Rate>()
+                .map_err(|err| ApiError::bad_request(err).with("parameter", "rate"))?,
+        ),
+        None => None,
+    };
+    QueueLimits::new(global_concurrency, rate, rate_key).map_err(ApiError::bad_request)
 }
 
 /// Gives a queue's limits back to forge.toml (removes an operator's).

@@ -256,6 +256,12 @@ pub(crate) enum JobsCommand {
     Cancel(JobAction),
     /// Deletes a job that is not running (or every such job matching the filters).
     Delete(JobAction),
+    /// Sets a job kind's cluster-wide limits, over every queue and node at once and without a
+    /// restart: the ones given, and no other (`--none`: none at all). An operator's limits win
+    /// over the code's until `--reset`.
+    Limit(KindLimitArgs),
+    /// Every job kind with cluster-wide limits, who set them and what counts against them.
+    Limits,
 }
 
 /// A page of jobs: `forge jobs ls` (or `forge jobs` alone).
@@ -315,6 +321,25 @@ pub(crate) enum QueuesCommand {
 pub(crate) struct LimitArgs {
     /// The queue.
     pub(crate) queue: String,
+    #[command(flatten)]
+    pub(crate) values: LimitValues,
+    /// Limit it although no node works it and it holds no job yet.
+    #[arg(long)]
+    pub(crate) new: bool,
+}
+
+/// `forge jobs limit`.
+#[derive(Debug, Args)]
+pub(crate) struct KindLimitArgs {
+    /// The job kind.
+    pub(crate) kind: String,
+    #[command(flatten)]
+    pub(crate) values: LimitValues,
+}
+
+/// The limits of `forge queues limit` and `forge jobs limit`.
+#[derive(Debug, Args)]
+pub(crate) struct LimitValues {
     /// At most this many of its jobs running at once on all nodes together.
     #[arg(long = "global", value_name = "N")]
     pub(crate) global: Option<u32>,
@@ -324,16 +349,13 @@ pub(crate) struct LimitArgs {
     /// The rate per value of this top-level field of the jobs' arguments.
     #[arg(long, value_name = "FIELD", requires = "rate")]
     pub(crate) rate_key: Option<String>,
-    /// No limits at all (over forge.toml's, until --reset).
+    /// No limits at all (over forge.toml's or the code's, until --reset).
     #[arg(long, conflicts_with_all = ["global", "rate", "reset"])]
     pub(crate) none: bool,
-    /// Give the queue's limits back to forge.toml: it is unlimited until a node starts and
-    /// writes forge.toml's.
+    /// Give the limits back to forge.toml (a queue's) or the code (a kind's): unlimited until
+    /// a node starts and writes them.
     #[arg(long, conflicts_with_all = ["global", "rate"])]
     pub(crate) reset: bool,
-    /// Limit it although no node works it and it holds no job yet.
-    #[arg(long)]
-    pub(crate) new: bool,
 }
 
 #[derive(Debug, Args)]

@@ -34,6 +34,7 @@ mod config_cmd;
 mod ctx;
 mod doctor;
 mod fail;
+mod kind_limits;
 mod migrate;
 mod out;
 mod stored;

@@ -6,7 +6,8 @@ use forge::jobs::{JobId, JobState, QueueLimits, Rate};
 use serde_json::json;
 
 use crate::args::{
-    CronsCommand, JobAction, JobFilterArgs, JobsCommand, JobsList, LimitArgs, QueuesCommand,
+    CronsCommand, JobAction, JobFilterArgs, JobsCommand, JobsList, LimitArgs, LimitValues,
+    QueuesCommand,
 };
 use crate::cluster::print_next;
 use crate::ctx::Ctx;
@@ -385,6 +386,8 @@ pub(crate) async fn jobs(ctx: &Ctx, action: &JobsCommand, json: bool) -> Outcome
         JobsCommand::Retry(act) => job_action(ctx, act, Action::Retry, json).await,
         JobsCommand::Cancel(act) => job_action(ctx, act, Action::Cancel, json).await,
         JobsCommand::Delete(act) => job_action(ctx, act, Action::Delete, json).await,
+        JobsCommand::Limit(args) => crate::kind_limits::limit(ctx, args, json).await,
+        JobsCommand::Limits => crate::kind_limits::list(ctx, json).await,
     }
 }
 
@@ -549,7 +552,7 @@ pub(crate) async fn queues(ctx: &Ctx, action: &QueuesCommand, json: bool) -> Out
 async fn limit(ctx: &Ctx, args: &LimitArgs, json: bool) -> Outcome {
     let workload = ctx.workload();
     let queue = &args.queue;
-    if args.reset {
+    let Some(limits) = limits_of(&args.values)? else {
         let Some(had) = workload.reset_queue_limits(queue, &ctx.by).await? else {
             return Err(unknown_queue(ctx, queue, false));
         };
@@ -566,20 +569,7 @@ async fn limit(ctx: &Ctx, args: &LimitArgs, json: bool) -> Outcome {
             );
         }
         return Ok(0);
-    }
-    if args.global.is_none() && args.rate.is_none() && !args.none {
-        return Err(Fail::usage(
-            "say which limits: --global N, --rate COUNT/WINDOW (with --rate-key FIELD), --none, or --reset".to_owned(),
-        ));
-    }
-    let rate = match &args.rate {
-        Some(text) => Some(
-            text.parse::<Rate>()
-                .map_err(|err| Fail::usage(format!("--rate: {err}")))?,
-        ),
-        None => None,
     };
-    let limits = QueueLimits::new(args.global, rate, args.rate_key.clone()).map_err(Fail::usage)?;
     if workload
         .set_queue_limits(queue, &limits, &ctx.by, args.new)
         .await?
@@ -593,6 +583,28 @@ async fn limit(ctx: &Ctx, args: &LimitArgs, json: bool) -> Outcome {
         outln!("queue {queue}: {limits}, from the next claim on every node");
     }
     Ok(0)
+}
+
+/// The limits `values` set, checked; `None` for `--reset`.
+pub(crate) fn limits_of(values: &LimitValues) -> Result<Option<QueueLimits>, Fail> {
+    if values.reset {
+        return Ok(None);
+    }
+    if values.global.is_none() && values.rate.is_none() && !values.none {
+        return Err(Fail::usage(
+            "say which limits: --global N, --rate COUNT/WINDOW (with --rate-key FIELD), --none, or --reset".to_owned(),
+        ));
+    }
+    let rate = match &values.rate {
+        Some(text) => Some(
+            text.parse::<Rate>()
+                .map_err(|err| Fail::usage(format!("--rate: {err}")))?,
+        ),
+        None => None,
+    };
+    QueueLimits::new(values.global, rate, values.rate_key.clone())
+        .map(Some)
+        .map_err(Fail::usage)
 }
 
 fn unknown_queue(ctx: &Ctx, queue: &str, pausing: bool) -> Fail {

@@ -103,6 +103,21 @@ const ATTR: Attr = Attr {
             },
             example: "[\"scheduled\", \"completed\"]",
         },
+        Spec {
+            name: "global_concurrency",
+            kind: Kind::Int,
+            example: "4",
+        },
+        Spec {
+            name: "rate",
+            kind: Kind::Str,
+            example: "\"100/1m\"",
+        },
+        Spec {
+            name: "rate_key",
+            kind: Kind::Str,
+            example: "\"customer_id\"",
+        },
     ],
     aliases: &[
         ("kind", "name"),
@@ -265,7 +280,7 @@ fn stub(handler: &HandlerFn, args_item: &TokenStream, errors: Errors) -> TokenSt
 /// [`backoff`]).
 fn builder_call(spec: &Spec, value: &Value, errors: &mut Errors) -> Option<TokenStream> {
     match spec.name {
-        "name" | "backoff" | "backoff_base" | "backoff_max" => None,
+        "name" | "backoff" | "backoff_base" | "backoff_max" | "rate" => None,
         _ => options::builder_call(spec, value, errors),
     }
 }
@@ -396,11 +411,62 @@ fn parse_definition(args: TokenStream, ident: &Ident, errors: &mut Errors) -> De
         .iter(&ATTR)
         .filter_map(|(spec, value)| builder_call(spec, value, errors))
         .collect();
+    if let Some(rate) = limits(&options, errors) {
+        calls.push(rate);
+    }
     if let Some(backoff) = backoff(&options, errors) {
         let backoff = backoff_tokens(backoff);
         calls.push(quote!(.backoff(#backoff)));
     }
     Definition { kind, calls }
+}
+
+/// The kind's limits, checked with the runtime's rules: `global_concurrency` and `rate`
+/// within [`forge_rules::MAX_LIMIT`], `rate_key` only with a rate, none on a role's kind. The
+/// rate's builder call (a parsed `Rate`), if any.
+fn limits(options: &Options, errors: &mut Errors) -> Option<TokenStream> {
+    let limit = forge_rules::MAX_LIMIT;
+    if let Some((value, expr)) = options.int("global_concurrency")
+        && !(1..=i128::from(limit)).contains(&value)
+    {
+        errors.spanned(
+            expr,
+            format!("`global_concurrency` must be from 1 to {limit}: at most so many run at once on all nodes"),
+        );
+    }
+    let rate = options.str("rate");
+    if let Some(key) = options.str("rate_key") {
+        if rate.is_none() {
+            errors.spanned(
+                key,
+                "`rate_key` needs a rate (such as `rate = \"100/1m\"`): it says per which argument the rate holds",
+            );
+        } else if key.value().is_empty() {
+            errors.spanned(
+                key,
+                "`rate_key` must name a top-level field of the arguments, such as \"customer_id\"",
+            );
+        }
+    }
+    if let Some(role) = options.str("role")
+        && (rate.is_some() || options.int("global_concurrency").is_some())
+    {
+        errors.spanned(
+            role,
+            "a role's jobs run on its leader alone and no limit binds their claims: remove `global_concurrency` and `rate`, or the role",
+        );
+    }
+    let rate = rate?;
+    match forge_rules::parse_rate(&rate.value()) {
+        Ok((count, per)) => {
+            let per = options::duration_tokens(per);
+            Some(quote!(.rate(::forge::__private::Rate { count: #count, per: #per })))
+        }
+        Err(message) => {
+            errors.spanned(rate, message);
+            None
+        }
+    }
 }
 
 /// `backoff`, `backoff_base` and `backoff_max` together.

@@ -1,4 +1,4 @@
-//! The rules for what FORGE accepts as a name or a duration, in one place.
+//! The rules for what FORGE accepts as a name, a duration or a rate, in one place.
 //!
 //! The configuration (`forge.toml`), the runtime (`Role::new`, job and cron registration) and
 //! the proc-macros (`#[cron]`, `#[job]`, checked at compile time) all validate with these
@@ -18,6 +18,8 @@
 
 mod duration;
 mod name;
+mod rate;
 
 pub use duration::{MAX_DURATION, check_duration, format_duration, parse_duration};
 pub use name::{Name, NameError, RESERVED_ROLES, check_name};
+pub use rate::{MAX_LIMIT, parse_rate};

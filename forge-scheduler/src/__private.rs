@@ -6,6 +6,7 @@ pub use crate::cron::{
 };
 pub use crate::jobs::{Backoff, IntoJobResult, Job, JobContext, JobError, JobOptions, JobRegistry};
 pub use crate::jobs::{JobState, UniqueMode};
+pub use crate::limits::Rate;
 pub use forge_core::Role;
 pub use forge_cron::Schedule;
 pub use inventory;

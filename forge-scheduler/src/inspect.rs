@@ -13,10 +13,13 @@ use sqlx::query::Query;
 use sqlx::{FromRow, PgPool, Postgres};
 
 use crate::cron::{StoredCron, TickState};
+use crate::jobs::QueueLimits;
 use crate::jobs::{
     CancelOutcome, JOB_SQL, JobAction, JobActions, JobId, JobInfo, JobRow, JobState,
 };
-use crate::jobs::{QueueLimits, Rate};
+
+mod kind_limits;
+pub use kind_limits::KindLimitsView;
 
 /// A cron the cluster knows (registered by some node).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -797,14 +800,12 @@ impl Workload {
                 }
             };
             let view = &mut queues[at];
-            view.limits = QueueLimits {
-                global_concurrency: row.global_concurrency.map(|n| n.max(0) as u32),
-                rate: row.rate_count.zip(row.rate_window_ms).map(|(n, ms)| Rate {
-                    count: n.max(0) as u32,
-                    per: std::time::Duration::from_millis(ms.max(0) as u64),
-                }),
-                rate_key: row.rate_key,
-            };
+            view.limits = QueueLimits::from_stored(
+                row.global_concurrency,
+                row.rate_count,
+                row.rate_window_ms,
+                row.rate_key,
+            );
             view.limits_set_by = row.set_by;
             view.limited_running = row.limited_running;
             view.rate_claims = row.rate_claims;
@@ -835,7 +836,13 @@ impl Workload {
             return Ok(None);
         }
         limits
-            .write(&mut *tx, self.namespace.name(), queue, Some(by))
+            .write(
+                &mut *tx,
+                self.namespace.name(),
+                crate::limits::Limited::Queue,
+                queue,
+                Some(by),
+            )
             .await?;
         tx.commit().await?;
         Ok(Some(()))

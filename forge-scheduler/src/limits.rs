@@ -1,15 +1,17 @@
-//! A queue's cluster-wide limits: how many of its jobs run at once on all nodes together
-//! (`global_concurrency`), and how many are claimed in any window (`rate`, optionally per value
-//! of one top-level argument, `rate_key`). Stored in `forge.queue_limits` and checked by every
-//! claim of the queue in `forge.jobs_step`, so they hold whichever node claims and change without
-//! a restart. forge.toml gives their values at start ([`write_config_limits`]); an operator's
-//! values ([`crate::inspect::Workload::set_queue_limits`]) win until reset.
+//! Cluster-wide limits of a queue or of a job kind: how many of its jobs run at once on all
+//! nodes together (`global_concurrency`), and how many are claimed in any window (`rate`,
+//! optionally per value of one top-level argument, `rate_key`). Stored in `forge.queue_limits`
+//! and `forge.kind_limits` and checked by every claim in `forge.jobs_step`, so they hold
+//! whichever node claims and change without a restart. forge.toml (a queue's) or the kind's
+//! declared options (a kind's) give their values at start; an operator's values
+//! ([`crate::inspect::Workload::set_queue_limits`],
+//! [`crate::inspect::Workload::set_kind_limits`]) win until reset.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use forge_rules::{format_duration, parse_duration};
+use forge_rules::format_duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// At most `count` claims in any window of `per` (`"100/1m"`).
@@ -21,28 +23,13 @@ pub struct Rate {
     pub per: Duration,
 }
 
-/// The largest count of a rate or a global concurrency (a row per claim is kept for a rate).
-pub const MAX_LIMIT: u32 = 1_000_000;
+pub use forge_rules::MAX_LIMIT;
 
 impl FromStr for Rate {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Rate, String> {
-        let (count, per) = text.split_once('/').ok_or_else(|| {
-            format!("{text:?} is not a rate: write claims per window, such as \"100/1m\"")
-        })?;
-        let count: u32 = count.trim().parse().map_err(|_| {
-            format!("{text:?}: the count before '/' must be a whole number, such as \"100/1m\"")
-        })?;
-        if count == 0 || count > MAX_LIMIT {
-            return Err(format!(
-                "{text:?}: the count must be between 1 and {MAX_LIMIT} (to stop a queue, pause it)"
-            ));
-        }
-        let per = parse_duration(per.trim()).map_err(|err| format!("{text:?}: {err}"))?;
-        if per < Duration::from_millis(1) {
-            return Err(format!("{text:?}: the window must be at least 1ms"));
-        }
+        let (count, per) = forge_rules::parse_rate(text)?;
         Ok(Rate { count, per })
     }
 }
@@ -67,7 +54,7 @@ impl<'de> Deserialize<'de> for Rate {
     }
 }
 
-/// A queue's cluster-wide limits (none: unlimited).
+/// A queue's or a job kind's cluster-wide limits (none: unlimited).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct QueueLimits {
@@ -158,29 +145,40 @@ impl QueueLimits {
         }
     }
 
-    /// Writes these limits as forge.toml's for `queue` (`forge.queue_limit_set` without an
-    /// operator): they replace forge.toml's earlier ones, never an operator's. Returns whether
-    /// they were written.
-    pub(crate) async fn write_as_config(
-        &self,
-        pool: &sqlx::PgPool,
-        namespace: &str,
-        queue: &str,
-    ) -> Result<bool, sqlx::Error> {
-        self.write(pool, namespace, queue, None).await
+    /// Limits as stored (`forge.queue_limits`, `forge.kind_limits`).
+    pub(crate) fn from_stored(
+        global_concurrency: Option<i32>,
+        rate_count: Option<i32>,
+        rate_window_ms: Option<i64>,
+        rate_key: Option<String>,
+    ) -> QueueLimits {
+        QueueLimits {
+            global_concurrency: global_concurrency.map(|n| n.max(0) as u32),
+            rate: rate_count.zip(rate_window_ms).map(|(n, ms)| Rate {
+                count: n.max(0) as u32,
+                per: Duration::from_millis(ms.max(0) as u64),
+            }),
+            rate_key,
+        }
     }
 
-    /// Writes these limits (`by`: the operator, or `None` for forge.toml's).
+    /// Writes these limits of a queue or a kind (`by`: the operator, or `None` for forge.toml's
+    /// or the code's).
     pub(crate) async fn write<'e, E: sqlx::PgExecutor<'e>>(
         &self,
         db: E,
         namespace: &str,
-        queue: &str,
+        limited: Limited,
+        name: &str,
         by: Option<&str>,
     ) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar("SELECT forge.queue_limit_set($1, $2, $3, $4, $5, $6, $7)")
+        let sql = match limited {
+            Limited::Queue => "SELECT forge.queue_limit_set($1, $2, $3, $4, $5, $6, $7)",
+            Limited::Kind => "SELECT forge.kind_limit_set($1, $2, $3, $4, $5, $6, $7)",
+        };
+        sqlx::query_scalar(sql)
             .bind(namespace)
-            .bind(queue)
+            .bind(name)
             .bind(self.global_concurrency.map(|n| n as i32))
             .bind(self.rate.map(|r| r.count as i32))
             .bind(
@@ -192,6 +190,15 @@ impl QueueLimits {
             .fetch_one(db)
             .await
     }
+}
+
+/// What a set of limits bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Limited {
+    /// The jobs of a queue (`forge.queue_limits`, from forge.toml).
+    Queue,
+    /// The jobs of a kind, in whichever queue (`forge.kind_limits`, from the kind's options).
+    Kind,
 }
 
 #[cfg(test)]

@@ -100,6 +100,12 @@ pub(crate) const JOB_QUEUE_LIMITED: MetricDef = MetricDef::gauge(
     "1 while the queue has available jobs and its limit (limit: global, rate) is reached, so they wait for it; 0 otherwise; reported by the metrics_aggregator leader only",
 );
 
+/// `forge_job_kind_limited{kind,limit}`
+pub(crate) const JOB_KIND_LIMITED: MetricDef = MetricDef::gauge(
+    "forge_job_kind_limited",
+    "1 while the job kind has available jobs and its limit (limit: global, rate) is reached, so they wait for it; 0 otherwise; reported by the metrics_aggregator leader only",
+);
+
 /// Every metric of the crons.
 pub(crate) const CRON_METRICS: &[&MetricDef] = &[
     &CRON_LAG,
@@ -130,6 +136,7 @@ pub(crate) const JOB_FIGURES: &[&MetricDef] = &[
     &JOB_OLDEST_AGE,
     &JOB_DEAD_JOBS,
     &JOB_QUEUE_LIMITED,
+    &JOB_KIND_LIMITED,
 ];
 
 forge_core::sql_enum! {

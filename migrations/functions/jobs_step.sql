@@ -44,6 +44,17 @@
 -- through, or in a second for a global limit (a recorded outcome of the queue wakes its workers
 -- sooner). A queue without limits pays one primary-key probe of forge.queue_limits.
 --
+-- A job kind's limits (forge.kind_limits: the same two) bound a queue worker's claims of the
+-- kind, whichever queue its jobs sit in. Such a claim takes, after its queue's limit lock, the
+-- limit lock of each limited kind it runs, in the order of their names (so claims of several
+-- queues sharing kinds cannot deadlock), counts each kind's running attempts claimed under its
+-- global limit (jobs_kind_limited, over all queues) and its claims in its window
+-- (forge.kind_claims, pruned here), reads the head of the queue (10 times the claim and 100
+-- more; a kind already at its limit is left out of that read) and claims of each kind only its
+-- first jobs within its room and its rate key's budget: a job claimed satisfies every limit of
+-- its queue and of its kind. It too claims nothing ahead, and answers a 'limited' row when cut
+-- short. Workers whose kinds have no limits pay one index probe of forge.kind_limits.
+--
 -- A claim carries its worker's identity: its node's incarnation and its lane's generation
 -- (forge.job_lanes; the lane is the queue, or '@' || role). It claims only if that is the lane's
 -- current identity, checked under the lane lock that the round trip holds shared from its start,
@@ -130,6 +141,19 @@ DECLARE
     v_budget  integer;
     v_wait    double precision;
     v_claimed_at timestamptz;
+    v_limited boolean := false;
+    v_kinds_limited boolean;
+    -- The limited kinds among p_kinds (forge.kind_limits), side by side: room left under a
+    -- global limit (NULL: none), rate count, rate key (NULL: one shared window).
+    v_kl_kinds text[];
+    v_kl_room  integer[];
+    v_kl_rate  integer[];
+    v_kl_key   text[];
+    -- The kinds claimed under a global limit, and the kinds a claim may still take.
+    v_kl_global text[];
+    v_open_kinds text[] := p_kinds;
+    v_kl_wait  double precision;
+    v_kind     text;
 BEGIN
     -- The worker's lane lock, held shared until this round trip's transaction ends: the
     -- worker's reconciliation waits for it, or ends this session (forge.jobs_reconcile).
@@ -145,6 +169,10 @@ BEGIN
     -- call (a one-job round trip 110 us instead of 170). For this round trip's transaction only.
     PERFORM set_config('synchronous_commit', 'on', true), set_config('enable_seqscan', 'off', true),
             set_config('plan_cache_mode', 'force_generic_plan', true);
+    -- Whether a kind this worker runs has limits (one index probe; a role's jobs are not bound).
+    v_kinds_limited := p_role IS NULL
+        AND EXISTS (SELECT 1 FROM forge.kind_limits k
+                     WHERE k.namespace = p_namespace AND k.kind = ANY (p_kinds));
 
     IF cardinality(p_started) > 0 THEN
         -- (Rows found by primary key, then written by ctid: see this file's header.) The first
@@ -320,10 +348,13 @@ BEGIN
     END IF;
 
     IF cardinality(p_ids) > 0 AND p_queue IS NOT NULL AND p_role IS NULL
-       AND EXISTS (SELECT 1 FROM forge.queue_limits l
-                    WHERE l.namespace = p_namespace AND l.queue = p_queue
-                      AND l.global_concurrency IS NOT NULL) THEN
+       AND (v_kinds_limited
+            OR EXISTS (SELECT 1 FROM forge.queue_limits l
+                        WHERE l.namespace = p_namespace AND l.queue = p_queue
+                          AND l.global_concurrency IS NOT NULL)) THEN
         -- Attempts of a queue with a global limit ended: a slot may be free for any node.
+        -- (Of a limited kind: for this queue's workers; those of other queues that hold the
+        -- kind's jobs claim again within a second.)
         PERFORM pg_notify('forge_jobs', p_namespace || ' ' || p_queue);
     END IF;
 
@@ -414,14 +445,61 @@ BEGIN
                     END IF;
                 END IF;
             END IF;
-            -- The limits' row: the worker claims nothing ahead, and claims again after
-            -- pickup_ms when the claim was cut short (NULL: it was not).
-            RETURN QUERY SELECT NULL::bigint, false, NULL::text, NULL::jsonb, NULL::integer,
-                                NULL::integer, NULL::bigint, v_wait, 'limited'::text,
-                                NULL::smallint, NULL::timestamptz;
-            IF p_limit <= 0 THEN
-                RETURN;
-            END IF;
+            v_limited := true;
+        END IF;
+    END IF;
+    IF v_kinds_limited AND p_limit > 0 THEN
+        -- The limit lock of each limited kind, in the order of their names (after the queue's:
+        -- every claim takes them in this order), then their limits and what counts against
+        -- them, in statements that begin after the locks (as for the queue's, above).
+        FOR v_kind IN SELECT k.kind FROM forge.kind_limits k
+                        WHERE k.namespace = p_namespace AND k.kind = ANY (p_kinds)
+                        ORDER BY k.kind LOOP
+            PERFORM pg_advisory_xact_lock(hashtext('forge.kind_limit'),
+                                          hashtext(p_namespace || ' ' || v_kind));
+        END LOOP;
+        DELETE FROM forge.kind_claims c USING forge.kind_limits k
+         WHERE k.namespace = p_namespace AND k.kind = ANY (p_kinds)
+           AND c.namespace = p_namespace AND c.kind = k.kind
+           AND c.claimed_at <= clock_timestamp() - k.rate_window_ms * interval '1 millisecond';
+        SELECT array_agg(k.kind), array_agg(k.room), array_agg(k.rate_count),
+               array_agg(k.rate_key),
+               array_agg(k.kind) FILTER (WHERE k.room IS NOT NULL),
+               array_agg(k.kind) FILTER (WHERE k.room <= 0 OR (k.rate_key IS NULL AND k.budget <= 0)),
+               -- Cut short by a kind: claim again when its window lets a claim through, or in
+               -- a second for a global limit.
+               min(CASE WHEN k.room <= 0 THEN 1000
+                        WHEN k.oldest IS NOT NULL THEN greatest(extract(epoch FROM k.oldest
+                            + k.rate_window_ms * interval '1 millisecond' - clock_timestamp())
+                            * 1000, 1) END)
+          INTO v_kl_kinds, v_kl_room, v_kl_rate, v_kl_key, v_kl_global, v_open_kinds, v_kl_wait
+          FROM (SELECT k.kind, k.rate_count, k.rate_key, k.rate_window_ms,
+                       k.global_concurrency
+                       - (SELECT count(*) FROM forge.jobs j
+                           WHERE j.namespace = p_namespace AND j.kind = k.kind
+                             AND j.state = 'running' AND j.kind_limited) AS room,
+                       k.rate_count - (SELECT count(*) FROM forge.kind_claims c
+                                        WHERE c.namespace = p_namespace AND c.kind = k.kind
+                                          AND c.rate_key = '') AS budget,
+                       (SELECT min(c.claimed_at) FROM forge.kind_claims c
+                         WHERE c.namespace = p_namespace AND c.kind = k.kind) AS oldest
+                  FROM forge.kind_limits k
+                 WHERE k.namespace = p_namespace AND k.kind = ANY (p_kinds)) k;
+        -- (v_open_kinds held the full kinds: the kinds left are the others.)
+        SELECT coalesce(array_agg(x.kind), '{}') INTO v_open_kinds
+          FROM unnest(p_kinds) AS x(kind) WHERE x.kind <> ALL (coalesce(v_open_kinds, '{}'));
+        p_limit := least(p_limit, p_start);
+        v_limited := true;
+    END IF;
+    IF v_limited THEN
+        -- The limits' row: the worker claims nothing ahead, and claims again after pickup_ms
+        -- when the claim was cut short (NULL: it was not). (A kind's cut is known only after
+        -- the claim: answered there, in a second row.)
+        RETURN QUERY SELECT NULL::bigint, false, NULL::text, NULL::jsonb, NULL::integer,
+                            NULL::integer, NULL::bigint, v_wait, 'limited'::text,
+                            NULL::smallint, NULL::timestamptz;
+        IF p_limit <= 0 THEN
+            RETURN;
         END IF;
     END IF;
     -- Claims of one queue on several nodes run side by side: SKIP LOCKED skips the rows another
@@ -439,6 +517,16 @@ BEGIN
     -- promoted scheduled job, a job another claimer had locked).
     IF v_limits.rate_key IS NOT NULL THEN
         NULL; -- claimed above, per rate key
+    ELSIF v_kinds_limited THEN
+        -- From the head of the queue (up to 10 times the claim's size, and 100 more), only
+        -- kinds not at their limit; cut to each kind's room below.
+        SELECT array_agg(c.tid) INTO v_tids
+          FROM (SELECT j.ctid AS tid FROM forge.jobs j
+                 WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
+                   AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT p_limit * 10 + 100
+                   FOR UPDATE SKIP LOCKED) c;
     ELSIF p_role IS NULL AND p_after_id IS NOT NULL THEN
         SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
           FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs j
@@ -468,12 +556,55 @@ BEGIN
                  LIMIT p_limit
                    FOR UPDATE SKIP LOCKED) c;
     END IF;
+    IF v_kinds_limited THEN
+        -- The rows found (per queue rate key, or from the head), each limited kind's first
+        -- ones within its room and its rate key's budget, in the claim order; the rows left
+        -- out stay locked until the round trip commits, and available.
+        SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
+          FROM (SELECT w.*,
+                       row_number() OVER (PARTITION BY w.kind
+                                          ORDER BY w.priority, w.run_at, w.id) AS nth,
+                       row_number() OVER (PARTITION BY w.kind, w.rate_key
+                                          ORDER BY w.priority, w.run_at, w.id) AS nth_key
+                  FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at, j.kind, l.room,
+                               l.rate_count,
+                               CASE WHEN l.rate_key IS NULL THEN ''
+                                    ELSE coalesce(j.args ->> l.rate_key, '') END AS rate_key
+                          FROM forge.jobs j
+                          LEFT JOIN unnest(v_kl_kinds, v_kl_room, v_kl_rate, v_kl_key)
+                                    AS l(kind, room, rate_count, rate_key) ON l.kind = j.kind
+                         WHERE j.ctid = ANY (v_tids)) w) c
+         WHERE (c.room IS NULL OR c.nth <= c.room)
+           AND (c.rate_count IS NULL
+                OR c.nth_key <= c.rate_count - (SELECT count(*) FROM forge.kind_claims q
+                                                 WHERE q.namespace = p_namespace
+                                                   AND q.kind = c.kind
+                                                   AND q.rate_key = c.rate_key));
+        v_tids := v_tids[1:p_limit];
+        IF coalesce(cardinality(v_tids), 0) < p_limit THEN
+            -- Cut short (or the end of the queue, when the wait is moot: a new job wakes the
+            -- workers): the kinds' row says when to claim again.
+            RETURN QUERY SELECT NULL::bigint, false, NULL::text, NULL::jsonb, NULL::integer,
+                                NULL::integer, NULL::bigint, coalesce(v_kl_wait, 1000),
+                                'limited'::text, NULL::smallint, NULL::timestamptz;
+        END IF;
+        -- One instant for the claims counted and the jobs' attempted_at (as for a queue's).
+        v_claimed_at := clock_timestamp();
+        INSERT INTO forge.kind_claims (namespace, kind, rate_key, claimed_at)
+        SELECT p_namespace, j.kind,
+               CASE WHEN l.rate_key IS NULL THEN '' ELSE coalesce(j.args ->> l.rate_key, '') END,
+               v_claimed_at
+          FROM forge.jobs j
+          JOIN unnest(v_kl_kinds, v_kl_rate, v_kl_key) AS l(kind, rate_count, rate_key)
+            ON l.kind = j.kind AND l.rate_count IS NOT NULL
+         WHERE j.ctid = ANY (v_tids);
+    END IF;
     -- The claimed rows, locked above, by ctid: the first p_start of the claim order start now
     -- (the slice taken once, not once per row).
     IF v_limits.rate_count IS NOT NULL THEN
         -- One instant for the claim's rows here and its jobs' attempted_at: the window a claim
         -- counts is the one its jobs show.
-        v_claimed_at := clock_timestamp();
+        v_claimed_at := coalesce(v_claimed_at, clock_timestamp());
         INSERT INTO forge.queue_claims (namespace, queue, rate_key, claimed_at)
         SELECT p_namespace, p_queue,
                CASE WHEN v_limits.rate_key IS NULL THEN ''
@@ -489,6 +620,7 @@ BEGIN
            epoch = CASE WHEN p_role IS NOT NULL THEN p_epoch END,
            tenure = CASE WHEN p_role IS NOT NULL THEN p_tenure END,
            limited = v_limits.global_concurrency IS NOT NULL,
+           kind_limited = coalesce(j.kind = ANY (v_kl_global), false),
            attempted_at = coalesce(v_claimed_at, clock_timestamp()),
            started_at = CASE WHEN v_start_all OR j.ctid = ANY (v_start)
                              THEN coalesce(v_claimed_at, clock_timestamp()) END

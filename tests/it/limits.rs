@@ -92,6 +92,15 @@ async fn all_completed(pool: &PgPool, within: Duration) {
 /// attempt's rescue (its `errors` entry), else until the job's next attempt started, else
 /// forever: never less than it ran.
 async fn max_overlap(pool: &PgPool, since: Option<chrono::DateTime<chrono::Utc>>) -> i64 {
+    max_overlap_of(pool, "plain", since).await
+}
+
+/// [`max_overlap`] of the attempts of `kind`.
+pub(crate) async fn max_overlap_of(
+    pool: &PgPool,
+    kind: &str,
+    since: Option<chrono::DateTime<chrono::Utc>>,
+) -> i64 {
     sqlx::query_scalar(
         "WITH a AS (
              SELECT r.started_at,
@@ -102,12 +111,13 @@ async fn max_overlap(pool: &PgPool, since: Option<chrono::DateTime<chrono::Utc>>
                              (SELECT min(x.started_at) FROM job_runs x
                                WHERE x.job_id = r.job_id AND x.attempt > r.attempt),
                              'infinity') AS ended_at
-               FROM job_runs r WHERE r.kind = 'plain')
+               FROM job_runs r WHERE r.kind = $2)
          SELECT coalesce(max((SELECT count(*) FROM a o
                                WHERE o.started_at <= s.started_at AND o.ended_at > s.started_at)), 0)
            FROM a s WHERE $1::timestamptz IS NULL OR s.started_at >= $1",
     )
     .bind(since)
+    .bind(kind)
     .fetch_one(pool)
     .await
     .unwrap()
@@ -116,16 +126,27 @@ async fn max_overlap(pool: &PgPool, since: Option<chrono::DateTime<chrono::Utc>>
 /// The most claims of plain jobs in any window `[t, t + window)` (per tag with `per_tag`),
 /// from the claims' own instants.
 async fn max_claims_in_window(pool: &PgPool, window: Duration, per_tag: bool) -> i64 {
+    max_claims_of(pool, "plain", window, per_tag).await
+}
+
+/// [`max_claims_in_window`] of the jobs of `kind`.
+pub(crate) async fn max_claims_of(
+    pool: &PgPool,
+    kind: &str,
+    window: Duration,
+    per_tag: bool,
+) -> i64 {
     sqlx::query_scalar(
         "SELECT coalesce(max((SELECT count(*) FROM forge.jobs o
-                               WHERE o.kind = 'plain'
+                               WHERE o.kind = $3
                                  AND o.attempted_at >= s.attempted_at
                                  AND o.attempted_at < s.attempted_at + $1 * interval '1 millisecond'
                                  AND (NOT $2 OR o.args ->> 'tag' = s.args ->> 'tag'))), 0)
-           FROM forge.jobs s WHERE s.kind = 'plain'",
+           FROM forge.jobs s WHERE s.kind = $3",
     )
     .bind(window.as_millis() as i64)
     .bind(per_tag)
+    .bind(kind)
     .fetch_one(pool)
     .await
     .unwrap()

@@ -54,6 +54,7 @@ mod exactly_once;
 mod faults;
 mod flow;
 mod jobs;
+mod kind_limits;
 mod limits;
 mod model;
 mod module_graph;

@@ -268,6 +268,39 @@ mod limits {
     }
 }
 
+/// The guide's "Jobs", "Limits of a job kind".
+#[rustfmt::skip]
+mod kind_limits {
+    use forge::{JobContext, JobError};
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct SyncCustomer {
+        customer_id: i64,
+    }
+
+    // At most 4 syncs at once on all nodes together, whichever queue; 100 a minute per customer.
+    #[forge::job(global_concurrency = 4, rate = "100/1m", rate_key = "customer_id")]
+    async fn sync_customer(ctx: JobContext, args: SyncCustomer) -> Result<(), JobError> {
+        let _ = (ctx, args.customer_id);
+        Ok(())
+    }
+
+    // The same without the attribute, on the kind's options (`Job::options`).
+    fn sync_options() -> Result<forge::jobs::JobOptions, String> {
+        Ok(forge::jobs::JobOptions::new()
+            .global_concurrency(4)
+            .rate("100/1m".parse()?)
+            .rate_key("customer_id"))
+    }
+
+    // An operator's change, for every node at once; recorded in the audit trail as "ops".
+    async fn limit_syncs(node: &forge::Node) -> Result<(), Box<dyn std::error::Error>> {
+        let limits = forge::jobs::QueueLimits::new(Some(1), None, None)?;
+        node.workload().set_kind_limits("sync_customer", &limits, "ops").await?;
+        Ok(())
+    }
+}
+
 /// The guide's "Alerts and metrics", "Your metrics and FORGE's in one scrape".
 #[rustfmt::skip]
 mod one_scrape {

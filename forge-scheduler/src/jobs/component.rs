@@ -19,6 +19,7 @@ use super::shared::{
 };
 use super::{JobRegistry, JobState, JobType, figures, maintenance, validate_queue, worker};
 use crate::config::{JobsConfig, invalid};
+use crate::limits::Limited;
 use crate::metrics::{JOB_FIGURES, JOB_SERIES};
 
 /// The job queue of a node, as a [`Component`]. The `forge` facade's `NodeBuilder` builds it
@@ -249,27 +250,40 @@ async fn node_service(shared: Arc<Shared>, ctx: NodeContext, specs: Vec<WorkerSp
 
 /// Writes forge.toml's cluster-wide limits of the queues this node works or tunes
 /// (`forge.queue_limits`; a queue without limits in forge.toml loses those forge.toml gave it
-/// before), except where an operator set them: theirs win until reset.
+/// before), and the declared limits of the job kinds it registers (`forge.kind_limits`,
+/// likewise), except where an operator set them: theirs win until reset.
 async fn write_config_limits(shared: &Shared, ctx: &NodeContext, specs: &[WorkerSpec]) {
     let queues: BTreeSet<&str> = specs
         .iter()
         .map(|s| s.queue.as_str())
         .chain(shared.config.queues.keys().map(String::as_str))
         .collect();
-    for queue in queues {
-        let limits = shared.config.limits(queue);
+    let queues = queues
+        .into_iter()
+        .map(|queue| (Limited::Queue, queue, shared.config.limits(queue)));
+    // (A role's kinds have no limits: registration refuses them.)
+    let kinds = shared
+        .types
+        .values()
+        .filter(|t| t.options.role.is_none())
+        .map(|t| (Limited::Kind, t.kind, t.options.limits.clone()));
+    for (limited, name, limits) in queues.chain(kinds) {
+        let (what, reset) = match limited {
+            Limited::Queue => ("queue", "forge queues limit <queue> --reset"),
+            Limited::Kind => ("job kind", "forge jobs limit <kind> --reset"),
+        };
         match limits
-            .write_as_config(ctx.pool(), shared.namespace.name(), queue)
+            .write(ctx.pool(), shared.namespace.name(), limited, name, None)
             .await
         {
             Ok(true) => {}
             Ok(false) => {
-                info!(target: "forge::job", queue = %queue,
-                      "an operator set this queue's limits: forge.toml's are not applied (reset them with `forge queues limit <queue> --reset`)");
+                info!(target: "forge::job", name = %name,
+                      "an operator set this {what}'s limits: the node's are not applied (reset them with `{reset}`)");
             }
             Err(err) => {
-                warn!(target: "forge::job", queue = %queue, error = %err,
-                      "cannot write forge.toml's limits of this queue: the database keeps the ones it has");
+                warn!(target: "forge::job", name = %name, error = %err,
+                      "cannot write this {what}'s limits: the database keeps the ones it has");
             }
         }
     }

@@ -24,7 +24,9 @@ use tokio::time::{Instant, sleep, timeout};
 use tracing::debug;
 
 use super::JobState;
-use crate::metrics::{JOB_DEAD_JOBS, JOB_OLDEST_AGE, JOB_QUEUE_DEPTH, JOB_QUEUE_LIMITED, Series};
+use crate::metrics::{
+    JOB_DEAD_JOBS, JOB_KIND_LIMITED, JOB_OLDEST_AGE, JOB_QUEUE_DEPTH, JOB_QUEUE_LIMITED, Series,
+};
 
 /// One look at the queues.
 #[derive(Default)]
@@ -37,6 +39,8 @@ struct Look {
     dead: BTreeMap<String, f64>,
     /// (queue, limit) -> whether the limit holds available jobs back.
     limited: BTreeMap<(String, String), bool>,
+    /// (job kind, limit) -> whether the limit holds available jobs back.
+    kind_limited: BTreeMap<(String, String), bool>,
 }
 
 /// A look takes at most one part in `LOOK_SHARE` of the leader's time (2 % of one database
@@ -109,9 +113,14 @@ async fn look(leadership: &Leadership) -> Result<(Look, Duration), Error> {
                 .bind(leadership.namespace())
                 .fetch_all(&mut *session)
                 .await?;
-        Ok::<_, Error>(((rows, reached), took))
+        let kinds_reached: Vec<(String, String, Option<bool>)> =
+            sqlx::query_as("SELECT * FROM forge.kind_limits_reached($1)")
+                .bind(leadership.namespace())
+                .fetch_all(&mut *session)
+                .await?;
+        Ok::<_, Error>(((rows, reached, kinds_reached), took))
     };
-    let ((rows, reached), took) = timeout(leadership.lease_duration(), rows)
+    let ((rows, reached, kinds_reached), took) = timeout(leadership.lease_duration(), rows)
         .await
         .map_err(|_| Error::Database(sqlx::Error::PoolTimedOut))??;
     let mut look = Look::default();
@@ -142,6 +151,14 @@ async fn look(leadership: &Leadership) -> Result<(Look, Duration), Error> {
         look.limited
             .insert((queue, limit), waiting && reached == Some(true));
     }
+    for (kind, limit, reached) in kinds_reached {
+        let waiting = look
+            .depth
+            .iter()
+            .any(|((_, k, s), n)| *k == kind && *s == JobState::Available && *n > 0.0);
+        look.kind_limited
+            .insert((kind, limit), waiting && reached == Some(true));
+    }
     Ok((look, took))
 }
 
@@ -171,6 +188,11 @@ fn report(leadership: &Leadership, look: &Look, before: &Look) {
     for (queue, limit) in look.limited.keys().chain(before.limited.keys()) {
         let held = look.limited.get(&(queue.clone(), limit.clone())) == Some(&true);
         m.gauge(&JOB_QUEUE_LIMITED, &[("queue", queue), ("limit", limit)])
+            .set(if held { 1.0 } else { 0.0 });
+    }
+    for (kind, limit) in look.kind_limited.keys().chain(before.kind_limited.keys()) {
+        let held = look.kind_limited.get(&(kind.clone(), limit.clone())) == Some(&true);
+        m.gauge(&JOB_KIND_LIMITED, &[("kind", kind), ("limit", limit)])
             .set(if held { 1.0 } else { 0.0 });
     }
     for queue in queues {

@@ -192,6 +192,8 @@ pub struct JobOptions {
     pub(crate) max_snoozes: Option<u32>,
     /// How long a unique key holds, and in which states, and what a duplicate does.
     pub(crate) uniqueness: Uniqueness,
+    /// The kind's cluster-wide limits (`forge.kind_limits`), written by each node at start.
+    pub(crate) limits: QueueLimits,
 }
 
 /// What a unique job's key covers (see [`NewJob::unique_key`]): a period, the states of the
@@ -273,7 +275,37 @@ impl JobOptions {
             unique: false,
             max_snoozes: None,
             uniqueness: Uniqueness::default(),
+            limits: QueueLimits::default(),
         }
+    }
+
+    /// At most `jobs` attempts of this kind run at once on all nodes together, whichever
+    /// queues its jobs sit in (between 1 and [`MAX_LIMIT`], checked when the kind is
+    /// registered). The kind's limits are the cluster's: each node writes its code's values to
+    /// the database at start, where an operator's values win until reset
+    /// ([`crate::inspect::Workload::set_kind_limits`]).
+    pub fn global_concurrency(mut self, jobs: u32) -> Self {
+        self.limits.global_concurrency = Some(jobs);
+        self
+    }
+
+    /// At most so many attempts of this kind are claimed in any window, on all nodes together
+    /// (`"100/1m".parse()?`); jobs beyond it wait, available.
+    pub fn rate(mut self, rate: Rate) -> Self {
+        self.limits.rate = Some(rate);
+        self
+    }
+
+    /// The [`JobOptions::rate`] holds per value of this top-level field of the arguments
+    /// (a job without it counts under one shared empty value).
+    pub fn rate_key(mut self, field: impl Into<String>) -> Self {
+        self.limits.rate_key = Some(field.into());
+        self
+    }
+
+    /// The kind's cluster-wide limits as declared (none: unlimited).
+    pub fn limits(&self) -> &QueueLimits {
+        &self.limits
     }
 
     /// A unique job's key holds for `period` after the job holding it was enqueued (database
@@ -1063,6 +1095,7 @@ impl JobRegistry {
         }
         validate_kind(kind)?;
         let options = job.options();
+        check_limits(kind, &options)?;
         let job = Arc::new(job);
         let handler: Handler = Arc::new(move |ctx, args| {
             let job = job.clone();
@@ -1101,6 +1134,21 @@ impl JobRegistry {
         let job = self.types.get(kind)?;
         Some(NewJob::declared(job.kind, job.options.clone(), Ok(args)))
     }
+}
+
+/// A kind's limits are valid, and bind its jobs: a role's jobs, claimed by its leader alone,
+/// are not bound by them.
+fn check_limits(kind: &str, options: &JobOptions) -> Result<()> {
+    let message = match (options.limits.problem(), &options.role) {
+        (Some((_, message)), _) => message,
+        (None, Some(role)) if !options.limits.is_empty() => format!(
+            "runs on the leader of role `{role}`, whose claims no limit binds: remove its global_concurrency and rate"
+        ),
+        (None, _) => return Ok(()),
+    };
+    Err(Error::Registration {
+        message: format!("job kind `{kind}`: {message}"),
+    })
 }
 
 fn validate_kind(kind: &str) -> Result<()> {
