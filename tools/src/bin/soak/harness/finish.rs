@@ -121,7 +121,8 @@ impl Harness {
             missing.push("no tick at or after the cut-off has succeeded yet".to_owned());
         }
         if stored_after == 0 {
-            missing.push("no stored-cron tick at or after the cut-off has succeeded yet".to_owned());
+            missing
+                .push("no stored-cron tick at or after the cut-off has succeeded yet".to_owned());
         }
         if running > 0 {
             missing.push(format!("{running} ticks still running"));

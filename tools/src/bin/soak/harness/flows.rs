@@ -110,8 +110,10 @@ impl Harness {
             if unfinished_states.is_empty() {
                 String::new()
             } else {
-                let states: Vec<String> =
-                    unfinished_states.iter().map(|(s, n)| format!("{s} {n}")).collect();
+                let states: Vec<String> = unfinished_states
+                    .iter()
+                    .map(|(s, n)| format!("{s} {n}"))
+                    .collect();
                 format!(" (steps: {})", states.join(", "))
             }
         );

@@ -21,9 +21,9 @@
 
 use std::fmt::Write as _;
 
-use chrono::{DateTime, Utc};
 use super::Harness;
 use crate::BoxError;
+use chrono::{DateTime, Utc};
 
 /// The limited queue's limit and its job kind (`forge.toml` of the nodes).
 const GLOBAL_LIMIT: i64 = 2;
@@ -41,8 +41,8 @@ const RUNS_SQL: &str = "
                  WHERE m.job_id = r.job_id AND m.attempt >= r.attempt
                    AND NOT (m.attempt = r.attempt AND m.state = 'running')) AS left_at
           FROM soak_runs r WHERE r.what = $1)
-    SELECT job_id, attempt, node, started_at,
-           coalesce(least(finished_at, left_at), soak_now()) AS ended_at,
+    SELECT job_id, attempt, node, started_at AS began,
+           coalesce(least(finished_at, left_at), soak_now()) AS ended,
            finished_at IS NULL AND left_at IS NOT NULL AS cut
       FROM r";
 
@@ -52,21 +52,22 @@ const SLOTS_SQL: &str = "
     WITH c AS (
         SELECT DISTINCT ON (job_id, attempt) job_id, attempt, node, at FROM soak_job_moves
          WHERE kind = $1 AND state = 'running' ORDER BY job_id, attempt, id)
-    SELECT c.job_id, c.attempt, c.node, c.at,
+    SELECT c.job_id, c.attempt, c.node, c.at AS began,
            coalesce((SELECT min(m.at) FROM soak_job_moves m
                       WHERE m.job_id = c.job_id AND m.attempt >= c.attempt
                         AND NOT (m.attempt = c.attempt AND m.state = 'running')),
-                    soak_now()),
-           false
+                    soak_now()) AS ended,
+           false AS cut
       FROM c";
 
 /// One interval of a run or a slot.
+#[derive(sqlx::FromRow)]
 struct Span {
     job_id: i64,
     attempt: i32,
     node: Option<String>,
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
+    began: DateTime<Utc>,
+    ended: DateTime<Utc>,
     /// Its end is the instant its attempt was taken away (its own end never landed).
     cut: bool,
 }
@@ -77,7 +78,7 @@ fn most_at_once(spans: &[Span]) -> (usize, Vec<&Span>) {
     for s in spans {
         let open: Vec<&Span> = spans
             .iter()
-            .filter(|o| o.from <= s.from && o.to > s.from)
+            .filter(|o| o.began <= s.began && o.ended > s.began)
             .collect();
         if open.len() > worst.0 {
             worst = (open.len(), open);
@@ -87,54 +88,46 @@ fn most_at_once(spans: &[Span]) -> (usize, Vec<&Span>) {
 }
 
 impl Harness {
-/// Writes the queue limits' section into `out` and returns its targets.
-pub(super) async fn queue_limits(&self, out: &mut String) -> Result<Vec<(bool, String)>, BoxError> {
-    let db = &self.admin;
-    let spans = |sql: &'static str, arg: &'static str| {
-        sqlx::query_as::<_, (i64, i32, Option<String>, DateTime<Utc>, DateTime<Utc>, bool)>(sql)
-            .bind(arg)
+    /// Writes the queue limits' section into `out` and returns its targets.
+    pub(super) async fn queue_limits(
+        &self,
+        out: &mut String,
+    ) -> Result<Vec<(bool, String)>, BoxError> {
+        let db = &self.admin;
+        let runs: Vec<Span> = sqlx::query_as(RUNS_SQL)
+            .bind("limited")
             .fetch_all(db)
-    };
-    let to_spans = |rows: Vec<(i64, i32, Option<String>, DateTime<Utc>, DateTime<Utc>, bool)>| {
-        rows.into_iter()
-            .map(|(job_id, attempt, node, from, to, cut)| Span {
-                job_id,
-                attempt,
-                node,
-                from,
-                to,
-                cut,
-            })
-            .collect::<Vec<_>>()
-    };
-    let runs = to_spans(spans(RUNS_SQL, "limited").await?);
-    let slots = to_spans(spans(SLOTS_SQL, LIMITED_JOB).await?);
-    let (overlap, worst) = most_at_once(&runs);
-    let (slot_overlap, _) = most_at_once(&slots);
-    let cut = runs.iter().filter(|r| r.cut).count();
-    let _ = writeln!(
-        out,
-        "\nqueue limits:\n  limited (global_concurrency = {GLOBAL_LIMIT}): {} handler runs, at most {overlap} at once ({cut} of them ended at their attempt's rescue or failure: their own end never landed); {} claims, at most {slot_overlap} running in the database at once",
-        runs.len(),
-        slots.len()
-    );
-    if overlap as i64 > GLOBAL_LIMIT {
-        for s in &worst {
-            let _ = writeln!(
-                out,
-                "    job {} attempt {} on {}: {:.3} s .. {:.3} s{}",
-                s.job_id,
-                s.attempt,
-                s.node.as_deref().unwrap_or("?"),
-                self.secs_of(s.from),
-                self.secs_of(s.to),
-                if s.cut { " (ended by its rescue)" } else { "" }
-            );
+            .await?;
+        let slots: Vec<Span> = sqlx::query_as(SLOTS_SQL)
+            .bind(LIMITED_JOB)
+            .fetch_all(db)
+            .await?;
+        let (overlap, worst) = most_at_once(&runs);
+        let (slot_overlap, _) = most_at_once(&slots);
+        let cut = runs.iter().filter(|r| r.cut).count();
+        let _ = writeln!(
+            out,
+            "\nqueue limits:\n  limited (global_concurrency = {GLOBAL_LIMIT}): {} handler runs, at most {overlap} at once ({cut} of them ended at their attempt's rescue or failure: their own end never landed); {} claims, at most {slot_overlap} running in the database at once",
+            runs.len(),
+            slots.len()
+        );
+        if overlap as i64 > GLOBAL_LIMIT {
+            for s in &worst {
+                let _ = writeln!(
+                    out,
+                    "    job {} attempt {} on {}: {:.3} s .. {:.3} s{}",
+                    s.job_id,
+                    s.attempt,
+                    s.node.as_deref().unwrap_or("?"),
+                    self.secs_of(s.began),
+                    self.secs_of(s.ended),
+                    if s.cut { " (ended by its rescue)" } else { "" }
+                );
+            }
         }
-    }
 
-    let (claims, rate_max, straddling, straddling_max): (i64, i64, i64, i64) = sqlx::query_as(
-        "WITH c AS (
+        let (claims, rate_max, straddling, straddling_max): (i64, i64, i64, i64) = sqlx::query_as(
+            "WITH c AS (
              SELECT DISTINCT ON (job_id, attempt) attempted_at AS at,
                     round(extract(epoch FROM attempted_at - at))::bigint AS offset_s
                FROM soak_job_moves WHERE kind = $1 AND state = 'running'
@@ -149,28 +142,28 @@ pub(super) async fn queue_limits(&self, out: &mut String) -> Result<Vec<(bool, S
                 count(*) FILTER (WHERE all_claims > judged),
                 coalesce(max(all_claims) FILTER (WHERE all_claims > judged), 0)
            FROM w",
-    )
-    .bind(RATED_JOB)
-    .fetch_one(db)
-    .await?;
-    let _ = writeln!(
-        out,
-        "  rated (rate = \"{RATE}/1s\"): {claims} claims, at most {rate_max} in any 1 s window of the database's clock (claims of one clock offset); {straddling} windows hold claims made under two clock offsets (a step of the database's clock between them: judged apart), at most {straddling_max} claims in one"
-    );
-    Ok(vec![
-        (
-            overlap as i64 <= GLOBAL_LIMIT && !runs.is_empty(),
-            format!(
-                "a global limit of {GLOBAL_LIMIT}: at most {overlap} handlers at once ({} runs; claim to completion or rescue)",
-                runs.len()
+        )
+        .bind(RATED_JOB)
+        .fetch_one(db)
+        .await?;
+        let _ = writeln!(
+            out,
+            "  rated (rate = \"{RATE}/1s\"): {claims} claims, at most {rate_max} in any 1 s window of the database's clock (claims of one clock offset); {straddling} windows hold claims made under two clock offsets (a step of the database's clock between them: judged apart), at most {straddling_max} claims in one"
+        );
+        Ok(vec![
+            (
+                overlap as i64 <= GLOBAL_LIMIT && !runs.is_empty(),
+                format!(
+                    "a global limit of {GLOBAL_LIMIT}: at most {overlap} handlers at once ({} runs; claim to completion or rescue)",
+                    runs.len()
+                ),
             ),
-        ),
-        (
-            rate_max <= RATE && claims > 0,
-            format!(
-                "a rate of {RATE}/1s: at most {rate_max} claims in any 1 s window ({claims} claims; {straddling} windows across a clock step judged apart)"
+            (
+                rate_max <= RATE && claims > 0,
+                format!(
+                    "a rate of {RATE}/1s: at most {rate_max} claims in any 1 s window ({claims} claims; {straddling} windows across a clock step judged apart)"
+                ),
             ),
-        ),
-    ])
-}
+        ])
+    }
 }

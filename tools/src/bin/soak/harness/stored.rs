@@ -54,6 +54,8 @@ pub(super) struct StoredChange {
     pub(super) due: Instant,
     /// When it was asked and when it was answered (true times).
     pub(super) made: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// Why it was not made at the last try (the cron behind).
+    pub(super) why_not: Option<String>,
 }
 
 /// The stored cron at `version`: per second, every tick run (`catch_up = "all"`).
@@ -90,23 +92,31 @@ impl Harness {
         if !due || self.busy() {
             return;
         }
-        // Only while the cron is caught up (its last tick succeeded within 2 s): a change
+        // Only while the cron is caught up (its ticks of the last 3 s succeeded): a change
         // starts the cron's loop again from the change's instant, and ticks due before it that
         // had not run yet (a backlog: a write stall just ended) are not caught up, by design.
-        let caught_up = tokio::time::timeout(
+        let recent = tokio::time::timeout(
             ADMIN_TIMEOUT,
-            sqlx::query_scalar::<_, bool>(
-                "SELECT coalesce(max(scheduled_at) FILTER (WHERE state = 'succeeded')
-                                 >= $2::timestamptz - interval '2 seconds', false)
-                        AND NOT coalesce(bool_or(state = 'running'), false)
-                   FROM forge.cron_ticks WHERE cron = $1 AND scheduled_at <= $2",
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM forge.cron_ticks
+                  WHERE cron = $1 AND state = 'succeeded'
+                    AND scheduled_at > $2::timestamptz - interval '3 seconds' AND scheduled_at <= $2",
             )
             .bind(STORED_CRON)
             .bind(Utc::now())
             .fetch_one(&self.admin),
         )
         .await;
-        if !matches!(caught_up, Ok(Ok(true))) {
+        let why_not = match recent {
+            Ok(Ok(n)) if n >= 2 => None,
+            Ok(Ok(n)) => Some(format!("its ticks of the last 3 s: {n} succeeded")),
+            Ok(Err(err)) => Some(format!("reading its ticks failed: {err}")),
+            Err(_) => Some("reading its ticks: no answer".to_owned()),
+        };
+        if let Some(change) = &mut self.stored_change {
+            change.why_not = why_not.clone();
+        }
+        if why_not.is_some() {
             return;
         }
         let Ok(cron) = stored_cron(2) else {
@@ -140,7 +150,12 @@ impl Harness {
                 format!("the stored cron {STORED_CRON} ticked: it never enqueued a job"),
             )]);
         };
-        figures.write(out, STORED_CRON, "stored, its arguments changed once", cutoff);
+        figures.write(
+            out,
+            STORED_CRON,
+            "stored, its arguments changed once",
+            cutoff,
+        );
         let (jobs, without_tick, not_completed): (i64, i64, i64) = sqlx::query_as(
             "SELECT count(*), count(*) FILTER (WHERE s.scheduled_at IS NULL),
                     count(*) FILTER (WHERE j.state IS DISTINCT FROM 'completed')
@@ -200,7 +215,16 @@ impl Harness {
                     ),
                 ));
             }
-            None => targets.push((false, "the stored cron was changed once: it was not".to_owned())),
+            None => targets.push((
+                false,
+                format!(
+                    "the stored cron was changed once: it was not ({})",
+                    self.stored_change
+                        .as_ref()
+                        .and_then(|c| c.why_not.as_deref())
+                        .unwrap_or("no moment without a fault under way")
+                ),
+            )),
         }
         Ok(targets)
     }
