@@ -19,6 +19,19 @@ const FLOW_EVERY: Duration = Duration::from_secs(6);
 /// The children of each workflow's root; the join waits for all of them.
 const CHILDREN: [&str; 3] = ["child-1", "child-2", "child-3"];
 
+/// The workflows' figures, from their jobs and their steps' runs.
+#[derive(sqlx::FromRow)]
+struct FlowFigures {
+    flows: i64,
+    unfinished: i64,
+    steps: i64,
+    /// Steps whose end row (written with their completion) landed more than once.
+    twice: i64,
+    /// Those of them that are joins (several parents).
+    joins_twice: i64,
+    completed_without_end: i64,
+}
+
 impl Harness {
     /// Enqueues the next workflow when it is due (through the harness's own connection, as an
     /// application would); a failure (the database restarting) is counted, not retried.
@@ -66,23 +79,25 @@ impl Harness {
         )
         .fetch_one(&self.admin)
         .await?;
-        let (flows, unfinished, steps, twice, joins_twice, completed_without_end): (
-            i64,
-            i64,
-            i64,
-            i64,
-            i64,
-            i64,
-        ) = sqlx::query_as(
+        let FlowFigures {
+            flows,
+            unfinished,
+            steps,
+            twice,
+            joins_twice,
+            completed_without_end,
+        } = sqlx::query_as(
             "WITH ends AS (
                  SELECT job_id, count(*) AS n FROM soak_runs
                   WHERE what = 'flow' AND finished_at IS NOT NULL GROUP BY job_id)
-             SELECT count(DISTINCT j.args ->> 'flow'),
-                    count(DISTINCT j.args ->> 'flow') FILTER (WHERE j.state <> 'completed'),
-                    count(*),
-                    count(*) FILTER (WHERE e.n > 1),
-                    count(*) FILTER (WHERE e.n > 1 AND cardinality(j.parents) > 1),
+             SELECT count(DISTINCT j.args ->> 'flow') AS flows,
+                    count(DISTINCT j.args ->> 'flow') FILTER (WHERE j.state <> 'completed')
+                        AS unfinished,
+                    count(*) AS steps,
+                    count(*) FILTER (WHERE e.n > 1) AS twice,
+                    count(*) FILTER (WHERE e.n > 1 AND cardinality(j.parents) > 1) AS joins_twice,
                     count(*) FILTER (WHERE j.state = 'completed' AND e.n IS NULL)
+                        AS completed_without_end
                FROM forge.jobs j LEFT JOIN ends e ON e.job_id = j.id
               WHERE j.kind = $1",
         )
