@@ -22,15 +22,18 @@ mod connections;
 mod faults;
 mod figures;
 mod finish;
+mod flows;
 mod freeze;
 mod handlers;
 mod ledger;
+mod limits;
 mod liveness;
 mod memory;
 mod moves;
 mod run;
 mod setup;
 mod stalls;
+mod stored;
 mod storm;
 
 pub(crate) use setup::soak;
@@ -364,6 +367,12 @@ struct Harness {
     delayed: Option<claims::Delayed>,
     /// The outcome of each fault of the clock and claim kinds, for the report.
     outcomes: Vec<(FaultKind, String)>,
+    /// When the next workflow is enqueued, how many were tried, and the enqueues that failed.
+    next_flow: Instant,
+    flows_tried: u32,
+    flow_errors: Vec<String>,
+    /// The stored cron's change, once the faults begin.
+    stored_change: Option<stored::StoredChange>,
 }
 
 impl Harness {

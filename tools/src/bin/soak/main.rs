@@ -23,10 +23,26 @@
 //!   and four `soak_rated_job`s, below), and completes the tick in the same commit: exactly
 //!   once;
 //! * `soak_limited_job` (queue `limited`, `global_concurrency = 2`, 300 ms) and
-//!   `soak_rated_job` (queue `rated`, `rate = "5/1s"`): each attempt's row in `soak_limit_runs`
-//!   (the claim's instant, the handler's start and end); the report prints the limited queue's
-//!   most attempts at once and the rated queue's most claims in any 1 s window, and FAILs above
-//!   the limit;
+//!   `soak_rated_job` (queue `rated`, `rate = "5/1s"`): each attempt's run in `soak_runs` (its
+//!   own attempt; its start written by the handler, its end in the transaction that completes
+//!   the job, so a rescued attempt's end never lands; the node's host clock less its known
+//!   skew, which the database's clock steps do not move). The report prints the limited
+//!   queue's most handlers at once, a run whose end never landed ending when its attempt left
+//!   `running` (a rescue: a node frozen or cut off past down_after, whose thawed handler is
+//!   outside the guarantee from then on), and the rated queue's most claims in any 1 s window
+//!   of the database's clock, by the claims' own instants (`attempted_at`, from the job
+//!   history), a window judged only with claims made under one offset of that clock (windows
+//!   that hold claims from both sides of a step are printed apart); it FAILs above the limit;
+//! * `soak_flow_job`: the steps of a workflow the harness enqueues every 6 s
+//!   (`Jobs::enqueue_workflow`: a root, three children after it, a join after them), recorded
+//!   in `soak_runs` as above; the report FAILs on a step that started before one of its
+//!   parents' end rows (written in the parent's completing transaction), on a step (a join)
+//!   whose completion landed twice, and on a workflow unfinished after the drain;
+//! * `soak_stored`, a stored cron (`Workload::upsert_cron` before the nodes start, per second,
+//!   `catch_up = "all"`) whose ticks enqueue `soak_stored_job`, its arguments changed once
+//!   halfway through the faults: a deferred trigger ties each job to the tick its transaction
+//!   completed, and the report counts missed and doubled ticks as for the crons of code, and
+//!   ticks whose arguments are not those of the cron's version when they were due;
 //! * `soak_default_tick`, a per-second cron with `catch_up = "all"` and the default overlap
 //!   (since issue 22 `"wait"` under `catch_up = "all"`, `"skip"` before): an effect row, a read
 //!   of `forge.jobs` and the tick's completion in its fenced transaction (with
@@ -261,6 +277,14 @@ const HOG_JOB: &str = "soak_hog%";
 const BURST_JOB: &str = "soak_burst_job";
 /// The no-op jobs with a large payload, for a frozen claimant.
 const BIG_JOB: &str = "soak_big_job";
+/// The steps of the workflows the harness enqueues.
+const FLOW_JOB: &str = "soak_flow_job";
+/// The stored cron, and the kind of the job each of its ticks enqueues.
+const STORED_CRON: &str = "soak_stored";
+const STORED_JOB: &str = "soak_stored_job";
+/// The environment variable telling a node process how far ahead the harness set its wall
+/// clock, in µs (its handlers record true times).
+const SKEW_ENV: &str = "SOAK_CLOCK_SKEW_US";
 
 #[tokio::main]
 async fn main() -> ExitCode {

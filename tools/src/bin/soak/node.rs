@@ -2,9 +2,10 @@
 //! work.
 
 use std::process::ExitCode;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use forge::jobs::{Jobs, NewJob};
 use forge::{Config, CronContext, CronError, JobContext, JobError, Leadership, Node, Role};
 use serde::{Deserialize, Serialize};
@@ -12,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::{
     CRON, DEFAULT_CRON, DOWN_AFTER, FREEZE_CRON_FLAG, FREEZE_JOB_FLAG, HOLD_CRON_TX, HOLD_JOB_TX,
-    LEASE, POOL_SIZE, WORK,
+    LEASE, POOL_SIZE, SKEW_ENV, WORK,
 };
 
 /// The arguments of the jobs a tick enqueues: the tick's instant.
@@ -55,6 +56,8 @@ pub(crate) async fn node_main(config_path: String) -> ExitCode {
         .job(soak_limited_job)
         .job(soak_rated_job)
         .job(soak_big_job)
+        .job(soak_flow_job)
+        .job(soak_stored_job)
         .job(soak_hog_n1)
         .job(soak_hog_n2)
         .job(soak_hog_n3);
@@ -312,40 +315,90 @@ async fn soak_plain_job(ctx: JobContext, args: TickArgs) -> Result<(), JobError>
     Ok(())
 }
 
-/// An attempt of a job of a limited queue: its row in `soak_limit_runs` (the claim's instant,
-/// the handler's start), then `work`, then its end.
-async fn limit_run(ctx: &JobContext, queue: &str, work: Duration) -> Result<(), JobError> {
+/// The node's true time: its wall clock less the skew the harness started it with
+/// (`SOAK_CLOCK_SKEW_US`, set with libfaketime's `FAKETIME`), so that the times the handlers
+/// record in `soak_runs` are true whatever the clock faults do (the database's clock steps do
+/// not reach the nodes).
+fn true_now() -> DateTime<Utc> {
+    static SKEW_US: OnceLock<i64> = OnceLock::new();
+    let skew = *SKEW_US.get_or_init(|| {
+        std::env::var(SKEW_ENV)
+            .ok()
+            .and_then(|us| us.parse().ok())
+            .unwrap_or(0)
+    });
+    Utc::now() - chrono::Duration::microseconds(skew)
+}
+
+/// An attempt whose run the ledger judges (`what`: the queue `limited` or `rated`, or a
+/// workflow's step): its start row (its own attempt, written by the handler), then `work`,
+/// then its end row written in the transaction that completes the job (`ctx.complete`), so the
+/// end lands exactly when the slot is given back, and never for an attempt that was rescued
+/// meanwhile (its end is then the rescue's instant).
+async fn recorded_run(ctx: &JobContext, what: &str, work: Duration) -> Result<(), JobError> {
     let _mark = HandlerMark::start(ctx);
     sqlx::query(
-        "INSERT INTO soak_limit_runs (job_id, attempt, queue, claimed_at)
-         SELECT id, attempt, $2, attempted_at FROM forge.jobs WHERE id = $1
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(ctx.id().0)
-    .bind(queue)
-    .execute(ctx.pool())
-    .await?;
-    tokio::time::sleep(work).await;
-    sqlx::query(
-        "UPDATE soak_limit_runs SET finished_at = clock_timestamp() WHERE job_id = $1 AND attempt = $2",
+        "INSERT INTO soak_runs (job_id, attempt, what, node, started_at)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
     )
     .bind(ctx.id().0)
     .bind(ctx.attempt() as i32)
+    .bind(what)
+    .bind(ctx.node_id().to_string())
+    .bind(true_now())
     .execute(ctx.pool())
     .await?;
+    tokio::time::sleep(work).await;
+    let mut tx = ctx.pool().begin().await?;
+    sqlx::query("UPDATE soak_runs SET finished_at = $3 WHERE job_id = $1 AND attempt = $2")
+        .bind(ctx.id().0)
+        .bind(ctx.attempt() as i32)
+        .bind(true_now())
+        .execute(&mut *tx)
+        .await?;
+    ctx.complete(&mut tx).await?;
+    tx.commit().await?;
     Ok(())
 }
 
 /// A job of the queue `limited` (global_concurrency = 2): 300 ms.
 #[forge::job(name = "soak_limited_job", queue = "limited", max_attempts = 100)]
 async fn soak_limited_job(ctx: JobContext, _args: TickArgs) -> Result<(), JobError> {
-    limit_run(&ctx, "limited", Duration::from_millis(300)).await
+    recorded_run(&ctx, "limited", Duration::from_millis(300)).await
 }
 
 /// A job of the queue `rated` (rate = "5/1s"): no work.
 #[forge::job(name = "soak_rated_job", queue = "rated", max_attempts = 100)]
 async fn soak_rated_job(ctx: JobContext, _args: TickArgs) -> Result<(), JobError> {
-    limit_run(&ctx, "rated", Duration::ZERO).await
+    recorded_run(&ctx, "rated", Duration::ZERO).await
+}
+
+/// The arguments of a workflow's step: the workflow's number.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct FlowArgs {
+    pub(crate) flow: i64,
+}
+
+/// A step of a workflow the harness enqueues (a root, children after it, a join after them):
+/// 200 ms, its start and its end recorded as the limited queue's are. Its end is its effect: a
+/// step whose end row landed twice (two attempts' completions) would be a duplicate.
+#[forge::job(name = "soak_flow_job", max_attempts = 100)]
+pub(crate) async fn soak_flow_job(ctx: JobContext, _args: FlowArgs) -> Result<(), JobError> {
+    recorded_run(&ctx, "flow", Duration::from_millis(200)).await
+}
+
+/// The arguments of the stored cron's job: which version of the stored cron enqueued it.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct StoredArgs {
+    pub(crate) version: i64,
+}
+
+/// The job the stored cron `soak_stored` enqueues at each tick: a no-op (the ledger counts the
+/// jobs each tick enqueued, from the database).
+#[forge::job(name = "soak_stored_job", max_attempts = 100)]
+async fn soak_stored_job(ctx: JobContext, _args: StoredArgs) -> Result<(), JobError> {
+    let _mark = HandlerMark::start(&ctx);
+    Ok(())
 }
 
 /// A no-op job of 100 ms, enqueued by the harness in a burst just before a write stall, so that

@@ -6,7 +6,10 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use super::{ConnFill, FillStage, Harness, Phase, describe_status};
-use crate::{ADMIN_TIMEOUT, BIG_JOB, BURST_JOB, CRON, HOG_JOB, PLAIN_JOB, TX_JOB};
+use crate::{
+    ADMIN_TIMEOUT, BIG_JOB, BURST_JOB, CRON, FLOW_JOB, HOG_JOB, PLAIN_JOB, STORED_CRON, STORED_JOB,
+    TX_JOB,
+};
 
 impl Harness {
     /// After the faults: nothing armed, nothing paused or black-holed, dead nodes restarted.
@@ -82,12 +85,14 @@ impl Harness {
     /// What is still to be done up to `cutoff` ("" when nothing), or `None` if the database
     /// could not be asked.
     pub(super) async fn backlog(&self, cutoff: DateTime<Utc>) -> Option<String> {
-        let row: (i64, i64, i64, i64) = tokio::time::timeout(
+        let row: (i64, i64, i64, i64, i64) = tokio::time::timeout(
             ADMIN_TIMEOUT,
             sqlx::query_as(
                 "SELECT
                    (SELECT count(*) FROM forge.cron_ticks
                      WHERE cron = $1 AND scheduled_at >= $2 AND state = 'succeeded'),
+                   (SELECT count(*) FROM forge.cron_ticks
+                     WHERE cron = $8 AND scheduled_at >= $2 AND state = 'succeeded'),
                    (SELECT count(*) FROM forge.cron_ticks
                      WHERE cron = $1 AND scheduled_at <= $2 AND state = 'running'),
                    (SELECT count(*) FROM forge.jobs
@@ -103,16 +108,21 @@ impl Harness {
             .bind(PLAIN_JOB)
             .bind(cutoff.timestamp_micros())
             .bind(HOG_JOB)
-            .bind([BURST_JOB, BIG_JOB])
+            .bind([BURST_JOB, BIG_JOB, FLOW_JOB, STORED_JOB])
+            .bind(STORED_CRON)
             .fetch_one(&self.admin),
         )
         .await
         .ok()?
         .ok()?;
-        let (after, running, open, hogs) = row;
+        let (after, stored_after, running, open, hogs) = row;
         let mut missing = Vec::new();
         if after == 0 {
             missing.push("no tick at or after the cut-off has succeeded yet".to_owned());
+        }
+        if stored_after == 0 {
+            missing
+                .push("no stored-cron tick at or after the cut-off has succeeded yet".to_owned());
         }
         if running > 0 {
             missing.push(format!("{running} ticks still running"));
@@ -122,7 +132,7 @@ impl Harness {
         }
         if hogs > 0 {
             missing.push(format!(
-                "{hogs} pool hogs, burst jobs and large jobs not finished"
+                "{hogs} pool hogs, burst, large, workflow and stored-cron jobs not finished"
             ));
         }
         Some(missing.join(", "))

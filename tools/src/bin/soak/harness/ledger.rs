@@ -576,53 +576,10 @@ impl Harness {
             ));
         }
 
-        // --- Queue limits: the limited queue's overlap (from its handlers' rows; an attempt
-        // whose end its handler never wrote - it failed, or its node was killed - counts until
-        // the job's record of that attempt's failure or rescue, else until the job's next
-        // attempt started, else until now), and the rated queue's claims in any 1 s window
-        // (from the claims' instants its handlers read).
-        let (overlap, limited_runs): (i64, i64) = sqlx::query_as(
-            "WITH a AS (
-                 SELECT r.started_at,
-                        coalesce(r.finished_at,
-                                 (SELECT max((e ->> 'at')::timestamptz) FROM forge.jobs j,
-                                         jsonb_array_elements(j.errors) e
-                                   WHERE j.id = r.job_id AND (e ->> 'attempt')::int = r.attempt),
-                                 (SELECT min(x.started_at) FROM soak_limit_runs x
-                                   WHERE x.job_id = r.job_id AND x.attempt > r.attempt),
-                                 clock_timestamp()) AS ended_at
-                   FROM soak_limit_runs r WHERE r.queue = 'limited')
-             SELECT coalesce(max((SELECT count(*) FROM a o
-                                   WHERE o.started_at <= s.started_at
-                                     AND o.ended_at > s.started_at)), 0),
-                    (SELECT count(*) FROM a)
-               FROM a s",
-        )
-        .fetch_one(db)
-        .await?;
-        let (rate_max, rated_runs): (i64, i64) = sqlx::query_as(
-            "SELECT coalesce(max((SELECT count(*) FROM soak_limit_runs o
-                                   WHERE o.queue = 'rated' AND o.claimed_at >= s.claimed_at
-                                     AND o.claimed_at < s.claimed_at + interval '1 second')), 0),
-                    count(*)
-               FROM soak_limit_runs s WHERE s.queue = 'rated'",
-        )
-        .fetch_one(db)
-        .await?;
-        let _ = writeln!(
-            out,
-            "\nqueue limits:\n  limited (global_concurrency = 2): {limited_runs} attempts, at most {overlap} at once\n  rated (rate = \"5/1s\"): {rated_runs} attempts, at most {rate_max} claims in any 1 s window"
-        );
-        targets.push((
-            overlap <= 2 && limited_runs > 0,
-            format!(
-                "a global limit of 2: at most {overlap} attempts at once ({limited_runs} attempts)"
-            ),
-        ));
-        targets.push((
-            rate_max <= 5 && rated_runs > 0,
-            format!("a rate of 5/1s: at most {rate_max} claims in any 1 s window ({rated_runs} attempts)"),
-        ));
+        // --- Queue limits, a workflow, a stored cron.
+        targets.extend(self.queue_limits(&mut out).await?);
+        targets.extend(self.flow_report(&mut out).await?);
+        targets.extend(self.stored_report(&mut out, cutoff).await?);
 
         let _ = writeln!(out, "\ntargets:");
         for (ok, text) in &targets {

@@ -8,8 +8,11 @@ use forge_testkit::{Filter, NodeProcess};
 use tokio::process::Command;
 use tokio::time::Instant;
 
+use super::stored::StoredChange;
 use super::{Harness, Phase, describe_status};
-use crate::{ADMIN_TIMEOUT, BoxError, DRAIN_DEADLINE, POOL_SIZE, RSS_EVERY, SAMPLE_EVERY};
+use crate::{
+    ADMIN_TIMEOUT, BoxError, DRAIN_DEADLINE, POOL_SIZE, RSS_EVERY, SAMPLE_EVERY, SKEW_ENV,
+};
 
 impl Harness {
     pub(super) async fn run(&mut self, minutes: f64) -> Result<bool, BoxError> {
@@ -28,8 +31,13 @@ impl Harness {
         self.note("all nodes ready; faults begin");
         self.sample_rss().await;
 
-        // Faults.
+        // Faults, with a workflow now and then and the stored cron's change halfway.
         let fault_end = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
+        self.stored_change = Some(StoredChange {
+            due: Instant::now() + Duration::from_secs_f64(minutes * 30.0),
+            made: None,
+            why_not: None,
+        });
         let mut next_fault = Instant::now() + self.rng.secs(self.interval.0, self.interval.1);
         let mut next_rss = Instant::now() + RSS_EVERY;
         // A fault of several steps (a freeze, a lock held, a storm...) gives the cluster the
@@ -37,6 +45,8 @@ impl Harness {
         let mut after_busy = false;
         while Instant::now() < fault_end {
             self.supervise().await;
+            self.tend_flows().await;
+            self.tend_stored_change().await;
             if self.busy() {
                 after_busy = true;
             } else if after_busy {
@@ -174,6 +184,7 @@ impl Harness {
                 Ok(env) => {
                     command.envs(env);
                     slot.clock_us = secs * 1_000_000;
+                    command.env(SKEW_ENV, slot.clock_us.to_string());
                 }
                 Err(err) => {
                     let message = format!("cannot skew {}'s clock: {err}", slot.id);

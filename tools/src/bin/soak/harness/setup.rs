@@ -12,6 +12,7 @@ use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::time::Instant;
 
+use super::stored::STORED_SQL;
 use super::{Harness, Phase, Slot, as_node_role, build_standby};
 use crate::node::node_config;
 use crate::options::{FaultKind, Options, Rng};
@@ -57,14 +58,17 @@ CREATE TABLE soak_job_effects (
 );
 CREATE INDEX soak_job_effects_job ON soak_job_effects (job_id);
 
--- The attempts of the limited queue's and the rated queue's jobs, as their handlers saw them:
--- the claim's instant (the job's attempted_at), the handler's start and end (database clock).
-CREATE TABLE soak_limit_runs (
+-- The handlers' runs of the limited and rated queues' jobs and of the workflows' steps: the
+-- handler's own attempt, its start (written by the handler) and its end (written in the
+-- transaction that completes the job, so a rescued attempt's end never lands), stamped with
+-- the node's host clock less the skew the harness gave it: true times, which the database's
+-- clock steps do not move.
+CREATE TABLE soak_runs (
     job_id      bigint      NOT NULL,
     attempt     integer     NOT NULL,
-    queue       text        NOT NULL,
-    claimed_at  timestamptz NOT NULL,
-    started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    what        text        NOT NULL,
+    node        text        NOT NULL,
+    started_at  timestamptz NOT NULL,
     finished_at timestamptz,
     PRIMARY KEY (job_id, attempt)
 );
@@ -132,20 +136,24 @@ const MOVES_SQL: &str = r#"
 CREATE TABLE soak_job_moves (
     id      bigserial   PRIMARY KEY,
     job_id  bigint      NOT NULL,
+    kind    text        NOT NULL,
     state   text        NOT NULL,
     attempt integer     NOT NULL,
     node    text,
+    -- The job's attempted_at: for a claim, the claim's instant by the database's clock (the
+    -- one a queue's rate counts).
+    attempted_at timestamptz,
     at      timestamptz NOT NULL DEFAULT soak_now()
 );
 
 CREATE FUNCTION soak_job_moved() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        INSERT INTO soak_job_moves (job_id, state, attempt, node)
-        VALUES (OLD.id, 'deleted', OLD.attempt, OLD.node_id);
+        INSERT INTO soak_job_moves (job_id, kind, state, attempt, node, attempted_at)
+        VALUES (OLD.id, OLD.kind, 'deleted', OLD.attempt, OLD.node_id, OLD.attempted_at);
     ELSE
-        INSERT INTO soak_job_moves (job_id, state, attempt, node)
-        VALUES (NEW.id, NEW.state, NEW.attempt, NEW.node_id);
+        INSERT INTO soak_job_moves (job_id, kind, state, attempt, node, attempted_at)
+        VALUES (NEW.id, NEW.kind, NEW.state, NEW.attempt, NEW.node_id, NEW.attempted_at);
     END IF;
     RETURN NULL;
 END $$;
@@ -242,6 +250,7 @@ pub(crate) async fn soak(options: Options) -> Result<bool, BoxError> {
     forge::migrate::up(&mut setup).await?;
     sqlx::raw_sql(SETUP_SQL).execute(&mut setup).await?;
     sqlx::raw_sql(MOVES_SQL).execute(&mut setup).await?;
+    sqlx::raw_sql(STORED_SQL).execute(&mut setup).await?;
     setup.close().await?;
     let admin_proxy = PgProxy::start(primary.host(), primary.port())?;
     let admin_url = format!(
@@ -363,6 +372,11 @@ pub(crate) async fn soak(options: Options) -> Result<bool, BoxError> {
         large_claim: None,
         delayed: None,
         outcomes: Vec::new(),
+        next_flow: Instant::now(),
+        flows_tried: 0,
+        flow_errors: Vec::new(),
+        stored_change: None,
     };
+    harness.store_cron().await?;
     harness.run(options.minutes).await
 }
