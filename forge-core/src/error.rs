@@ -216,6 +216,21 @@ impl Error {
         matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some(FENCED_SQLSTATE))
     }
 
+    /// Whether the same work may succeed if tried again shortly: the database was briefly out
+    /// of reach (connection lost, server restarting, pool exhausted) or the transaction lost a
+    /// deadlock or serialization race. A mistake that needs a human (a refused write, bad
+    /// input, a fence) is not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Database(err) | Error::Connect { source: err, .. } => {
+                crate::db::is_transient(err)
+                    || matches!(err, sqlx::Error::Database(db)
+                        if matches!(db.code().as_deref(), Some("40001" | "40P01")))
+            }
+            _ => false,
+        }
+    }
+
     /// `err` as [`Error::Fenced`] when the fence refused it, else as a database error.
     pub fn fenced_or_database(err: sqlx::Error, role: &Role, epoch: Epoch) -> Error {
         if Error::is_fence_refusal(&err) {

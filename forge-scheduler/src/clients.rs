@@ -2,9 +2,10 @@
 //! and `jobs` do not use each other.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::cron::{CronContext, CronError, CronRunner, EnqueueTick};
-use crate::jobs::{JobRegistry, Jobs};
+use crate::jobs::{JobRegistry, Jobs, NewJob};
 
 impl CronRunner {
     /// Runs the crons stored in the database (`Workload::upsert_cron`) on this node when it
@@ -26,16 +27,40 @@ impl CronRunner {
                         ctx.name()
                     ))
                 })?;
-                let mut tx = ctx.fenced_transaction().await?;
-                ctx.jobs().enqueue_job_in(&mut *tx, job).await?;
-                ctx.complete(&mut tx).await?;
-                tx.commit().await?;
-                Ok(())
+                // A transient failure (connection lost, pool exhausted, deadlock) rolls the
+                // transaction back: try again while this run may, or the tick would end
+                // `failed` with no job for a blip. A commit whose reply was lost and which did
+                // commit makes the next try's `complete` fail (NotRunning): no second job.
+                let mut pause = Duration::from_millis(50);
+                loop {
+                    match enqueue_tick(&ctx, job.clone()).await {
+                        Err(err) if err.is_transient() && !ctx.is_cancelled() => {
+                            tracing::warn!(cron = ctx.name(), error = %err, retry_in = ?pause,
+                                "a stored cron's tick could not enqueue its job; trying again");
+                            tokio::select! {
+                                _ = tokio::time::sleep(pause) => {}
+                                _ = ctx.cancelled() => return Err(err.into()),
+                            }
+                            pause = (pause * 2).min(Duration::from_secs(2));
+                        }
+                        result => return result.map_err(CronError::from),
+                    }
+                }
             })
         });
         self.stored = Some(enqueue);
         self
     }
+}
+
+/// One try of a stored cron's tick: its job enqueued and the tick completed in one fenced
+/// transaction.
+async fn enqueue_tick(ctx: &CronContext, job: NewJob) -> forge_core::Result<()> {
+    let mut tx = ctx.fenced_transaction().await?;
+    ctx.jobs().enqueue_job_in(&mut *tx, job).await?;
+    ctx.complete(&mut tx).await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 impl CronContext {

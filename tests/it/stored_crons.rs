@@ -314,6 +314,68 @@ async fn bad_stored_crons_are_refused_with_clear_errors() {
 }
 
 /// The forge.toml of a job node process.
+/// A tick whose enqueue fails for a transient reason - here its connection is terminated while
+/// its insert waits behind a table lock - tries again in its run and enqueues its job: no tick
+/// ends `failed` for a blip, and every succeeded tick has exactly one job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_ticks_enqueue_is_tried_again_after_a_lost_connection() {
+    let (db, pool) = setup().await;
+    let node = start(job_config(db.url(), "n1")).await;
+    wait_single_leader(&[&node], &forge::Role::SCHEDULER).await;
+    // Inserts into forge.jobs wait behind this lock (reads do not).
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE forge.jobs IN SHARE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let started = db_now(&pool).await;
+    workload(&pool)
+        .upsert_cron(&every_second("stored-retried", "retried"), "alice")
+        .await
+        .unwrap();
+    let waiting: i32 = wait_until(
+        "a tick's enqueue waiting behind the table lock",
+        SOON,
+        Duration::from_millis(20),
+        || async {
+            sqlx::query_scalar(
+                "SELECT pid FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%jobs_enqueue%' LIMIT 1",
+            )
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await
+    .unwrap();
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(waiting)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(
+        terminated,
+        "the waiting enqueue's backend {waiting} was terminated"
+    );
+    blocker.commit().await.unwrap();
+
+    wait_ticks(&pool, "stored-retried", "succeeded", started, 3).await;
+    let ticks = ticks(&pool, "stored-retried").await;
+    assert!(
+        ticks.iter().all(|(_, state)| state != "failed"),
+        "no tick failed for a lost connection: {ticks:?}"
+    );
+    let succeeded = ticks.iter().filter(|(_, s)| s == "succeeded").count() as i64;
+    let enqueued = jobs_tagged(&pool, "retried").await;
+    assert!(
+        enqueued == succeeded || enqueued == succeeded + 1,
+        "one job per succeeded tick ({succeeded} succeeded, {enqueued} jobs; one more tick may \
+         be committing): {ticks:?}"
+    );
+    node.shutdown().await;
+}
+
 fn node_toml(url: &str) -> String {
     format!(
         "{}\n[node]\nroles = [\"scheduler\"]\n\n[jobs]\nmaintenance_interval = \"1s\"\ndrain_timeout = \"2s\"\n",

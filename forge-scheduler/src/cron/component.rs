@@ -8,7 +8,7 @@ use std::time::Duration;
 use forge_core::{Assembly, Component, ListenerEvent, NodeContext, Result, Role};
 use forge_rules::{Name, check_duration, check_name};
 use tokio::sync::{Notify, watch};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::stored::{EnqueueTick, report_shadowed};
 use super::supervisor::{Settings, SharedBoard, supervise};
@@ -199,18 +199,31 @@ async fn registry(
     }
 }
 
+/// Reads the board until a read succeeds (or the node shuts down): a notification is not
+/// sent again, so a read that failed (pool exhausted, connection lost) would leave a pause or a
+/// stored cron's change unseen until the next one.
 async fn refresh(board: &SharedBoard, ctx: &NodeContext) {
-    match ledger::board(ctx.pool(), ctx.namespace()).await {
-        Ok(read) => {
-            board.send_if_modified(|current| {
-                let changed = *current != read;
-                *current = read;
-                changed
-            });
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match ledger::board(ctx.pool(), ctx.namespace()).await {
+            Ok(read) => {
+                board.send_if_modified(|current| {
+                    let changed = *current != read;
+                    *current = read;
+                    changed
+                });
+                return;
+            }
+            Err(err) => {
+                warn!(target: "forge::cron", error = %err, retry_in = ?delay,
+                      "cannot read paused, triggered and stored crons; trying again")
+            }
         }
-        Err(err) => {
-            debug!(target: "forge::cron", error = %err, "cannot read paused and triggered crons")
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = ctx.shutdown().cancelled() => return,
         }
+        delay = (delay * 2).min(Duration::from_secs(1));
     }
 }
 
