@@ -1058,16 +1058,29 @@ async fn work_a_configuration_hides_is_a_warning_at_start() {
         "{lines:#?}"
     );
 
-    // The defaults: every role with work, every declared queue.
+    // A pool smaller than two connections per job worker, plus one.
+    let mut small = config(db.url(), "small-pool");
+    small.database.max_connections = 2;
+    billing_and_mailers_node(small).await.shutdown().await;
+    let lines = log.take();
+    assert!(
+        lines.iter().any(|l| l.contains(" WARN ")
+            && l.contains("max_connections is too small for this node's job workers")
+            && l.contains("at least 3")
+            && l.contains("max_connections=2 job_workers=1")),
+        "{lines:#?}"
+    );
+
+    // The defaults: every role with work, every declared queue, a pool large enough.
     let serves = billing_and_mailers_node(config(db.url(), "serves")).await;
     let billing = Role::new("billing").unwrap();
     assert!(serves.roles().contains(&billing), "{:?}", serves.roles());
     serves.shutdown().await;
     let lines = log.take();
     assert!(
-        !lines
-            .iter()
-            .any(|l| l.contains("not campaigning") || l.contains("does not work a queue")),
+        !lines.iter().any(|l| l.contains("not campaigning")
+            || l.contains("does not work a queue")
+            || l.contains("max_connections is too small")),
         "{lines:#?}"
     );
 }

@@ -274,13 +274,13 @@ mod kind_limits {
     use forge::{JobContext, JobError};
 
     #[derive(serde::Serialize, serde::Deserialize)]
-    struct SyncCustomer {
+    struct SyncAccount {
         customer_id: i64,
     }
 
     // At most 4 syncs at once on all nodes together, whichever queue; 100 a minute per customer.
     #[forge::job(global_concurrency = 4, rate = "100/1m", rate_key = "customer_id")]
-    async fn sync_customer(ctx: JobContext, args: SyncCustomer) -> Result<(), JobError> {
+    async fn sync_account(ctx: JobContext, args: SyncAccount) -> Result<(), JobError> {
         let _ = (ctx, args.customer_id);
         Ok(())
     }
@@ -296,7 +296,7 @@ mod kind_limits {
     // An operator's change, for every node at once; recorded in the audit trail as "ops".
     async fn limit_syncs(node: &forge::Node) -> Result<(), Box<dyn std::error::Error>> {
         let limits = forge::jobs::QueueLimits::new(Some(1), None, None)?;
-        node.workload().set_kind_limits("sync_customer", &limits, "ops").await?;
+        node.workload().set_kind_limits("sync_account", &limits, "ops").await?;
         Ok(())
     }
 }

@@ -161,6 +161,7 @@ impl Component for JobRunner {
         }
         let listed = node.config().node.queues.clone();
         let (node_specs, role_specs) = self.specs(listed.as_deref())?;
+        warn_small_pool(node, node_specs.len() + role_specs.len());
         // Labelled as the workers and the client label them: a type's declared queue, and
         // every queue this node works for its kinds.
         for ty in self.registry.types.values() {
@@ -209,6 +210,20 @@ impl Component for JobRunner {
             });
         }
         Ok(())
+    }
+}
+
+/// Warns at start when the node's pool is too small for its job workers: each holds up to two
+/// pool connections while it has attempts running (its claim and record lanes), so a pool of
+/// fewer than two per worker plus one leaves handlers, crons and fenced writes waiting on the
+/// pool until they time out. (A warning, not an error: handlers that use no connection, or
+/// queues that are never busy together, can live with less.)
+fn warn_small_pool(node: &Assembly, workers: usize) {
+    let pool = node.config().database.max_connections as usize;
+    let needed = 2 * workers + 1;
+    if workers > 0 && pool < needed {
+        warn!(target: "forge::job", max_connections = pool, job_workers = workers,
+              "[database] max_connections is too small for this node's job workers: each holds up to two pool connections while its jobs run, so handlers, crons and fenced writes would wait on the pool (\"pool timed out\"); raise it to at least {needed}, plus what your handlers use at once");
     }
 }
 

@@ -221,8 +221,9 @@ const NODE_IDS: [&str; 3] = ["n1", "n2", "n3"];
 const LEASE: Duration = Duration::from_secs(3);
 /// `[cluster.membership] down_after`.
 const DOWN_AFTER: Duration = Duration::from_secs(4);
-/// `[database] max_connections` of every node.
-const POOL_SIZE: u32 = 5;
+/// `[database] max_connections` of every node: two per queue worker (four queues) and one, the
+/// least FORGE does not warn about (a smaller pool starved the handlers for minutes).
+const POOL_SIZE: u32 = 9;
 /// How long a lost-reply COMMIT sleeps on the server (in `SETUP_SQL`).
 const SLOW_COMMIT_SECS: f64 = 1.5;
 /// The "work" each handler does in the middle of its run (inside the transaction for the
