@@ -61,27 +61,34 @@ for round in $(seq 1 "$rounds"); do
     done
 done
 
-# The summary lines of each revision's rounds, and per summary line the median of its first
-# figure (e.g. "median 61300 jobs/s") over the rounds.
+# The summary lines of each revision's rounds (those starting with a word in capitals), and per
+# summary line the median over the rounds of each of its "median N" figures, in order.
+summary='^[A-Z][A-Z]+[ ,:]'
 echo "$bin ${args[*]}, $rounds alternating rounds each, $(date -u +%F), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in 0 1; do
     echo "== ${revs[$i]} ($(git rev-parse --short=9 "${revs[$i]}^{commit}"))"
     for round in $(seq 1 "$rounds"); do
-        grep -E '^[A-Z][A-Z ]+[ :]' "$out/$i.$round" | sed "s/^/  round $round: /"
+        grep -E "$summary" "$out/$i.$round" | grep -F median | sed "s/^/  round $round: /"
     done
 done
-echo "== medians of each summary line's first figure (A = ${revs[0]}, B = ${revs[1]})"
-for key in $(cat "$out"/0.* | grep -E '^[A-Z][A-Z ]+' | sed -E 's/^([A-Z][A-Za-z ]+[^:]*):.*/\1/' | tr ' ' '_' | sort -u); do
-    label=${key//_/ }
-    med() {
-        for f in "$out/$1".[0-9]*; do
-            case "$f" in *.err) continue ;; esac
-            grep -F "$label:" "$f" | head -1 | grep -Eo 'median [0-9.]+' | head -1 | cut -d' ' -f2
-        done | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]}'
-    }
-    a=$(med 0)
-    b=$(med 1)
-    [ -n "$a" ] && [ -n "$b" ] || continue
-    awk -v l="$label" -v a="$a" -v b="$b" 'BEGIN {printf "  %-45s A %10.0f  B %10.0f  B/A %6.3f\n", l, a, b, b / a}'
-done
-rm -rf "$out"
+echo "== medians over the rounds of each summary line's \"median\" figures (A = ${revs[0]}, B = ${revs[1]})"
+cat "$out"/0.[0-9]* | grep -E "$summary" | grep -F median | sed -E 's/:.*//' | sort -u |
+    while IFS= read -r label; do
+        # Column k: the k-th "median N" of the line, one row per round.
+        figures() {
+            for f in "$out/$1".[0-9]*; do
+                case "$f" in *.err) continue ;; esac
+                grep -F "$label:" "$f" | head -1 | grep -Eo 'median [0-9.]+' | cut -d' ' -f2 | paste -sd' '
+            done
+        }
+        paste -d'|' <(figures 0) <(figures 1) | awk -F'|' -v l="$label" '
+            { na = split($1, xa, " "); split($2, xb, " ");
+              for (k = 1; k <= na; k++) { A[k, NR] = xa[k]; B[k, NR] = xb[k] } n = na; r = NR }
+            function med(X, k,   i, j, v, t, m) {
+                m = 0; for (i = 1; i <= r; i++) { v[++m] = X[k, i] }
+                for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+                return (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2 }
+            END { for (k = 1; k <= n; k++) { ma = med(A, k); mb = med(B, k);
+                  printf "  %s [%d]: A %.0f  B %.0f  B/A %.3f\n", l, k, ma, mb, (ma ? mb / ma : 0) } }'
+    done
+echo "(rounds' full output: $out)"
