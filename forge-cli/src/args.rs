@@ -358,6 +358,30 @@ pub(crate) struct LimitValues {
     pub(crate) reset: bool,
 }
 
+impl LimitValues {
+    /// The limits these values set, checked; `None` for `--reset`.
+    pub(crate) fn limits(&self) -> Result<Option<forge::jobs::QueueLimits>, crate::fail::Fail> {
+        if self.reset {
+            return Ok(None);
+        }
+        if self.global.is_none() && self.rate.is_none() && !self.none {
+            return Err(crate::fail::Fail::usage(
+                "say which limits: --global N, --rate COUNT/WINDOW (with --rate-key FIELD), --none, or --reset".to_owned(),
+            ));
+        }
+        let rate = match &self.rate {
+            Some(text) => Some(
+                text.parse::<forge::jobs::Rate>()
+                    .map_err(|err| crate::fail::Fail::usage(format!("--rate: {err}")))?,
+            ),
+            None => None,
+        };
+        forge::jobs::QueueLimits::new(self.global, rate, self.rate_key.clone())
+            .map(Some)
+            .map_err(crate::fail::Fail::usage)
+    }
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct StepDownArgs {
     /// The role whose leader should hand over.

@@ -6,13 +6,12 @@ use crate::args::KindLimitArgs;
 use crate::ctx::Ctx;
 use crate::fail::Outcome;
 use crate::out::{self, Table};
-use crate::work::limits_of;
 
 /// `forge jobs limit`: sets, removes or resets a job kind's limits.
 pub(crate) async fn limit(ctx: &Ctx, args: &KindLimitArgs, json: bool) -> Outcome {
     let workload = ctx.workload();
     let kind = &args.kind;
-    let Some(limits) = limits_of(&args.values)? else {
+    let Some(limits) = args.values.limits()? else {
         let had = workload.reset_kind_limits(kind, &ctx.by).await?;
         if json {
             out::print_json(&json!({ "kind": kind, "reset": true, "had_operator_limits": had }));

@@ -2,12 +2,11 @@
 
 use forge::inspect::{Change, CronView, JobFilter, PageRequest, QueueView, TickView};
 use forge::jobs::JobAction as Action;
-use forge::jobs::{JobId, JobState, QueueLimits, Rate};
+use forge::jobs::{JobId, JobState};
 use serde_json::json;
 
 use crate::args::{
-    CronsCommand, JobAction, JobFilterArgs, JobsCommand, JobsList, LimitArgs, LimitValues,
-    QueuesCommand,
+    CronsCommand, JobAction, JobFilterArgs, JobsCommand, JobsList, LimitArgs, QueuesCommand,
 };
 use crate::cluster::print_next;
 use crate::ctx::Ctx;
@@ -552,7 +551,7 @@ pub(crate) async fn queues(ctx: &Ctx, action: &QueuesCommand, json: bool) -> Out
 async fn limit(ctx: &Ctx, args: &LimitArgs, json: bool) -> Outcome {
     let workload = ctx.workload();
     let queue = &args.queue;
-    let Some(limits) = limits_of(&args.values)? else {
+    let Some(limits) = args.values.limits()? else {
         let Some(had) = workload.reset_queue_limits(queue, &ctx.by).await? else {
             return Err(unknown_queue(ctx, queue, false));
         };
@@ -583,28 +582,6 @@ async fn limit(ctx: &Ctx, args: &LimitArgs, json: bool) -> Outcome {
         outln!("queue {queue}: {limits}, from the next claim on every node");
     }
     Ok(0)
-}
-
-/// The limits `values` set, checked; `None` for `--reset`.
-pub(crate) fn limits_of(values: &LimitValues) -> Result<Option<QueueLimits>, Fail> {
-    if values.reset {
-        return Ok(None);
-    }
-    if values.global.is_none() && values.rate.is_none() && !values.none {
-        return Err(Fail::usage(
-            "say which limits: --global N, --rate COUNT/WINDOW (with --rate-key FIELD), --none, or --reset".to_owned(),
-        ));
-    }
-    let rate = match &values.rate {
-        Some(text) => Some(
-            text.parse::<Rate>()
-                .map_err(|err| Fail::usage(format!("--rate: {err}")))?,
-        ),
-        None => None,
-    };
-    QueueLimits::new(values.global, rate, values.rate_key.clone())
-        .map(Some)
-        .map_err(Fail::usage)
 }
 
 fn unknown_queue(ctx: &Ctx, queue: &str, pausing: bool) -> Fail {

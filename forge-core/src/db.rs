@@ -8,7 +8,7 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, Postgres, Ro
 use tokio::time::Instant;
 
 use crate::config::{DatabaseConfig, LeaderElectionConfig};
-use crate::error::{Error, Result, redact_url};
+use crate::error::{Error, Result, is_transient, redact_url};
 
 /// The parsed connection options for `database`, with `application_name` set (PostgreSQL
 /// truncates it to 63 bytes).
@@ -55,31 +55,6 @@ fn describe_target(options: &PgConnectOptions) -> String {
             options.get_host(),
             options.get_port()
         ),
-    }
-}
-
-/// Whether a connection failure may go away by itself (server starting, restarting, briefly
-/// unreachable) as opposed to a mistake that needs a human (bad password, missing database).
-pub(crate) fn is_transient(err: &sqlx::Error) -> bool {
-    match err {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => matches!(
-            db.code().as_deref(),
-            // cannot_connect_now, admin_shutdown, crash_shutdown, too_many_connections,
-            // connection_exception class
-            Some(
-                "57P03"
-                    | "57P01"
-                    | "57P02"
-                    | "53300"
-                    | "08000"
-                    | "08003"
-                    | "08006"
-                    | "08001"
-                    | "08004"
-            )
-        ),
-        _ => false,
     }
 }
 

@@ -206,6 +206,31 @@ pub enum Error {
     ShutDown,
 }
 
+/// Whether a connection failure may go away by itself (server starting, restarting, briefly
+/// unreachable) as opposed to a mistake that needs a human (bad password, missing database).
+pub(crate) fn is_transient(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => matches!(
+            db.code().as_deref(),
+            // cannot_connect_now, admin_shutdown, crash_shutdown, too_many_connections,
+            // connection_exception class
+            Some(
+                "57P03"
+                    | "57P01"
+                    | "57P02"
+                    | "53300"
+                    | "08000"
+                    | "08003"
+                    | "08006"
+                    | "08001"
+                    | "08004"
+            )
+        ),
+        _ => false,
+    }
+}
+
 /// SQLSTATE of FORGE's fence (`forge.fence`) refusing a write.
 pub(crate) const FENCED_SQLSTATE: &str = "FG001";
 
@@ -223,7 +248,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Database(err) | Error::Connect { source: err, .. } => {
-                crate::db::is_transient(err)
+                is_transient(err)
                     || matches!(err, sqlx::Error::Database(db)
                         if matches!(db.code().as_deref(), Some("40001" | "40P01")))
             }

@@ -128,7 +128,9 @@ async fn a_kinds_global_limit_holds_across_queues_while_nodes_are_killed_and_res
         ),
     )
     .unwrap();
-    let spawn = crate::jobs::process::spawn_job_node;
+    let spawn = |path, id| {
+        crate::jobs::process::spawn_job_node_with(path, id, &[("FORGE_TEST_CAPPED", "1")])
+    };
     let mut n1 = spawn(&path, "n1").await;
     let n2 = spawn(&path, "n2").await;
     let mut n3 = spawn(&path, "n3").await;
