@@ -51,14 +51,10 @@ async fn main() -> ExitCode {
         .job(report)
         .job(effect)
         .job(poison)
-        .job(flow_step);
-    // A kind with a global limit of 3 (tests/it/kind_limits.rs), only where asked: a node that
-    // runs a limited kind claims every queue under the kinds' limit locks, with nothing ahead.
-    let node = if std::env::var_os("FORGE_TEST_CAPPED").is_some() {
-        node.job(capped)
-    } else {
-        node
-    };
+        .job(flow_step)
+        // A kind with a global limit of 3 (tests/it/kind_limits.rs): the other kinds' claims
+        // stay unlimited ones, ahead too (jobs_process's poison-ahead test).
+        .job(capped);
     let node = node.start().await;
     let node = match node {
         Ok(node) => node,

@@ -45,16 +45,21 @@
 -- sooner). A queue without limits pays one primary-key probe of forge.queue_limits.
 --
 -- A job kind's limits (forge.kind_limits: the same two) bound a queue worker's claims of the
--- kind, whichever queue its jobs sit in. Such a claim takes, after its queue's limit lock, the
--- limit lock of each limited kind it runs, in the order of their names (so claims of several
--- queues sharing kinds cannot deadlock), counts each kind's running attempts claimed under its
--- global limit (jobs_kind_limited, over all queues) and its claims in its window
--- (forge.kind_claims, pruned here), reads the head of the queue (10 times the claim and 100
--- more; a kind already at its limit is left out of that read) and claims of each kind only its
--- first jobs within its room and its rate key's budget: a job claimed satisfies every limit of
--- its queue and of its kind. It too claims nothing ahead, and answers a 'limited' row when cut
--- short. Workers whose kinds have no limits pay one index probe of forge.kind_limits.
---
+-- kind, whichever queue its jobs sit in. A worker none of whose kinds has limits pays one index
+-- probe of forge.kind_limits. Otherwise the claim first reads, without locks, what of its kinds
+-- is out of reach (forge.kind_limits_now: kinds at a limit, rate keys whose window is spent)
+-- and passes over their jobs, so that they cannot crowd the head of the queue; it claims the
+-- rest as an unlimited claim does (ahead too). Then, if it found jobs of limited kinds, it
+-- takes their limit locks (after its queue's, in the order of the kinds' names, so claims of
+-- several queues sharing kinds cannot deadlock), reads again each one's running attempts
+-- claimed under its global limit (jobs_kind_limited, over all queues) and its claims in its
+-- window (forge.kind_claims, pruned here), and keeps of each kind only its first jobs within its
+-- room and its rate key's budget, and of those only as many as start now (a slot held by a job
+-- waiting on its node would sit idle; a rate counts starts): a job claimed satisfies every
+-- limit of its queue and of its kind. Jobs passed over or cut stay available; the claim then
+-- answers a 'paced' row: the worker claims from the head next time, and, if this claim came
+-- back short, again after pickup_ms (at once after a cut).
+
 -- A claim carries its worker's identity: its node's incarnation and its lane's generation
 -- (forge.job_lanes; the lane is the queue, or '@' || role). It claims only if that is the lane's
 -- current identity, checked under the lane lock that the round trip holds shared from its start,
@@ -143,16 +148,27 @@ DECLARE
     v_claimed_at timestamptz;
     v_limited boolean := false;
     v_kinds_limited boolean;
-    -- The limited kinds among p_kinds (forge.kind_limits), side by side: room left under a
-    -- global limit (NULL: none), rate count, rate key (NULL: one shared window).
+    -- The worker's limited kinds (forge.kind_limits) out of reach before the claim, read
+    -- without their limit locks: the kinds at a limit, and '<kind> <rate key>' of the rate
+    -- keys whose window is spent, with each keyed kind's key argument (side by side); and the
+    -- kinds a claim may take (p_kinds less the ones at a limit).
+    v_full_kinds  text[];
+    v_spent       text[];
+    v_keyed_kinds text[];
+    v_key_args    text[];
+    v_open_kinds  text[] := p_kinds;
+    v_kl_wait     double precision;
+    -- The limited kinds among the jobs a claim found, side by side, as read under their limit
+    -- locks: room left under a global limit (NULL: none), rate count, rate key argument.
     v_kl_kinds text[];
     v_kl_room  integer[];
     v_kl_rate  integer[];
     v_kl_key   text[];
-    -- The kinds claimed under a global limit, and the kinds a claim may still take.
+    -- Of those, the kinds with a global limit (their attempts are counted), and the claim's
+    -- limited rows (they start now: a slot held by a job waiting on its node would sit idle).
     v_kl_global text[];
-    v_open_kinds text[] := p_kinds;
-    v_kl_wait  double precision;
+    v_kl_tids   tid[];
+    v_found     integer;
     v_kind     text;
 BEGIN
     -- The worker's lane lock, held shared until this round trip's transaction ends: the
@@ -374,6 +390,24 @@ BEGIN
                             NULL::smallint, NULL::timestamptz;
         RETURN;
     END IF;
+    IF v_kinds_limited THEN
+        -- What of the worker's limited kinds is out of reach now, read without their limit
+        -- locks (the claim's limited jobs are checked again under them, below): the claim
+        -- passes over the jobs of a kind at a limit and of a spent rate key, so that they
+        -- cannot crowd the head of the queue and starve the jobs behind them.
+        SELECT array_agg(k.kind) FILTER (WHERE k.room <= 0
+                                           OR (k.rate_key IS NULL AND k.spent IS NOT NULL)),
+               array_agg(s.pair) FILTER (WHERE s.pair IS NOT NULL),
+               array_agg(k.kind) FILTER (WHERE k.rate_key IS NOT NULL),
+               array_agg(k.rate_key) FILTER (WHERE k.rate_key IS NOT NULL),
+               min(k.wait_ms)
+          INTO v_full_kinds, v_spent, v_keyed_kinds, v_key_args, v_kl_wait
+          FROM forge.kind_limits_now(p_namespace, p_kinds) k
+          LEFT JOIN LATERAL (SELECT k.kind || ' ' || x AS pair FROM unnest(k.spent) AS x
+                              WHERE k.rate_key IS NOT NULL) s ON true;
+        SELECT coalesce(array_agg(x.kind), '{}') INTO v_open_kinds
+          FROM unnest(p_kinds) AS x(kind) WHERE x.kind <> ALL (coalesce(v_full_kinds, '{}'));
+    END IF;
     IF p_role IS NULL THEN
         SELECT * INTO v_limits FROM forge.queue_limits l
          WHERE l.namespace = p_namespace AND l.queue = p_queue
@@ -424,7 +458,9 @@ BEGIN
                                       FROM forge.jobs j
                                      WHERE j.namespace = p_namespace AND j.queue = p_queue
                                        AND j.state = 'available' AND j.role IS NULL
-                                       AND j.kind = ANY (p_kinds)
+                                       AND j.kind = ANY (v_open_kinds)
+                                       AND (v_spent IS NULL OR j.kind || ' ' || coalesce(j.args ->> v_key_args[
+                                           array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
                                      ORDER BY j.priority, j.run_at, j.id
                                      LIMIT p_limit * 10 + 100
                                        FOR UPDATE SKIP LOCKED) w) c
@@ -448,53 +484,9 @@ BEGIN
             v_limited := true;
         END IF;
     END IF;
-    IF v_kinds_limited AND p_limit > 0 THEN
-        -- The limit lock of each limited kind, in the order of their names (after the queue's:
-        -- every claim takes them in this order), then their limits and what counts against
-        -- them, in statements that begin after the locks (as for the queue's, above).
-        FOR v_kind IN SELECT k.kind FROM forge.kind_limits k
-                        WHERE k.namespace = p_namespace AND k.kind = ANY (p_kinds)
-                        ORDER BY k.kind LOOP
-            PERFORM pg_advisory_xact_lock(hashtext('forge.kind_limit'),
-                                          hashtext(p_namespace || ' ' || v_kind));
-        END LOOP;
-        DELETE FROM forge.kind_claims c USING forge.kind_limits k
-         WHERE k.namespace = p_namespace AND k.kind = ANY (p_kinds)
-           AND c.namespace = p_namespace AND c.kind = k.kind
-           AND c.claimed_at <= clock_timestamp() - k.rate_window_ms * interval '1 millisecond';
-        SELECT array_agg(k.kind), array_agg(k.room), array_agg(k.rate_count),
-               array_agg(k.rate_key),
-               array_agg(k.kind) FILTER (WHERE k.room IS NOT NULL),
-               array_agg(k.kind) FILTER (WHERE k.room <= 0 OR (k.rate_key IS NULL AND k.budget <= 0)),
-               -- Cut short by a kind: claim again when its window lets a claim through, or in
-               -- a second for a global limit.
-               min(CASE WHEN k.room <= 0 THEN 1000
-                        WHEN k.oldest IS NOT NULL THEN greatest(extract(epoch FROM k.oldest
-                            + k.rate_window_ms * interval '1 millisecond' - clock_timestamp())
-                            * 1000, 1) END)
-          INTO v_kl_kinds, v_kl_room, v_kl_rate, v_kl_key, v_kl_global, v_open_kinds, v_kl_wait
-          FROM (SELECT k.kind, k.rate_count, k.rate_key, k.rate_window_ms,
-                       k.global_concurrency
-                       - (SELECT count(*) FROM forge.jobs j
-                           WHERE j.namespace = p_namespace AND j.kind = k.kind
-                             AND j.state = 'running' AND j.kind_limited) AS room,
-                       k.rate_count - (SELECT count(*) FROM forge.kind_claims c
-                                        WHERE c.namespace = p_namespace AND c.kind = k.kind
-                                          AND c.rate_key = '') AS budget,
-                       (SELECT min(c.claimed_at) FROM forge.kind_claims c
-                         WHERE c.namespace = p_namespace AND c.kind = k.kind) AS oldest
-                  FROM forge.kind_limits k
-                 WHERE k.namespace = p_namespace AND k.kind = ANY (p_kinds)) k;
-        -- (v_open_kinds held the full kinds: the kinds left are the others.)
-        SELECT coalesce(array_agg(x.kind), '{}') INTO v_open_kinds
-          FROM unnest(p_kinds) AS x(kind) WHERE x.kind <> ALL (coalesce(v_open_kinds, '{}'));
-        p_limit := least(p_limit, p_start);
-        v_limited := true;
-    END IF;
     IF v_limited THEN
-        -- The limits' row: the worker claims nothing ahead, and claims again after pickup_ms
-        -- when the claim was cut short (NULL: it was not). (A kind's cut is known only after
-        -- the claim: answered there, in a second row.)
+        -- The queue limits' row: the worker claims nothing ahead, and claims again after
+        -- pickup_ms when the claim was cut short (NULL: it was not).
         RETURN QUERY SELECT NULL::bigint, false, NULL::text, NULL::jsonb, NULL::integer,
                             NULL::integer, NULL::bigint, v_wait, 'limited'::text,
                             NULL::smallint, NULL::timestamptz;
@@ -517,21 +509,13 @@ BEGIN
     -- promoted scheduled job, a job another claimer had locked).
     IF v_limits.rate_key IS NOT NULL THEN
         NULL; -- claimed above, per rate key
-    ELSIF v_kinds_limited THEN
-        -- From the head of the queue (up to 10 times the claim's size, and 100 more), only
-        -- kinds not at their limit; cut to each kind's room below.
-        SELECT array_agg(c.tid) INTO v_tids
-          FROM (SELECT j.ctid AS tid FROM forge.jobs j
-                 WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
-                   AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
-                 ORDER BY j.priority, j.run_at, j.id
-                 LIMIT p_limit * 10 + 100
-                   FOR UPDATE SKIP LOCKED) c;
     ELSIF p_role IS NULL AND p_after_id IS NOT NULL THEN
         SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
           FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs j
                  WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
-                   AND j.role IS NULL AND j.kind = ANY (p_kinds)
+                   AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
+                   AND (v_spent IS NULL OR j.kind || ' ' || coalesce(j.args ->> v_key_args[
+                            array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
                    AND (j.priority, j.run_at, j.id) > (p_after_priority, p_after_run_at, p_after_id)
                  ORDER BY j.priority, j.run_at, j.id
                  LIMIT p_limit
@@ -540,7 +524,9 @@ BEGIN
         SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
           FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs j
                  WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
-                   AND j.role IS NULL AND j.kind = ANY (p_kinds)
+                   AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
+                   AND (v_spent IS NULL OR j.kind || ' ' || coalesce(j.args ->> v_key_args[
+                            array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
                  ORDER BY j.priority, j.run_at, j.id
                  LIMIT p_limit
                    FOR UPDATE SKIP LOCKED) c;
@@ -556,37 +542,60 @@ BEGIN
                  LIMIT p_limit
                    FOR UPDATE SKIP LOCKED) c;
     END IF;
-    IF v_kinds_limited THEN
-        -- The rows found (per queue rate key, or from the head), each limited kind's first
-        -- ones within its room and its rate key's budget, in the claim order; the rows left
-        -- out stay locked until the round trip commits, and available.
-        SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
-          FROM (SELECT w.*,
-                       row_number() OVER (PARTITION BY w.kind
-                                          ORDER BY w.priority, w.run_at, w.id) AS nth,
-                       row_number() OVER (PARTITION BY w.kind, w.rate_key
-                                          ORDER BY w.priority, w.run_at, w.id) AS nth_key
-                  FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at, j.kind, l.room,
-                               l.rate_count,
-                               CASE WHEN l.rate_key IS NULL THEN ''
-                                    ELSE coalesce(j.args ->> l.rate_key, '') END AS rate_key
-                          FROM forge.jobs j
-                          LEFT JOIN unnest(v_kl_kinds, v_kl_room, v_kl_rate, v_kl_key)
-                                    AS l(kind, room, rate_count, rate_key) ON l.kind = j.kind
-                         WHERE j.ctid = ANY (v_tids)) w) c
-         WHERE (c.room IS NULL OR c.nth <= c.room)
-           AND (c.rate_count IS NULL
-                OR c.nth_key <= c.rate_count - (SELECT count(*) FROM forge.kind_claims q
-                                                 WHERE q.namespace = p_namespace
-                                                   AND q.kind = c.kind
-                                                   AND q.rate_key = c.rate_key));
-        v_tids := v_tids[1:p_limit];
-        IF coalesce(cardinality(v_tids), 0) < p_limit THEN
-            -- Cut short (or the end of the queue, when the wait is moot: a new job wakes the
-            -- workers): the kinds' row says when to claim again.
-            RETURN QUERY SELECT NULL::bigint, false, NULL::text, NULL::jsonb, NULL::integer,
-                                NULL::integer, NULL::bigint, coalesce(v_kl_wait, 1000),
-                                'limited'::text, NULL::smallint, NULL::timestamptz;
+    IF v_kinds_limited AND v_tids IS NOT NULL THEN
+        -- The limited kinds among the jobs found: their limit locks, in the order of their names
+        -- (after the queue's: every claim takes them in this order; a claim waits for them only
+        -- while holding rows no holder of a kind's lock waits for), then their limits and what
+        -- counts against them, read in statements that begin after the locks (as for the
+        -- queue's, above), and of the jobs found, each limited kind's first ones within its
+        -- room and its rate key's budget, and of those only as many as start now.
+        FOR v_kind IN SELECT DISTINCT j.kind FROM forge.jobs j
+                        JOIN forge.kind_limits k ON k.namespace = p_namespace AND k.kind = j.kind
+                       WHERE j.ctid = ANY (v_tids) ORDER BY j.kind LOOP
+            PERFORM pg_advisory_xact_lock(hashtext('forge.kind_limit'),
+                                          hashtext(p_namespace || ' ' || v_kind));
+            v_kl_kinds := v_kl_kinds || v_kind;
+        END LOOP;
+    END IF;
+    IF v_kl_kinds IS NOT NULL THEN
+        DELETE FROM forge.kind_claims c USING forge.kind_limits k
+         WHERE k.namespace = p_namespace AND k.kind = ANY (v_kl_kinds)
+           AND c.namespace = p_namespace AND c.kind = k.kind
+           AND c.claimed_at <= clock_timestamp() - k.rate_window_ms * interval '1 millisecond';
+        SELECT array_agg(k.kind), array_agg(k.room), array_agg(k.rate_count),
+               array_agg(k.rate_key), array_agg(k.kind) FILTER (WHERE k.room IS NOT NULL)
+          INTO v_kl_kinds, v_kl_room, v_kl_rate, v_kl_key, v_kl_global
+          FROM forge.kind_limits_now(p_namespace, v_kl_kinds) k;
+        v_found := cardinality(v_tids);
+        SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id),
+               array_agg(c.tid) FILTER (WHERE c.kl)
+          INTO v_tids, v_kl_tids
+          FROM (SELECT c.*, row_number() OVER (PARTITION BY c.kl
+                                               ORDER BY c.priority, c.run_at, c.id) AS nth_kl
+                  FROM (SELECT w.*, w.kind = ANY (v_kl_kinds) AS kl,
+                               row_number() OVER (PARTITION BY w.kind
+                                                  ORDER BY w.priority, w.run_at, w.id) AS nth,
+                               row_number() OVER (PARTITION BY w.kind, w.rate_key
+                                                  ORDER BY w.priority, w.run_at, w.id) AS nth_key
+                          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at, j.kind, l.room,
+                                       l.rate_count,
+                                       CASE WHEN l.rate_key IS NULL THEN ''
+                                            ELSE coalesce(j.args ->> l.rate_key, '') END AS rate_key
+                                  FROM forge.jobs j
+                                  LEFT JOIN unnest(v_kl_kinds, v_kl_room, v_kl_rate, v_kl_key)
+                                            AS l(kind, room, rate_count, rate_key) ON l.kind = j.kind
+                                 WHERE j.ctid = ANY (v_tids)) w) c
+                 WHERE (c.room IS NULL OR c.nth <= c.room)
+                   AND (c.rate_count IS NULL
+                        OR c.nth_key <= c.rate_count - (SELECT count(*) FROM forge.kind_claims q
+                                                         WHERE q.namespace = p_namespace
+                                                           AND q.kind = c.kind
+                                                           AND q.rate_key = c.rate_key))) c
+         WHERE NOT c.kl OR c.nth_kl <= p_start;
+        IF coalesce(cardinality(v_tids), 0) < v_found THEN
+            -- Cut: claim again at once (from the head: the next claim passes over what is out
+            -- of reach now).
+            v_kl_wait := 0;
         END IF;
         -- One instant for the claims counted and the jobs' attempted_at (as for a queue's).
         v_claimed_at := clock_timestamp();
@@ -597,7 +606,15 @@ BEGIN
           FROM forge.jobs j
           JOIN unnest(v_kl_kinds, v_kl_rate, v_kl_key) AS l(kind, rate_count, rate_key)
             ON l.kind = j.kind AND l.rate_count IS NOT NULL
-         WHERE j.ctid = ANY (v_tids);
+         WHERE j.ctid = ANY (v_kl_tids);
+    END IF;
+    IF v_full_kinds IS NOT NULL OR v_spent IS NOT NULL OR v_kl_wait = 0 THEN
+        -- The kinds' row: jobs were passed over or cut, so the worker claims from the head next
+        -- time (not past its floor), and, if this claim comes back short, again after
+        -- pickup_ms (at once after a cut; when the first of them may be in reach otherwise).
+        RETURN QUERY SELECT NULL::bigint, false, NULL::text, NULL::jsonb, NULL::integer,
+                            NULL::integer, NULL::bigint, v_kl_wait, 'paced'::text,
+                            NULL::smallint, NULL::timestamptz;
     END IF;
     -- The claimed rows, locked above, by ctid: the first p_start of the claim order start now
     -- (the slice taken once, not once per row).
@@ -613,7 +630,15 @@ BEGIN
           FROM forge.jobs j WHERE j.ctid = ANY (v_tids);
     END IF;
     v_start_all := p_start >= coalesce(cardinality(v_tids), 0);
-    v_start := CASE WHEN NOT v_start_all THEN v_tids[1:p_start] END;
+    IF NOT v_start_all AND v_kl_tids IS NOT NULL THEN
+        -- The limited rows start now, and as many others, first in the claim order, as slots
+        -- are left.
+        v_start := v_kl_tids || ARRAY(SELECT t FROM unnest(v_tids) AS t
+                                       WHERE t <> ALL (v_kl_tids)
+                                       LIMIT greatest(p_start - cardinality(v_kl_tids), 0));
+    ELSIF NOT v_start_all THEN
+        v_start := v_tids[1:p_start];
+    END IF;
     RETURN QUERY
     UPDATE forge.jobs j
        SET state = 'running', attempt = j.attempt + 1, node_id = p_node,

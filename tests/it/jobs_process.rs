@@ -56,17 +56,7 @@ impl JobNode {
 /// A `forge-job-node` process (tests/job_node.rs) with `config`, started and ready: the one way
 /// the process tests of jobs start one.
 pub(crate) async fn spawn_job_node(config: &std::path::Path, id: &str) -> NodeProcess {
-    spawn_job_node_with(config, id, &[]).await
-}
-
-/// [`spawn_job_node`] with these environment variables set too (e.g. `FORGE_TEST_CAPPED`).
-pub(crate) async fn spawn_job_node_with(
-    config: &std::path::Path,
-    id: &str,
-    env: &[(&str, &str)],
-) -> NodeProcess {
     let mut command = Command::new(env!("CARGO_BIN_EXE_forge-job-node"));
-    command.envs(env.iter().copied());
     command
         .arg(config)
         .env("FORGE_NODE_ID", id)

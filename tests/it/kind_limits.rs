@@ -128,9 +128,7 @@ async fn a_kinds_global_limit_holds_across_queues_while_nodes_are_killed_and_res
         ),
     )
     .unwrap();
-    let spawn = |path, id| {
-        crate::jobs::process::spawn_job_node_with(path, id, &[("FORGE_TEST_CAPPED", "1")])
-    };
+    let spawn = crate::jobs::process::spawn_job_node;
     let mut n1 = spawn(&path, "n1").await;
     let n2 = spawn(&path, "n2").await;
     let mut n3 = spawn(&path, "n3").await;
@@ -396,5 +394,63 @@ async fn the_aggregator_reports_a_kind_held_back_by_its_limit() {
     )
     .await
     .unwrap();
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_spent_rate_keys_backlog_does_not_hold_back_the_jobs_behind_it() {
+    // 200 jobs of key "a" (4 a second) at the head of one queue, then 4 of key "b": the claims
+    // pass over "a"'s jobs while its window is spent, so "b"'s run in the first second or so,
+    // not after "a"'s backlog (50 s).
+    let (db, pool) = setup().await;
+    let node = start(db.url(), "n1").await;
+    workload(&pool)
+        .pause_queue("default", "test", false)
+        .await
+        .unwrap();
+    let jobs = client(&pool);
+    let behave = |tag: &str| NewJob::new(rated, Behave::tag(tag)).queue("default");
+    jobs.enqueue_many((0..200).map(|_| behave("a")))
+        .await
+        .unwrap();
+    jobs.enqueue_many((0..4).map(|_| behave("b")))
+        .await
+        .unwrap();
+    workload(&pool)
+        .resume_queue("default", "test")
+        .await
+        .unwrap();
+    wait_until(
+        "the 4 jobs of key b to complete",
+        Duration::from_secs(60),
+        Duration::from_millis(10),
+        || async {
+            let done: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM forge.jobs
+                  WHERE kind = 'rated' AND args ->> 'tag' = 'b' AND state = 'completed'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (done == 4).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let a_done: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM forge.jobs
+          WHERE kind = 'rated' AND args ->> 'tag' = 'a' AND state <> 'available'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        a_done < 40,
+        "key b's jobs waited behind {a_done} claims of key a's backlog"
+    );
+    assert_eq!(
+        max_claims_of(&pool, "rated", Duration::from_secs(1), true).await,
+        4
+    );
     node.shutdown().await;
 }

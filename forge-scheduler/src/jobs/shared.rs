@@ -84,6 +84,9 @@ forge_core::sql_enum! {
         /// The queue has limits (global concurrency, rate): claim nothing ahead, and claim
         /// again after `pickup_ms` when the claim was cut short by them.
         Limited = "limited",
+        /// Jobs of limited kinds were passed over or cut (forge.kind_limits): claim from the
+        /// head next time, and, when the claim came back short, again after `pickup_ms`.
+        Paced = "paced",
     }
 }
 

@@ -210,6 +210,9 @@ pub(super) enum StepAnswer {
     /// The queue has limits; when they cut the claim short, how long until a claim may take
     /// more (milliseconds).
     Limited { wait_ms: Option<f64> },
+    /// Jobs of limited kinds were passed over or cut: claim from the head next time and, when
+    /// the claim came back short, again after `wait_ms`.
+    Paced { wait_ms: Option<f64> },
 }
 
 /// A claimed job, as `forge.jobs_step` answers it.
@@ -248,7 +251,7 @@ struct StepHead {
     state: String,
 }
 
-/// A `limited` row: when the queue's limits let a claim take more.
+/// A `limited` or `paced` row: when the limits let a claim take more.
 #[derive(sqlx::FromRow)]
 struct LimitedRow {
     pickup_ms: Option<f64>,
@@ -270,6 +273,11 @@ impl StepAnswer {
             Some(StepRow::Stale) => return Ok(StepAnswer::Stale),
             Some(StepRow::Limited) => {
                 return Ok(StepAnswer::Limited {
+                    wait_ms: LimitedRow::from_row(row)?.pickup_ms,
+                });
+            }
+            Some(StepRow::Paced) => {
+                return Ok(StepAnswer::Paced {
                     wait_ms: LimitedRow::from_row(row)?.pickup_ms,
                 });
             }

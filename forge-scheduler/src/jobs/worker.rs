@@ -740,6 +740,7 @@ impl Worker {
         let mut ahead = Vec::new();
         let mut claimed = 0usize;
         let mut highest: Option<Floor> = None;
+        let mut paced = false;
         if trip.limit > 0 {
             // (Answered afresh by each claim.)
             self.limited = false;
@@ -763,10 +764,11 @@ impl Worker {
                 }
                 StepAnswer::Limited { wait_ms } => {
                     self.limited = true;
-                    if let Some(ms) = wait_ms {
-                        let at = Instant::now() + Duration::from_secs_f64(ms.max(0.0) / 1000.0);
-                        self.wants.claim_at = Some(self.wants.claim_at.map_or(at, |t| t.min(at)));
-                    }
+                    self.claim_after(wait_ms);
+                }
+                StepAnswer::Paced { wait_ms } => {
+                    paced = true;
+                    self.claim_after(wait_ms);
                 }
                 StepAnswer::Stale => {
                     // The lane was taken since this worker's last reconciliation (the node's
@@ -821,7 +823,19 @@ impl Worker {
             // The end of the queue (from the floor): look from the head next time.
             self.floor = None;
         }
+        if paced {
+            // Jobs of limited kinds were passed over: they may be in reach next time.
+            self.floor = None;
+        }
         Ok(())
+    }
+
+    /// Claims again after `wait_ms` (a limit cut the claim short), or sooner if asked sooner.
+    fn claim_after(&mut self, wait_ms: Option<f64>) {
+        if let Some(ms) = wait_ms {
+            let at = Instant::now() + Duration::from_secs_f64(ms.max(0.0) / 1000.0);
+            self.wants.claim_at = Some(self.wants.claim_at.map_or(at, |t| t.min(at)));
+        }
     }
 
     fn reconciled(&mut self, rows: Vec<Reconciled>) {
