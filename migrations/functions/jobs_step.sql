@@ -149,7 +149,7 @@ DECLARE
     v_limited boolean := false;
     v_kinds_limited boolean;
     -- The worker's limited kinds (forge.kind_limits) out of reach before the claim, read
-    -- without their limit locks: the kinds at a limit, and '<kind> <rate key>' of the rate
+    -- without their limit locks: the kinds at a limit, and '<kind>\x1f<rate key>' of the rate
     -- keys whose window is spent, with each keyed kind's key argument (side by side); and the
     -- kinds a claim may take (p_kinds less the ones at a limit).
     v_full_kinds  text[];
@@ -403,7 +403,7 @@ BEGIN
                min(k.wait_ms)
           INTO v_full_kinds, v_spent, v_keyed_kinds, v_key_args, v_kl_wait
           FROM forge.kind_limits_now(p_namespace, p_kinds) k
-          LEFT JOIN LATERAL (SELECT k.kind || ' ' || x AS pair FROM unnest(k.spent) AS x
+          LEFT JOIN LATERAL (SELECT k.kind || E'\x1f' || x AS pair FROM unnest(k.spent) AS x
                               WHERE k.rate_key IS NOT NULL) s ON true;
         SELECT coalesce(array_agg(x.kind), '{}') INTO v_open_kinds
           FROM unnest(p_kinds) AS x(kind) WHERE x.kind <> ALL (coalesce(v_full_kinds, '{}'));
@@ -459,7 +459,7 @@ BEGIN
                                      WHERE j.namespace = p_namespace AND j.queue = p_queue
                                        AND j.state = 'available' AND j.role IS NULL
                                        AND j.kind = ANY (v_open_kinds)
-                                       AND (v_spent IS NULL OR j.kind || ' ' || coalesce(j.args ->> v_key_args[
+                                       AND (v_spent IS NULL OR j.kind || E'\x1f' || coalesce(j.args ->> v_key_args[
                                            array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
                                      ORDER BY j.priority, j.run_at, j.id
                                      LIMIT p_limit * 10 + 100
@@ -514,7 +514,7 @@ BEGIN
           FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs j
                  WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
                    AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
-                   AND (v_spent IS NULL OR j.kind || ' ' || coalesce(j.args ->> v_key_args[
+                   AND (v_spent IS NULL OR j.kind || E'\x1f' || coalesce(j.args ->> v_key_args[
                             array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
                    AND (j.priority, j.run_at, j.id) > (p_after_priority, p_after_run_at, p_after_id)
                  ORDER BY j.priority, j.run_at, j.id
@@ -525,7 +525,7 @@ BEGIN
           FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs j
                  WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
                    AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
-                   AND (v_spent IS NULL OR j.kind || ' ' || coalesce(j.args ->> v_key_args[
+                   AND (v_spent IS NULL OR j.kind || E'\x1f' || coalesce(j.args ->> v_key_args[
                             array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
                  ORDER BY j.priority, j.run_at, j.id
                  LIMIT p_limit

@@ -402,8 +402,14 @@ impl Worker {
                     reconciling = reconcile && claiming.is_some();
                 }
                 // Outcomes that finished while a claim travels go on their own, unless that
-                // claim reconciles: it must see them as this worker's (still running).
-                if recording.is_none() && !reconciling && !self.attempts.records.is_empty() {
+                // claim reconciles: it must see them as this worker's (still running); or the
+                // queue has limits: they wait for the next claim, which records them (see
+                // `send`).
+                if recording.is_none()
+                    && !reconciling
+                    && !self.limited
+                    && !self.attempts.records.is_empty()
+                {
                     recording = self.send(Lane::Record, false);
                 }
             }
@@ -609,7 +615,12 @@ impl Worker {
             // are still recorded (guarded).
             self.wants.claim = false;
         }
-        let (limit, start) = if lane == Lane::Claim && self.wants.claim && !self.wants.stopping {
+        // Under the queue's limits, a round trip that records outcomes claims too: the slots
+        // they free are taken again in the same commit, so that the limit's slots never show
+        // free while jobs wait (a trip of outcomes alone would free them until a claim that
+        // its notification wakes).
+        let claim = self.wants.claim || (self.limited && !self.attempts.records.is_empty());
+        let (limit, start) = if lane == Lane::Claim && claim && !self.wants.stopping {
             self.room()
         } else {
             (0, 0)
