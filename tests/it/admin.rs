@@ -2030,3 +2030,64 @@ async fn pending_jobs_are_counted_and_a_stored_crons_policies_read_back_as_put_t
     assert_eq!(code["cron"]["job_options"], Value::Null, "{code}");
     node.shutdown().await;
 }
+
+/// `PUT /api/kinds/{kind}/limits` sets a job kind's limits as an operator's (shown by `GET
+/// /api/kinds/limits`, stored with who set them), refuses bad values and a write without the
+/// token with what is wrong, and `DELETE` gives them back to the code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kinds_limits_are_set_shown_refused_and_reset_over_http() {
+    let (db, pool) = setup().await;
+    let node = admin_node(db.url(), "k", Some(TOKEN)).await;
+    let anonymous = Api::of(&node);
+    let admin = anonymous.with_token(TOKEN);
+    let body = r#"{"global_concurrency": 2, "rate": "10/1s", "rate_key": "customer"}"#;
+    anonymous
+        .call("PUT", "/api/kinds/sync/limits", Some(body))
+        .await
+        .expect_error(401);
+    let reply = admin
+        .call("PUT", "/api/kinds/sync/limits", Some(body))
+        .await
+        .expect(200);
+    assert_eq!(reply["kind"], "sync", "{reply}");
+    let listed = admin.get("/api/kinds/limits").await.expect(200);
+    let sync = &listed["kinds"][0];
+    assert_eq!(sync["kind"], "sync", "{listed}");
+    assert_eq!(sync["limits"]["global_concurrency"], 2, "{listed}");
+    assert_eq!(sync["limits"]["rate"], "10/1s", "{listed}");
+    assert_eq!(sync["limits"]["rate_key"], "customer", "{listed}");
+    let set_by: Option<String> =
+        sqlx::query_scalar("SELECT set_by FROM forge.kind_limits WHERE kind = 'sync'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(set_by.is_some(), "an operator's limits say who set them");
+
+    let message = admin
+        .call(
+            "PUT",
+            "/api/kinds/sync/limits",
+            Some(r#"{"rate": "10 a second"}"#),
+        )
+        .await
+        .expect_error(400);
+    assert!(message.contains("100/1m"), "{message}");
+    let message = admin
+        .call("PUT", "/api/kinds/sync/limits", Some(r#"{"global": 2}"#))
+        .await
+        .expect_error(400);
+    assert!(message.contains("global"), "{message}");
+    let message = admin
+        .call("PUT", "/api/kinds/Bad%20Kind/limits", Some(body))
+        .await
+        .expect_error(400);
+    assert!(message.contains("Bad Kind"), "{message}");
+    let unchanged = admin.get("/api/kinds/limits").await.expect(200);
+    assert_eq!(unchanged, listed, "a refused write changes nothing");
+
+    let reply = admin.delete("/api/kinds/sync/limits").await.expect(200);
+    assert_eq!(reply["had_operator_limits"], true, "{reply}");
+    let listed = admin.get("/api/kinds/limits").await.expect(200);
+    assert_eq!(listed["kinds"], json!([]), "{listed}");
+    node.shutdown().await;
+}
