@@ -28,60 +28,60 @@ pub(crate) const CRON_UNKNOWN: MetricDef = MetricDef::gauge(
     "Crons of the role known to the cluster (forge.crons) that this leader's binary lacks: their ticks do not run",
 );
 
-/// `forge_job_enqueued_total{queue, job}`
+/// `forge_job_enqueued_total{queue, kind}`
 pub(crate) const JOB_ENQUEUED: MetricDef = MetricDef::counter(
     "forge_job_enqueued_total",
-    "Jobs inserted through this node's client (node.jobs()), by queue and job",
+    "Jobs inserted through this node's client (node.jobs()), by queue and kind",
 );
-/// `forge_job_completed_total{queue, job}`
+/// `forge_job_completed_total{queue, kind}`
 pub(crate) const JOB_COMPLETED: MetricDef = MetricDef::counter(
     "forge_job_completed_total",
     "Attempts that completed their job, recorded by this node (in the handler's transaction or after it)",
 );
-/// `forge_job_failed_total{queue, job}`
+/// `forge_job_failed_total{queue, kind}`
 pub(crate) const JOB_FAILED: MetricDef = MetricDef::counter(
     "forge_job_failed_total",
     "Attempts that failed on this node (error, timeout, panic, discard), whatever follows",
 );
-/// `forge_job_retried_total{queue, job}`
+/// `forge_job_retried_total{queue, kind}`
 pub(crate) const JOB_RETRIED: MetricDef = MetricDef::counter(
     "forge_job_retried_total",
     "Failed attempts on this node after which the job will be retried",
 );
-/// `forge_job_dead_total{queue, job}`
+/// `forge_job_dead_total{queue, kind}`
 pub(crate) const JOB_DEAD: MetricDef = MetricDef::counter(
     "forge_job_dead_total",
     "Jobs dead-lettered by this node: out of attempts, discarded, undecodable, or rescued with no attempts left",
 );
-/// `forge_job_cancelled_total{queue, job}`
+/// `forge_job_cancelled_total{queue, kind}`
 pub(crate) const JOB_CANCELLED: MetricDef = MetricDef::counter(
     "forge_job_cancelled_total",
     "Running jobs this node stopped because they were cancelled, and rescued jobs cancelled",
 );
-/// `forge_job_rescued_total{queue, job}`
+/// `forge_job_rescued_total{queue, kind}`
 pub(crate) const JOB_RESCUED: MetricDef = MetricDef::counter(
     "forge_job_rescued_total",
     "Running jobs of down, stopped or restarted nodes given back by this node (scheduler leader, or the node itself on start)",
 );
-/// `forge_job_snoozed_total{queue, job}`
+/// `forge_job_snoozed_total{queue, kind}`
 pub(crate) const JOB_SNOOZED: MetricDef = MetricDef::counter(
     "forge_job_snoozed_total",
     "Snoozes (JobError::snooze) this node recorded: the job waits again without counting the attempt",
 );
-/// `forge_job_duration_seconds{queue, job}`
+/// `forge_job_duration_seconds{queue, kind}`
 pub(crate) const JOB_DURATION: MetricDef = MetricDef::histogram(
     "forge_job_duration_seconds",
     "How long attempts took on this node, whatever their outcome",
 );
-/// `forge_job_pickup_latency_seconds{queue, job}`
+/// `forge_job_pickup_latency_seconds{queue, kind}`
 pub(crate) const JOB_PICKUP: MetricDef = MetricDef::histogram(
     "forge_job_pickup_latency_seconds",
     "From when a job was due (enqueued, run-at reached, backoff over) to its claim by this node (database clock)",
 );
-/// `forge_job_queue_depth{queue, job, state}`
+/// `forge_job_queue_depth{queue, kind, state}`
 pub(crate) const JOB_QUEUE_DEPTH: MetricDef = MetricDef::gauge(
     "forge_job_queue_depth",
-    "Unfinished jobs of the cluster by queue, job and state, as of the metrics_aggregator leader's last look (every [jobs] maintenance_interval, or less often when a look takes over 2 % of the time; reported by that leader only)",
+    "Unfinished jobs of the cluster by queue, kind and state, as of the metrics_aggregator leader's last look (every [jobs] maintenance_interval, or less often when a look takes over 2 % of the time; reported by that leader only)",
 );
 /// `forge_job_oldest_age_seconds{queue}`
 pub(crate) const JOB_OLDEST_AGE: MetricDef = MetricDef::gauge(
