@@ -572,7 +572,7 @@ BEGIN
           INTO v_tids, v_kl_tids
           FROM (SELECT c.*, row_number() OVER (PARTITION BY c.kl
                                                ORDER BY c.priority, c.run_at, c.id) AS nth_kl
-                  FROM (SELECT w.*, w.kind = ANY (v_kl_kinds) AS kl,
+                  FROM (SELECT w.*, coalesce(w.kind = ANY (v_kl_kinds), false) AS kl,
                                row_number() OVER (PARTITION BY w.kind
                                                   ORDER BY w.priority, w.run_at, w.id) AS nth,
                                row_number() OVER (PARTITION BY w.kind, w.rate_key
