@@ -765,9 +765,10 @@ impl Workload {
         let rows: Vec<LimitRow> = sqlx::query_as(
             "SELECT l.queue, l.global_concurrency, l.rate_count, l.rate_window_ms, l.rate_key,
                     l.set_by,
-                    (SELECT count(*) FROM forge.jobs j
-                      WHERE j.namespace = l.namespace AND j.queue = l.queue
-                        AND j.state = 'running' AND j.limited) AS limited_running,
+                    (SELECT count(*) FROM forge.queue_slots s
+                       JOIN forge.jobs j ON j.id = s.job_id AND j.attempt = s.attempt
+                                        AND j.state = 'running'
+                      WHERE s.namespace = l.namespace AND s.queue = l.queue) AS limited_running,
                     (SELECT count(*) FROM forge.queue_claims c
                       WHERE c.namespace = l.namespace AND c.queue = l.queue
                         AND c.claimed_at > clock_timestamp()

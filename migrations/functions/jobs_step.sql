@@ -37,7 +37,8 @@
 -- queue's limit lock (a transaction-level advisory lock, so two nodes' claims take turns and
 -- cannot both take the last slot), counts in statements that begin after it (each sees every
 -- claim that released the lock before) the queue's running attempts claimed under the limit
--- (jobs_limited) and its claims in the rate's window (forge.queue_claims, pruned here), and
+-- (forge.queue_slots, whose ended attempts are pruned here) and its claims in the rate's window
+-- (forge.queue_claims, pruned here), and
 -- claims at most what is left, only jobs that start at once (none ahead: a slot held by a job
 -- waiting on its node would sit idle, and a rate counts starts). A claim cut short answers a
 -- 'limited' row whose pickup_ms says when to claim again: when the window lets the next claim
@@ -423,9 +424,14 @@ BEGIN
                 v_wait := 0;
             END IF;
             IF v_limits.global_concurrency IS NOT NULL THEN
-                SELECT v_limits.global_concurrency - count(*) INTO v_room FROM forge.jobs j
-                 WHERE j.namespace = p_namespace AND j.queue = p_queue
-                   AND j.state = 'running' AND j.limited;
+                -- The slots of attempts that ended are free (see migration 0013).
+                DELETE FROM forge.queue_slots s
+                 WHERE s.namespace = p_namespace AND s.queue = p_queue
+                   AND NOT EXISTS (SELECT 1 FROM forge.jobs j
+                                    WHERE j.id = s.job_id AND j.attempt = s.attempt
+                                      AND j.state = 'running');
+                SELECT v_limits.global_concurrency - count(*) INTO v_room FROM forge.queue_slots s
+                 WHERE s.namespace = p_namespace AND s.queue = p_queue;
                 IF v_room < p_limit THEN
                     p_limit := greatest(v_room, 0);
                     v_wait := 1000;
@@ -629,6 +635,14 @@ BEGIN
                v_claimed_at
           FROM forge.jobs j WHERE j.ctid = ANY (v_tids);
     END IF;
+    IF v_limits.global_concurrency IS NOT NULL THEN
+        -- A slot per attempt claimed under the global limit (all of them start: see above).
+        -- (A slot left by the job's earlier attempt, ended since the prune, is taken over.)
+        INSERT INTO forge.queue_slots AS s (namespace, queue, job_id, attempt)
+        SELECT p_namespace, p_queue, j.id, j.attempt + 1 FROM forge.jobs j
+         WHERE j.ctid = ANY (v_tids)
+        ON CONFLICT (namespace, queue, job_id) DO UPDATE SET attempt = EXCLUDED.attempt;
+    END IF;
     v_start_all := p_start >= coalesce(cardinality(v_tids), 0);
     IF NOT v_start_all AND v_kl_tids IS NOT NULL THEN
         -- The limited rows start now, and as many others, first in the claim order, as slots
@@ -644,7 +658,6 @@ BEGIN
        SET state = 'running', attempt = j.attempt + 1, node_id = p_node,
            epoch = CASE WHEN p_role IS NOT NULL THEN p_epoch END,
            tenure = CASE WHEN p_role IS NOT NULL THEN p_tenure END,
-           limited = v_limits.global_concurrency IS NOT NULL,
            kind_limited = coalesce(j.kind = ANY (v_kl_global), false),
            attempted_at = coalesce(v_claimed_at, clock_timestamp()),
            started_at = CASE WHEN v_start_all OR j.ctid = ANY (v_start)

@@ -14,6 +14,7 @@ BEGIN
      WHERE l.namespace = p_namespace AND l.queue = p_queue AND l.set_by IS NOT NULL;
     v_found := FOUND;
     DELETE FROM forge.queue_claims c WHERE c.namespace = p_namespace AND c.queue = p_queue;
+    DELETE FROM forge.queue_slots s WHERE s.namespace = p_namespace AND s.queue = p_queue;
     PERFORM pg_notify('forge_jobs', p_namespace || ' ' || p_queue);
     PERFORM forge.audit(p_namespace, 'reset_queue_limits', p_queue, p_by, '{}');
     RETURN v_found;

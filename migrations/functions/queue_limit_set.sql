@@ -5,8 +5,8 @@
 -- Returns whether the values were written.
 --
 -- Under the queue's limit lock (forge.jobs_step), so no claim of the queue is under way: the
--- queue's running attempts are marked as claimed under the limit, to be counted by the next
--- claims (an attempt claimed before the queue had a global limit counts from now on). The
+-- queue's running attempts are given slots (forge.queue_slots) as if claimed under the limit,
+-- to be counted by the next claims (an attempt claimed before the queue had a global limit counts from now on). The
 -- queue's workers are woken: a raised or removed limit lets them claim more.
 CREATE OR REPLACE FUNCTION forge.queue_limit_set(
     p_namespace text, p_queue text, p_global integer, p_rate_count integer,
@@ -41,9 +41,13 @@ BEGIN
         DELETE FROM forge.queue_claims c WHERE c.namespace = p_namespace AND c.queue = p_queue;
     END IF;
     IF p_global IS NOT NULL THEN
-        UPDATE forge.jobs j SET limited = true
+        INSERT INTO forge.queue_slots (namespace, queue, job_id, attempt)
+        SELECT j.namespace, j.queue, j.id, j.attempt FROM forge.jobs j
          WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'running'
-           AND NOT j.limited AND j.role IS NULL;
+           AND j.role IS NULL
+        ON CONFLICT (namespace, queue, job_id) DO UPDATE SET attempt = EXCLUDED.attempt;
+    ELSE
+        DELETE FROM forge.queue_slots s WHERE s.namespace = p_namespace AND s.queue = p_queue;
     END IF;
     PERFORM pg_notify('forge_jobs', p_namespace || ' ' || p_queue);
     IF p_by IS NOT NULL THEN

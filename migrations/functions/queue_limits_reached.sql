@@ -7,9 +7,10 @@ RETURNS TABLE (queue text, limit_kind text, reached boolean)
 LANGUAGE sql STABLE
 AS $$
     SELECT l.queue, 'global',
-           (SELECT count(*) FROM forge.jobs j
-             WHERE j.namespace = l.namespace AND j.queue = l.queue
-               AND j.state = 'running' AND j.limited) >= l.global_concurrency
+           (SELECT count(*) FROM forge.queue_slots s
+              JOIN forge.jobs j ON j.id = s.job_id AND j.attempt = s.attempt
+                               AND j.state = 'running'
+             WHERE s.namespace = l.namespace AND s.queue = l.queue) >= l.global_concurrency
       FROM forge.queue_limits l
      WHERE l.namespace = p_namespace AND l.global_concurrency IS NOT NULL
     UNION ALL
