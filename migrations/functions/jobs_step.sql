@@ -53,7 +53,8 @@
 -- rest as an unlimited claim does (ahead too). Then, if it found jobs of limited kinds, it
 -- takes their limit locks (after its queue's, in the order of the kinds' names, so claims of
 -- several queues sharing kinds cannot deadlock), reads again each one's running attempts
--- claimed under its global limit (jobs_kind_limited, over all queues) and its claims in its
+-- claimed under its global limit (forge.kind_slots, over all queues; those of ended attempts
+-- pruned here) and its claims in its
 -- window (forge.kind_claims, pruned here), and keeps of each kind only its first jobs within its
 -- room and its rate key's budget, and of those only as many as start now (a slot held by a job
 -- waiting on its node would sit idle; a rate counts starts): a job claimed satisfies every
@@ -568,6 +569,12 @@ BEGIN
          WHERE k.namespace = p_namespace AND k.kind = ANY (v_kl_kinds)
            AND c.namespace = p_namespace AND c.kind = k.kind
            AND c.claimed_at <= clock_timestamp() - k.rate_window_ms * interval '1 millisecond';
+        -- The slots of attempts that ended are free (see migration 0014).
+        DELETE FROM forge.kind_slots s
+         WHERE s.namespace = p_namespace AND s.kind = ANY (v_kl_kinds)
+           AND NOT EXISTS (SELECT 1 FROM forge.jobs j
+                            WHERE j.id = s.job_id AND j.attempt = s.attempt
+                              AND j.state = 'running');
         SELECT array_agg(k.kind), array_agg(k.room), array_agg(k.rate_count),
                array_agg(k.rate_key), array_agg(k.kind) FILTER (WHERE k.room IS NOT NULL)
           INTO v_kl_kinds, v_kl_room, v_kl_rate, v_kl_key, v_kl_global
@@ -613,6 +620,12 @@ BEGIN
           JOIN unnest(v_kl_kinds, v_kl_rate, v_kl_key) AS l(kind, rate_count, rate_key)
             ON l.kind = j.kind AND l.rate_count IS NOT NULL
          WHERE j.ctid = ANY (v_kl_tids);
+        -- A slot per attempt claimed under a kind's global limit (taking over the slot of the
+        -- job's earlier attempt, ended since the prune).
+        INSERT INTO forge.kind_slots AS s (namespace, kind, job_id, attempt)
+        SELECT p_namespace, j.kind, j.id, j.attempt + 1 FROM forge.jobs j
+         WHERE j.ctid = ANY (v_kl_tids) AND j.kind = ANY (v_kl_global)
+        ON CONFLICT (namespace, kind, job_id) DO UPDATE SET attempt = EXCLUDED.attempt;
     END IF;
     IF v_full_kinds IS NOT NULL OR v_spent IS NOT NULL OR v_kl_wait = 0 THEN
         -- The kinds' row: jobs were passed over or cut, so the worker claims from the head next
@@ -658,7 +671,6 @@ BEGIN
        SET state = 'running', attempt = j.attempt + 1, node_id = p_node,
            epoch = CASE WHEN p_role IS NOT NULL THEN p_epoch END,
            tenure = CASE WHEN p_role IS NOT NULL THEN p_tenure END,
-           kind_limited = coalesce(j.kind = ANY (v_kl_global), false),
            attempted_at = coalesce(v_claimed_at, clock_timestamp()),
            started_at = CASE WHEN v_start_all OR j.ctid = ANY (v_start)
                              THEN coalesce(v_claimed_at, clock_timestamp()) END

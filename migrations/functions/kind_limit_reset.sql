@@ -15,6 +15,7 @@ BEGIN
      WHERE l.namespace = p_namespace AND l.kind = p_kind AND l.set_by IS NOT NULL;
     v_found := FOUND;
     DELETE FROM forge.kind_claims c WHERE c.namespace = p_namespace AND c.kind = p_kind;
+    DELETE FROM forge.kind_slots s WHERE s.namespace = p_namespace AND s.kind = p_kind;
     PERFORM forge.kind_limit_wake(p_namespace);
     PERFORM forge.audit(p_namespace, 'reset_kind_limits', p_kind, p_by, '{}');
     RETURN v_found;

@@ -4,9 +4,11 @@
 -- remove the code's row. p_by set: an operator's values (no limits at all included), recorded
 -- in the audit trail. Returns whether the values were written.
 --
--- Under the kind's limit lock (forge.jobs_step), so no claim of the kind is under way: the
--- kind's running attempts are marked as claimed under the limit, to be counted by the next
--- claims (an attempt claimed before the kind had a global limit counts from now on). Every
+-- Under the kind's limit lock (forge.jobs_step), so no claim of the kind's limited jobs is under
+-- way: the kind's running attempts are given slots (forge.kind_slots) as if claimed under the
+-- limit, to be counted by the next claims (an attempt claimed before the kind had a global
+-- limit counts from now on; one whose claim saw no limit and commits after this, uncounted,
+-- ends as usual). Without a global limit the kind's slots are deleted. Every
 -- queue worker of the namespace is woken: a raised or removed limit lets them claim more.
 CREATE OR REPLACE FUNCTION forge.kind_limit_set(
     p_namespace text, p_kind text, p_global integer, p_rate_count integer,
@@ -45,9 +47,13 @@ BEGIN
         DELETE FROM forge.kind_claims c WHERE c.namespace = p_namespace AND c.kind = p_kind;
     END IF;
     IF p_global IS NOT NULL THEN
-        UPDATE forge.jobs j SET kind_limited = true
+        INSERT INTO forge.kind_slots (namespace, kind, job_id, attempt)
+        SELECT j.namespace, j.kind, j.id, j.attempt FROM forge.jobs j
          WHERE j.namespace = p_namespace AND j.kind = p_kind AND j.state = 'running'
-           AND NOT j.kind_limited AND j.role IS NULL;
+           AND j.role IS NULL
+        ON CONFLICT (namespace, kind, job_id) DO UPDATE SET attempt = EXCLUDED.attempt;
+    ELSE
+        DELETE FROM forge.kind_slots s WHERE s.namespace = p_namespace AND s.kind = p_kind;
     END IF;
     PERFORM forge.kind_limit_wake(p_namespace);
     IF p_by IS NOT NULL THEN

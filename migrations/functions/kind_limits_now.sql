@@ -3,7 +3,8 @@
 -- has none), its rate, and the rate keys whose window is spent (a kind rated without a key
 -- has one window, key ''), with wait_ms: when what is out of reach may come within it (the
 -- first spent window's oldest claim leaving it; a second for a global limit reached, as an
--- outcome of the kind wakes the workers of its queue sooner). Counted in statements that
+-- outcome of the kind wakes the workers of its queue sooner). A global limit counts the kind's
+-- slots whose job still runs that attempt (forge.kind_slots). Counted in statements that
 -- begin when it is called (a volatile function: each sees what committed before), so under a
 -- kind's limit lock it sees every claim that released the lock before.
 CREATE OR REPLACE FUNCTION forge.kind_limits_now(p_namespace text, p_kinds text[])
@@ -18,9 +19,10 @@ AS $$
                                   + l.rate_window_ms * interval '1 millisecond'
                                   - clock_timestamp()) * 1000, 1) END
       FROM forge.kind_limits l
-     CROSS JOIN LATERAL (SELECT count(*)::integer AS running FROM forge.jobs j
-                          WHERE j.namespace = l.namespace AND j.kind = l.kind
-                            AND j.state = 'running' AND j.kind_limited) r
+     CROSS JOIN LATERAL (SELECT count(*)::integer AS running FROM forge.kind_slots s
+                           JOIN forge.jobs j ON j.id = s.job_id AND j.attempt = s.attempt
+                                            AND j.state = 'running'
+                          WHERE s.namespace = l.namespace AND s.kind = l.kind) r
      CROSS JOIN LATERAL (SELECT array_agg(k.rate_key) AS spent, min(k.oldest) AS oldest
                            FROM (SELECT c.rate_key, min(c.claimed_at) AS oldest
                                    FROM forge.kind_claims c

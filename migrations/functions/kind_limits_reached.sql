@@ -7,9 +7,10 @@ RETURNS TABLE (kind text, limit_kind text, reached boolean)
 LANGUAGE sql STABLE
 AS $$
     SELECT l.kind, 'global',
-           (SELECT count(*) FROM forge.jobs j
-             WHERE j.namespace = l.namespace AND j.kind = l.kind
-               AND j.state = 'running' AND j.kind_limited) >= l.global_concurrency
+           (SELECT count(*) FROM forge.kind_slots s
+              JOIN forge.jobs j ON j.id = s.job_id AND j.attempt = s.attempt
+                               AND j.state = 'running'
+             WHERE s.namespace = l.namespace AND s.kind = l.kind) >= l.global_concurrency
       FROM forge.kind_limits l
      WHERE l.namespace = p_namespace AND l.global_concurrency IS NOT NULL
     UNION ALL

@@ -48,9 +48,10 @@ impl Workload {
         let rows: Vec<Row> = sqlx::query_as(
             "SELECT l.kind, l.global_concurrency, l.rate_count, l.rate_window_ms, l.rate_key,
                     l.set_by,
-                    (SELECT count(*) FROM forge.jobs j
-                      WHERE j.namespace = l.namespace AND j.kind = l.kind
-                        AND j.state = 'running' AND j.kind_limited) AS limited_running,
+                    (SELECT count(*) FROM forge.kind_slots s
+                       JOIN forge.jobs j ON j.id = s.job_id AND j.attempt = s.attempt
+                                        AND j.state = 'running'
+                      WHERE s.namespace = l.namespace AND s.kind = l.kind) AS limited_running,
                     (SELECT count(*) FROM forge.kind_claims c
                       WHERE c.namespace = l.namespace AND c.kind = l.kind
                         AND c.claimed_at > clock_timestamp()
