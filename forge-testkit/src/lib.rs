@@ -38,6 +38,11 @@
 //!   [`PgServer::step_clock_ahead`] / [`PgServer::step_clock_back`] /
 //!   [`PgServer::step_clock_to_true_time`] step its wall clock while it runs
 //!   (its monotonic clock stays true, as in an NTP step).
+//! * Crashes nobody ordered: [`PgServer::crash_watch`] reads a throwaway
+//!   cluster's log as it grows and reports each crash of a server process
+//!   after which the postmaster restarted every session ([`ServerCrash`]:
+//!   the exit line and what the process wrote to stderr), so that a test or
+//!   a soak does not blame the code under test for what the server did.
 //! * [`wait_until`] / [`wait_for`]: poll a condition with a deadline, with an
 //!   error saying what was awaited. Tests never sleep to synchronise.
 //!
@@ -102,7 +107,8 @@ use tokio::time::Instant;
 
 pub use error::Error;
 pub use pg::{
-    Lsn, PgOptions, PgServer, TestDatabase, client_program, faketime_library, skewed_clock_env,
+    CrashWatch, Lsn, PgOptions, PgServer, ServerCrash, TestDatabase, client_program,
+    faketime_library, skewed_clock_env,
 };
 pub use pooler::TxPooler;
 pub use process::NodeProcess;

@@ -20,9 +20,11 @@ use crate::Error;
 use crate::sys;
 
 mod clock;
+mod crashes;
 mod standby;
 
 pub use clock::{faketime_library, skewed_clock_env};
+pub use crashes::{CrashWatch, ServerCrash};
 pub use standby::Lsn;
 
 /// How many times a throwaway cluster is started on a fresh port when the

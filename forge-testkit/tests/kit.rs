@@ -237,6 +237,55 @@ async fn crash_restart_keeps_committed_data() {
     assert_eq!(scalar_i64(&mut conn, "SELECT max(n) FROM epochs").await, 51);
 }
 
+/// A backend killed by a signal makes the postmaster restart every session: the crash watch
+/// reports it with the postmaster's exit line; a crash-restart the test ordered is not reported.
+#[tokio::test]
+async fn crash_watch_reports_a_killed_backend_not_an_ordered_crash_restart() {
+    let server = PgServer::start().expect("private server");
+    let mut watch = server.crash_watch().expect("a throwaway cluster's log");
+    assert_eq!(watch.poll().unwrap(), [], "a fresh server has not crashed");
+    server.restart_immediate().expect("restart_immediate");
+    let db = server.create_database().await.unwrap();
+    let mut conn = db.connect().await.unwrap();
+    assert_eq!(
+        watch.poll().unwrap(),
+        [],
+        "an ordered crash-restart is no crash"
+    );
+
+    let pid = backend_pid(&mut conn).await;
+    let status = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .await
+        .expect("run kill");
+    assert!(status.success(), "kill -KILL {pid}: {status}");
+    let crashes = wait_until("the crash in the server log", LONG, POLL, || {
+        let crashes = watch.poll().expect("read the log");
+        async move { Some(crashes).filter(|c| !c.is_empty()) }
+    })
+    .await
+    .unwrap();
+    assert_eq!(crashes.len(), 1, "{crashes:?}");
+    assert!(
+        crashes[0].exit.contains(&format!(
+            "server process (PID {pid}) was terminated by signal 9"
+        )),
+        "{crashes:?}"
+    );
+    // The server comes back by itself; the crash is reported once.
+    wait_for("a connection after the crash", LONG, POLL, || db.connect())
+        .await
+        .unwrap();
+    assert_eq!(watch.poll().unwrap(), [], "the crash is reported once");
+
+    let external = PgServer::external(db.url()).unwrap();
+    assert!(
+        external.crash_watch().is_err(),
+        "an external server's log is unknown"
+    );
+}
+
 #[tokio::test]
 async fn dropping_a_private_server_stops_and_removes_it() {
     let server = PgServer::start().expect("private server");

@@ -7,6 +7,19 @@
 //! (`FAKETIME_DONT_FAKE_MONOTONIC`), as in a real step, and so do file timestamps
 //! (`NO_FAKE_STAT`).
 //!
+//! Use libfaketime 0.9.11 or later for this. Older releases (0.9.10 is Debian 12's and Ubuntu
+//! 24.04's) read the timestamp file with `fopen`/`fgets` at every clock read, and PostgreSQL
+//! reads the clock in its `SIGALRM` handler (`handle_sig_alarm`, while a timeout is active): a
+//! read there that interrupts the backend inside `malloc` or stdio - often libfaketime's own
+//! read of the file - corrupts the heap or deadlocks, and the backend aborts ("malloc
+//! assertion failure in sysmalloc", "corrupted double-linked list": the postmaster then restarts
+//! every session) or hangs for good. 0.9.11 reads the file with `open`/`read`, which is safe
+//! there. `libfaketimeMT` (signals blocked during its own reads) still lets the handler's read
+//! interrupt PostgreSQL's own `malloc`; a cache (`FAKETIME_CACHE_DURATION` instead of
+//! `FAKETIME_NO_CACHE`) makes the reads rare but lets a step reach a backend up to a second
+//! late. So the kit prefers a library without the stdio reader, and warns when it has only such
+//! a one (point `FORGE_FAKETIME_LIB` at a newer build).
+//!
 //! One way this differs from a real step, and what a test sees of it: libfaketime answers the
 //! *true* time to clock reads made while the process is inside a wait it intercepts (`epoll_wait`,
 //! `poll`, ...). PostgreSQL's timeouts (`lock_timeout`, `statement_timeout`,
@@ -18,7 +31,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, Once, PoisonError};
 use std::time::Duration;
 
 use super::PgServer;
@@ -29,7 +42,8 @@ const PACKAGE: &str = "libfaketime";
 
 /// Where libfaketime's preload library is, if it is installed: `FORGE_FAKETIME_LIB`, else the
 /// usual places (Debian/Ubuntu `/usr/lib/<arch>/faketime/`, Fedora `/usr/lib64/faketime/`, a
-/// source install under `/usr/local/lib/faketime/`).
+/// source install under `/usr/local/lib/faketime/`), the first one that reads its timestamp file
+/// safely (0.9.11 or later, see the module's docs) if any does.
 pub fn faketime_library() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("FORGE_FAKETIME_LIB").filter(|v| !v.is_empty()) {
         return Some(PathBuf::from(path)).filter(|p| p.is_file());
@@ -45,10 +59,42 @@ pub fn faketime_library() -> Option<PathBuf> {
     if let Ok(entries) = fs::read_dir("/usr/lib") {
         candidates.extend(entries.flatten().map(|e| e.path().join("faketime")));
     }
-    candidates
+    let found: Vec<PathBuf> = candidates
         .into_iter()
         .map(|dir| dir.join("libfaketime.so.1"))
-        .find(|lib| lib.is_file())
+        .filter(|lib| lib.is_file())
+        .collect();
+    found
+        .iter()
+        .find(|lib| !reads_with_stdio(lib))
+        .or(found.first())
+        .cloned()
+}
+
+/// Whether a libfaketime library reads its timestamp file with stdio (`fgets`: releases before
+/// 0.9.11, unsafe in a signal handler), judged by the symbols it imports: the name `fgets` in
+/// its dynamic string table.
+fn reads_with_stdio(library: &Path) -> bool {
+    const IMPORT: &[u8] = b"\0fgets\0";
+    fs::read(library).is_ok_and(|bytes| bytes.windows(IMPORT.len()).any(|w| w == IMPORT))
+}
+
+/// Says once per process, on stderr, that `library` is a libfaketime whose clusters crash now
+/// and then, and what to do.
+fn warn_if_unsafe(library: &Path) {
+    static WARNED: Once = Once::new();
+    if reads_with_stdio(library) {
+        WARNED.call_once(|| {
+            eprintln!(
+                "warning: {} is a libfaketime older than 0.9.11: it reads its timestamp file with \
+                 fopen at every clock read, also in PostgreSQL's SIGALRM handler, so backends of a \
+                 cluster with a steppable clock abort (\"malloc assertion failure\") or hang now \
+                 and then; build libfaketime 0.9.11 or later and point FORGE_FAKETIME_LIB at its \
+                 libfaketime.so.1",
+                library.display()
+            );
+        });
+    }
 }
 
 /// The environment that runs a process (a node binary) with its wall clock off by `offset`,
@@ -86,6 +132,7 @@ impl SteppedClock {
     /// libfaketime is missing.
     pub(super) fn new(dir: &Path) -> Result<SteppedClock, Error> {
         let library = faketime_library().ok_or_else(missing_library)?;
+        warn_if_unsafe(&library);
         let clock = SteppedClock {
             library,
             file: dir.join("faketime"),
@@ -180,5 +227,25 @@ impl PgServer {
                  PgOptions::default().steppable_clock() has a clock a test can step"
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_library_importing_fgets_reads_with_stdio() {
+        let dir =
+            std::env::temp_dir().join(format!("forge-faketime-{}", super::super::unique_suffix()));
+        fs::create_dir_all(&dir).unwrap();
+        let old = dir.join("old.so");
+        let new = dir.join("new.so");
+        fs::write(&old, b"\x7fELF...\0fopen\0fgets\0fclose\0open\0").unwrap();
+        fs::write(&new, b"\x7fELF...\0open\0read\0my_fgets_x\0").unwrap();
+        assert!(reads_with_stdio(&old));
+        assert!(!reads_with_stdio(&new));
+        assert!(!reads_with_stdio(&dir.join("missing.so")));
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

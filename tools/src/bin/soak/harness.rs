@@ -19,6 +19,7 @@ use crate::{BoxError, NODE_ROLE};
 mod claims;
 mod clocks;
 mod connections;
+mod crashes;
 mod faults;
 mod figures;
 mod finish;
@@ -37,6 +38,18 @@ mod stored;
 mod storm;
 
 pub(crate) use setup::soak;
+
+/// What a run concludes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Every target met, and the environment did nothing the harness did not order.
+    Pass,
+    /// A target missed.
+    ProductFailed,
+    /// PostgreSQL crashed without the harness ordering it: the figures are not the product's
+    /// alone, whatever they are.
+    EnvironmentFailed,
+}
 
 /// Where a node process is in its life.
 enum Phase {
@@ -373,6 +386,8 @@ struct Harness {
     flow_errors: Vec<String>,
     /// The stored cron's change, once the faults begin.
     stored_change: Option<stored::StoredChange>,
+    /// The servers' logs, watched for crashes the harness did not order.
+    crashes: crashes::Crashes,
 }
 
 impl Harness {

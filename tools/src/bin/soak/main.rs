@@ -184,9 +184,20 @@
 //!   placement move or had no fault to explain it (a change forced by a fault, undone once the
 //!   node is back, is recovery, not a flap).
 //!
-//! One PASS/FAIL line per target (and `info` lines for the figures without one); the exit
-//! status is non-zero when a target is missed. Node logs are kept in the printed run
-//! directory.
+//! **PostgreSQL crashes the harness did not order** (target: 0, an environment target): the
+//! servers' logs are read as the run goes (`forge_testkit::CrashWatch`) for a server process
+//! that died (a signal, an abort) and made the postmaster end every session, which loses every
+//! advisory lock of the cluster. Each is printed when seen (`UNPLANNED PostgreSQL crash`, with
+//! the postmaster's exit line and what the process wrote to stderr) and in the summary
+//! (`unplanned PostgreSQL crashes: N (at ...)`); it explains the leader changes after it as a
+//! fault does (the flaps it explains are printed apart, not counted), and the gaps after it are
+//! put down to it.
+//!
+//! One PASS/FAIL line per target (and `info` lines for the figures without one). The verdict:
+//! `RESULT: PASS` (exit status 0), `RESULT: FAIL` when a target is missed (1), and
+//! `RESULT: ENVIRONMENT FAILED` when PostgreSQL crashed unplanned (3), whatever the targets say
+//! (the line says it too): such a run's figures are not the product's alone. Node logs are
+//! kept in the printed run directory.
 //!
 //! Why `overlap = "wait"` on `soak_tick`: with the default `"skip"`, a tick that comes due while
 //! the previous run is still going (a commit held 1.5 s by the lost-reply trigger, a starved
@@ -197,7 +208,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use harness::soak;
+use harness::{Verdict, soak};
 use node::node_main;
 use options::Options;
 
@@ -301,8 +312,9 @@ async fn main() -> ExitCode {
         }
     };
     match soak(options).await {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
+        Ok(Verdict::Pass) => ExitCode::SUCCESS,
+        Ok(Verdict::ProductFailed) => ExitCode::FAILURE,
+        Ok(Verdict::EnvironmentFailed) => ExitCode::from(3),
         Err(err) => {
             eprintln!("error: {err}");
             ExitCode::from(2)

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
 
-use super::Harness;
 use super::figures::{EffectStats, JobStats, cron_figures};
+use super::{Harness, Verdict};
 use crate::options::FaultKind;
 use crate::{
     BIG_JOB, BURST_JOB, BoxError, CRON, DEFAULT_CRON, DRAIN_DEADLINE, HOG_JOB, PLAIN_JOB,
@@ -20,7 +20,7 @@ impl Harness {
         drained: bool,
         drain_secs: f64,
         stop_clean: bool,
-    ) -> Result<bool, BoxError> {
+    ) -> Result<Verdict, BoxError> {
         let db = &self.admin;
         let mut out = String::new();
         let mut targets: Vec<(bool, String)> = Vec::new();
@@ -224,6 +224,24 @@ impl Harness {
             self.failovers,
             self.failover_losses.iter().sum::<u64>(),
             self.dir.display()
+        );
+        let _ = writeln!(
+            out,
+            "unplanned PostgreSQL crashes: {}{}",
+            self.crashes.seen.len(),
+            if self.crashes.seen.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (at {})",
+                    self.crashes
+                        .seen
+                        .iter()
+                        .map(|c| c.describe())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )
+            }
         );
         let _ = writeln!(out, "\nfaults applied ({}):", self.faults.len());
         for fault in &self.faults {
@@ -594,8 +612,30 @@ impl Harness {
             let _ = writeln!(out, "  info  {line}");
         }
         let all = targets.iter().all(|(ok, _)| *ok);
-        let _ = writeln!(out, "\nRESULT: {}", if all { "PASS" } else { "FAIL" });
+        let crashes = &self.crashes.seen;
+        let _ = writeln!(out, "\nenvironment:");
+        let _ = writeln!(
+            out,
+            "  {}  0 unplanned PostgreSQL crashes (a server process died and the server ended every session; the harness did not order it): {}",
+            if crashes.is_empty() { "PASS" } else { "FAIL" },
+            crashes.len()
+        );
+        let verdict = if !crashes.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nRESULT: ENVIRONMENT FAILED ({} unplanned PostgreSQL crashes: the figures above are not the product's alone); the product's targets: {}",
+                crashes.len(),
+                if all { "PASS" } else { "FAIL" }
+            );
+            Verdict::EnvironmentFailed
+        } else if all {
+            let _ = writeln!(out, "\nRESULT: PASS");
+            Verdict::Pass
+        } else {
+            let _ = writeln!(out, "\nRESULT: FAIL");
+            Verdict::ProductFailed
+        };
         print!("{out}");
-        Ok(all)
+        Ok(verdict)
     }
 }

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use chrono::{DateTime, Utc};
 use forge::Role;
 
+use super::Harness;
 use super::figures::CronFigures;
-use super::{FaultRecord, Harness};
 use crate::options::FaultKind;
 use crate::{BoxError, CRON, DEFAULT_CRON, SAMPLE_EVERY, STRANDED_AFTER};
 
@@ -179,11 +179,7 @@ impl Harness {
         let mut by_fault: BTreeMap<&str, (usize, f64, f64)> = BTreeMap::new();
         for g in &gaps {
             let from = self.secs_of(g.from);
-            let kind = self
-                .faults
-                .iter()
-                .rfind(|f| f.at <= from + 0.05)
-                .map_or("before any fault", FaultRecord::label);
+            let kind = self.last_cause(from).unwrap_or("before any fault");
             let length = (g.to - g.from).num_milliseconds() as f64 / 1000.0;
             let entry = by_fault.entry(kind).or_default();
             entry.0 += 1;

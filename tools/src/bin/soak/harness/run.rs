@@ -9,13 +9,13 @@ use tokio::process::Command;
 use tokio::time::Instant;
 
 use super::stored::StoredChange;
-use super::{Harness, Phase, describe_status};
+use super::{Harness, Phase, Verdict, describe_status};
 use crate::{
     ADMIN_TIMEOUT, BoxError, DRAIN_DEADLINE, POOL_SIZE, RSS_EVERY, SAMPLE_EVERY, SKEW_ENV,
 };
 
 impl Harness {
-    pub(super) async fn run(&mut self, minutes: f64) -> Result<bool, BoxError> {
+    pub(super) async fn run(&mut self, minutes: f64) -> Result<Verdict, BoxError> {
         // Start the nodes.
         for i in 0..self.slots.len() {
             self.start_node(i);
@@ -142,6 +142,7 @@ impl Harness {
 
         // Stop the nodes gracefully.
         let stop_clean = self.stop_all().await;
+        self.watch_crashes();
 
         let report = self
             .analyze(cutoff_second, drained, drain_secs, stop_clean)
@@ -254,6 +255,7 @@ impl Harness {
     /// Watches the node processes, resumes, heals, restarts, fires armed lost replies, and
     /// tends the standby.
     async fn supervise(&mut self) {
+        self.watch_crashes();
         for i in 0..self.slots.len() {
             self.check_slot(i).await;
             if let Some(until) = self.slots[i].blackhole_until

@@ -13,7 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::time::Instant;
 
 use super::stored::STORED_SQL;
-use super::{Harness, Phase, Slot, as_node_role, build_standby};
+use super::{Harness, Phase, Slot, Verdict, as_node_role, build_standby};
 use crate::node::node_config;
 use crate::options::{FaultKind, Options, Rng};
 use crate::{
@@ -189,7 +189,7 @@ CREATE CONSTRAINT TRIGGER soak_job_updated AFTER UPDATE ON forge.jobs
     EXECUTE FUNCTION soak_job_moved();
 "#;
 
-pub(crate) async fn soak(options: Options) -> Result<bool, BoxError> {
+pub(crate) async fn soak(options: Options) -> Result<Verdict, BoxError> {
     println!(
         "FORGE soak: {} node processes, {} min of random faults every {}-{} s",
         NODE_IDS.len(),
@@ -203,8 +203,11 @@ pub(crate) async fn soak(options: Options) -> Result<bool, BoxError> {
     );
     // The clock faults need libfaketime: PostgreSQL (primary and standbys) runs under it, and
     // so do node processes with a skewed clock. Without it those kinds leave the deck, loudly.
-    let faketime = faketime_library().is_some();
-    if !faketime {
+    let library = faketime_library();
+    let faketime = library.is_some();
+    if let Some(library) = &library {
+        println!("libfaketime: {}", library.display());
+    } else {
         let kinds: Vec<&str> = FaultKind::ALL
             .iter()
             .filter(|k| k.needs_faketime())
@@ -376,6 +379,7 @@ pub(crate) async fn soak(options: Options) -> Result<bool, BoxError> {
         flows_tried: 0,
         flow_errors: Vec::new(),
         stored_change: None,
+        crashes: Default::default(),
     };
     harness.store_cron().await?;
     harness.run(options.minutes).await
