@@ -184,7 +184,9 @@ async fn an_idle_worker_rescues_a_job_left_running_on_it_when_its_session_comes_
         .execute(&pool)
         .await
         .unwrap();
-    assert_eq!(terminate_sessions(&pool, "forge:node:a").await, 1);
+    // (Two while a session the node replaced, on a slow machine, is still closing.)
+    let ended = terminate_sessions(&pool, "forge:node:a").await;
+    assert!(ended >= 1, "the node session of a ended: {ended}");
     let job = wait_state(&pool, id, JobState::Completed).await;
     assert_eq!(job.attempt, 2, "run again after the rescue: {job:?}");
     assert!(

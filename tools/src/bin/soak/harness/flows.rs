@@ -142,7 +142,7 @@ impl Harness {
             (
                 joins_twice == 0 && twice == 0 && completed_without_end == 0,
                 format!(
-                    "0 duplicate joins (a step's completion, its effect, landing twice): {joins_twice} joins, {twice} steps in all; {completed_without_end} completed without it"
+                    "0 duplicate joins (a step's completion, its effect, landing twice): {joins_twice} joins twice, {twice} steps twice in all ({steps} steps); {completed_without_end} completed without it"
                 ),
             ),
             (
