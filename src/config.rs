@@ -358,6 +358,31 @@ mod tests {
     }
 
     #[test]
+    fn kind_limits_load_and_bad_ones_name_the_key_and_line() {
+        let config = Config::from_toml(
+            "[jobs.kinds.send_email]\nglobal_concurrency = 4\nrate = \"100/1m\"\nrate_key = \"customer_id\"\n\n[jobs.kinds.unlimited]\n",
+        )
+        .unwrap();
+        let limits = config.jobs.kinds["send_email"].limits();
+        assert_eq!(limits.to_string(), "global 4, rate 100/1m per customer_id");
+        assert!(config.jobs.kinds["unlimited"].limits().is_empty());
+        let msg = parse_err("[jobs.kinds.send_email]\nrate = \"100 a minute\"\n");
+        assert!(
+            msg.starts_with("forge.toml:2: `jobs.kinds.send_email.rate`") && msg.contains("100/1m"),
+            "{msg}"
+        );
+        let msg = parse_err("[jobs.kinds.send_email]\nglobal_concurrency = 0\n");
+        assert!(
+            msg.starts_with("forge.toml:2: `jobs.kinds.send_email.global_concurrency`"),
+            "{msg}"
+        );
+        let msg = parse_err("[jobs.kinds.send_email]\nconcurrency = 4\n");
+        assert!(msg.contains("unknown field `concurrency`"), "{msg}");
+        let msg = parse_err("[jobs.kinds.\"Send Email\"]\nglobal_concurrency = 4\n");
+        assert!(msg.contains("Send Email"), "{msg}");
+    }
+
+    #[test]
     fn restrictions_of_roles_are_explicit_and_checked() {
         // Unset: every role with work, so prefer_roles cannot be checked against a list.
         let config = Config::from_toml("[node]\nprefer_roles = [\"billing\"]\n").unwrap();

@@ -181,7 +181,7 @@ pub mod config_sections {
         AdminConfig, ClusterConfig, DatabaseConfig, Env, LeaderElectionConfig, MembershipConfig,
         MetricsConfig, NodeConfig, ProcessEnv, no_env,
     };
-    pub use forge_scheduler::config::QueueConfig;
+    pub use forge_scheduler::config::{KindConfig, QueueConfig};
     pub use forge_scheduler::{CronConfig, JobsConfig};
 }
 

@@ -87,6 +87,10 @@ pub struct JobsConfig {
     /// queues a node works is `[node] queues` (unset: the queues its job types declare, and the
     /// ones tuned here).
     pub queues: BTreeMap<String, QueueConfig>,
+    /// Per job kind: its cluster-wide limits (`[jobs.kinds.send_email]` with
+    /// `global_concurrency`, `rate`, `rate_key`: see [`KindConfig`]), in place of the ones its
+    /// type declares in code.
+    pub kinds: BTreeMap<String, KindConfig>,
     /// Attempts of a job whose declaration does not say `max_attempts`.
     pub default_max_attempts: u32,
     /// How often the Scheduler leader rescues and dead-letters jobs of departed nodes and
@@ -124,6 +128,7 @@ impl Default for JobsConfig {
         JobsConfig {
             default_concurrency: 16,
             queues: BTreeMap::new(),
+            kinds: BTreeMap::new(),
             default_max_attempts: 20,
             maintenance_interval: Duration::from_secs(15),
             completed_retention: Duration::from_secs(24 * 3600),
@@ -173,6 +178,13 @@ impl JobsConfig {
                 check_concurrency(at, &key, concurrency)?;
             }
             if let Some((field, message)) = tuning.limits.problem() {
+                return Err(at.error(&format!("{key}.{field}"), message));
+            }
+        }
+        for (kind, tuning) in &self.kinds {
+            let key = format!("jobs.kinds.{kind}");
+            check_name(Name::JobKind, kind).map_err(|err| at.error(&key, err.to_string()))?;
+            if let Some((field, message)) = tuning.limits().problem() {
                 return Err(at.error(&format!("{key}.{field}"), message));
             }
         }
@@ -307,6 +319,45 @@ impl<'de> Deserialize<'de> for QueueConfig {
             }
         }
         d.deserialize_any(Form)
+    }
+}
+
+/// One job kind's `[jobs.kinds.<kind>]` entry: its cluster-wide limits, `global_concurrency`,
+/// `rate` (`"100/1m"`) and `rate_key`, which replace all of those its type declares in code
+/// (`#[job(global_concurrency = ..)]`; an entry without keys removes them). Each node writes
+/// them to the database at start for the kinds it registers (`forge.kind_limits`), where an
+/// operator's values win over them until reset. A kind that runs on a role's leader takes no
+/// limits: an entry for it stops the node's start.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct KindConfig {
+    /// At most this many of the kind's jobs run at once on all nodes together.
+    pub global_concurrency: Option<u32>,
+    /// At most so many claims of the kind's jobs in any window.
+    pub rate: Option<Rate>,
+    /// The rate holds per value of this top-level field of the jobs' arguments.
+    pub rate_key: Option<String>,
+}
+
+impl From<QueueLimits> for KindConfig {
+    fn from(limits: QueueLimits) -> KindConfig {
+        KindConfig {
+            global_concurrency: limits.global_concurrency,
+            rate: limits.rate,
+            rate_key: limits.rate_key,
+        }
+    }
+}
+
+impl KindConfig {
+    /// The kind's limits.
+    pub fn limits(&self) -> QueueLimits {
+        QueueLimits {
+            global_concurrency: self.global_concurrency,
+            rate: self.rate.clone(),
+            rate_key: self.rate_key.clone(),
+        }
     }
 }
 

@@ -454,3 +454,42 @@ async fn a_spent_rate_keys_backlog_does_not_hold_back_the_jobs_behind_it() {
     );
     node.shutdown().await;
 }
+
+/// forge.toml's `[jobs.kinds.<kind>]` replaces the limits a kind declares in code, and is refused
+/// for a kind that runs on a role's leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forge_tomls_kind_limits_replace_the_codes_and_a_roles_kind_refuses_them() {
+    let (db, pool) = setup().await;
+    let mut config: Config = job_config(db.url(), "n1");
+    config.jobs.kinds.insert(
+        "capped".into(),
+        QueueLimits::new(Some(1), None, None).unwrap().into(),
+    );
+    let node = Node::builder(config)
+        .auto_register(false)
+        .job(capped)
+        .start()
+        .await
+        .expect("node starts");
+    // The code says 3; forge.toml 1.
+    stored_becomes(&pool, Some((Some(1), None))).await;
+    node.shutdown().await;
+
+    let mut config: Config = job_config(db.url(), "n2");
+    config
+        .jobs
+        .kinds
+        .insert("report".into(), QueueLimits::default().into());
+    let err = Node::builder(config)
+        .auto_register(false)
+        .job(crate::jobs::report)
+        .start()
+        .await
+        .err()
+        .expect("a role's kind with forge.toml limits is refused");
+    let message = err.to_string();
+    assert!(
+        message.contains("[jobs.kinds.report]") && message.contains("role"),
+        "{message}"
+    );
+}

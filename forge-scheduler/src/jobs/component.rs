@@ -79,6 +79,12 @@ impl JobRunner {
         for ty in self.registry.types.values() {
             let queue = &ty.options.queue;
             match check_type(ty)? {
+                Some(role) if self.config.kinds.contains_key(ty.kind) => {
+                    return Err(invalid(format!(
+                        "forge.toml's [jobs.kinds.{}] gives limits to a job kind that runs on the leader of role `{role}`, whose claims no limit binds: remove the entry",
+                        ty.kind
+                    )));
+                }
                 Some(role) => {
                     let concurrency = self.config.concurrency(queue);
                     let entry = role_kinds
@@ -276,12 +282,25 @@ async fn write_config_limits(shared: &Shared, ctx: &NodeContext, specs: &[Worker
     let queues = queues
         .into_iter()
         .map(|queue| (Limited::Queue, queue, shared.config.limits(queue)));
-    // (A role's kinds have no limits: registration refuses them.)
+    // (A role's kinds have no limits: registration and the node's start refuse them.)
+    // forge.toml's limits of a kind replace its code's.
     let kinds = shared
         .types
         .values()
         .filter(|t| t.options.role.is_none())
-        .map(|t| (Limited::Kind, t.kind, t.options.limits.clone()));
+        .map(|t| {
+            let limits = match shared.config.kinds.get(t.kind) {
+                Some(tuning) => tuning.limits(),
+                None => t.options.limits.clone(),
+            };
+            (Limited::Kind, t.kind, limits)
+        });
+    for kind in shared.config.kinds.keys() {
+        if !shared.types.contains_key(kind.as_str()) {
+            warn!(target: "forge::job", kind = %kind,
+                  "forge.toml's [jobs.kinds] names a job kind this binary does not register: its limits are written by the nodes that register it; check the name");
+        }
+    }
     for (limited, name, limits) in queues.chain(kinds) {
         let (what, reset) = match limited {
             Limited::Queue => ("queue", "forge queues limit <queue> --reset"),
