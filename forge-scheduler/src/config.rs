@@ -355,7 +355,7 @@ impl KindConfig {
     pub fn limits(&self) -> QueueLimits {
         QueueLimits {
             global_concurrency: self.global_concurrency,
-            rate: self.rate.clone(),
+            rate: self.rate,
             rate_key: self.rate_key.clone(),
         }
     }
