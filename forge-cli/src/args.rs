@@ -258,7 +258,7 @@ pub(crate) enum JobsCommand {
     Delete(JobAction),
     /// Sets a job kind's cluster-wide limits, over every queue and node at once and without a
     /// restart: the ones given, and no other (`--none`: none at all). An operator's limits win
-    /// over the code's until `--reset`.
+    /// over forge.toml's or the code's until `--reset`.
     Limit(KindLimitArgs),
     /// Every job kind with cluster-wide limits, who set them and what counts against them.
     Limits,

@@ -55,7 +55,7 @@ pub(crate) async fn list(ctx: &Ctx, json: bool) -> Outcome {
         table.row(vec![
             k.kind.clone(),
             k.limits.to_string(),
-            k.set_by.clone().unwrap_or_else(|| "code".to_owned()),
+            k.set_by.clone().unwrap_or_else(|| "node".to_owned()),
             k.limited_running.to_string(),
             k.rate_claims.to_string(),
             match (k.at_global_limit, k.rate_limited_until) {

@@ -16,8 +16,8 @@ pub struct KindLimitsView {
     pub kind: String,
     /// Its limits, checked by every claim of its jobs, in whichever queue.
     pub limits: QueueLimits,
-    /// Who set them: `None` for the code's (the kind's declared options, written by a node at
-    /// start), else the operator, whose values win until reset.
+    /// Who set them: `None` for a node's (forge.toml's `[jobs.kinds]`, else the kind's declared
+    /// options, written by a node at start), else the operator, whose values win until reset.
     pub set_by: Option<String>,
     /// Attempts counted against the global concurrency limit now (running or claimed).
     pub limited_running: i64,
