@@ -213,7 +213,8 @@ fn reference_keys() -> BTreeMap<String, String> {
         let line = line.trim();
         if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             section = name.to_owned();
-            user_table = section == "jobs.queues";
+            // (Tables of the user's names: their example keys are not forge.toml's.)
+            user_table = section == "jobs.queues" || section == "jobs.kinds";
             if user_table {
                 keys.insert(section.clone(), "unset".to_owned());
             }
