@@ -114,6 +114,7 @@ export function overview(ctx) {
   const nodesBox = h('div');
   const changes = h('div');
   const queues = h('div');
+  const kinds = h('div');
   const crons = h('div');
   ctx.root.append(
     section('Roles', {}, roles),
@@ -121,13 +122,20 @@ export function overview(ctx) {
       section('Nodes', {}, nodesBox),
       section('Recent leadership changes', {}, changes)),
     section('Queues', {}, queues),
+    section('Job kinds\' limits', {},
+      ctx.canWrite() ? h('p', {}, button('Limit a job kind', () => kindLimitsForm(ctx), {
+        focus: 'new-kind-limits', action: 'new-kind-limits', kind: 'write',
+        title: 'Set the cluster-wide limits of a job kind, listed or not',
+      })) : null,
+      kinds),
     section('Crons', {}, crons));
 
   return {
     async update(status) {
-      const [nodes, qs, cs, history] = await Promise.all([
+      const [nodes, qs, ks, cs, history] = await Promise.all([
         api('api/cluster/nodes'),
         api('api/queues'),
+        api('api/kinds/limits'),
         api('api/crons'),
         api('api/cluster/history?limit=8'),
       ]);
@@ -188,6 +196,7 @@ export function overview(ctx) {
           ].filter((c) => c !== null),
         })),
         { empty: 'No queue has jobs.', label: 'Queues' }));
+      replace(kinds, kindLimitsTable(ctx, ks.kinds));
 
       replace(crons, table(
         [{ title: 'Cron' }, { title: 'Role' }, { title: 'Next run' }, { title: 'Last run' }, { title: 'Lag', class: 'num' },
@@ -210,13 +219,10 @@ export function overview(ctx) {
 // A queue's cluster-wide limits (set with `forge queues limit`, the API or the Limits button) and why its jobs
 // wait on them.
 function queueLimits(q) {
-  const l = q.limits || {};
-  const parts = [];
-  if (l.global_concurrency != null) parts.push(`global ${l.global_concurrency}`);
-  if (l.rate != null) parts.push(l.rate_key ? `rate ${l.rate} per ${l.rate_key}` : `rate ${l.rate}`);
-  if (!parts.length) return '-';
-  const text = h('span', { title: q.limits_set_by ? `set by ${q.limits_set_by}` : 'from forge.toml' }, parts.join(', '));
-  return q.waiting_on ? h('span', {}, text, ' ', badge(q.waiting_on, 'warn')) : text;
+  const text = limitsText(q.limits || {}, { short: true });
+  if (!text) return '-';
+  const shown = h('span', { title: q.limits_set_by ? `set by ${q.limits_set_by}` : 'from forge.toml' }, text);
+  return q.waiting_on ? h('span', {}, shown, ' ', badge(q.waiting_on, 'warn')) : shown;
 }
 
 function queueAction(ctx, q) {
@@ -227,19 +233,28 @@ function queueAction(ctx, q) {
   ), { focus: `queue-toggle-${q.queue}`, action: `${verb}-queue`, kind: 'write' });
 }
 
-// Sets or resets a queue's limits as an operator (`PUT` / `DELETE api/queues/{queue}/limits`):
-// the values shown are the queue's current ones; an empty field is no such limit.
-function queueLimitsButton(ctx, q) {
-  const url = `api/queues/${encodeURIComponent(q.queue)}/limits`;
-  const l = q.limits || {};
-  const open = () => formDialog(`Limits of queue ${q.queue}`, [
+// Sets or resets the cluster-wide limits of a queue or a job kind as an operator (`PUT` /
+// `DELETE api/{queues|kinds}/{name}/limits`), in a form that starts from the current ones (an
+// empty field: no such limit). `subject`: `key` ('queue' or 'kind': the API's parameter, and
+// the form's name field when `name` is not given, for a kind not listed yet), `noun` ('Queue',
+// 'Job kind'), `name`, `limits` and `setBy` (as the API lists them), `origin` (whose limits a
+// reset gives back: 'forge.toml', 'the code\'s').
+function limitsForm(ctx, { key, noun, name, limits, setBy, origin }) {
+  const url = (n) => `api/${key === 'queue' ? 'queues' : 'kinds'}/${encodeURIComponent(n)}/limits`;
+  const l = limits || {};
+  const what = noun.toLowerCase();
+  formDialog(name ? `Limits of ${what} ${name}` : `Limits of a ${what}`, [
+    name ? null : { name: key, label: noun, required: true, placeholder: 'send_email',
+      hint: `The ${what}'s limits hold in every queue; they win over ${origin} until reset.` },
     { name: 'global_concurrency', label: 'Global concurrency', value: l.global_concurrency ?? '', placeholder: 'no limit',
       hint: 'At most this many of its jobs run at once on all nodes together.' },
     { name: 'rate', label: 'Rate', value: l.rate ?? '', placeholder: 'no limit, or such as 100/1m',
       hint: 'At most COUNT claims in any WINDOW: 100/1m, 5/1s.' },
-    { name: 'rate_key', label: 'Rate key', value: l.rate_key ?? '', placeholder: 'none: one rate for the queue',
+    { name: 'rate_key', label: 'Rate key', value: l.rate_key ?? '', placeholder: `none: one rate for the ${what}`,
       hint: 'An argument field, such as customer_id: the rate holds per value of it.' },
-  ], async (v) => {
+  ].filter(Boolean), async (v) => {
+    const target = name ?? v[key];
+    if (!target) throw inputError(`Name the ${what} to limit.`, key);
     const body = {};
     if (v.global_concurrency) {
       const n = Number(v.global_concurrency);
@@ -251,17 +266,23 @@ function queueLimitsButton(ctx, q) {
     }
     if (v.rate) body.rate = v.rate;
     if (v.rate_key) body.rate_key = v.rate_key;
-    await ctx.act(() => api(url, { method: 'PUT', body }),
-      (r) => `Queue ${q.queue}: ${limitsText(r.limits)}, from the next claim on every node.`, { inForm: true });
+    await ctx.act(() => api(url(target), { method: 'PUT', body }),
+      (r) => `${noun} ${target}: ${limitsText(r.limits) || 'no limits'}, from the next claim on every node.`, { inForm: true });
   }, {
     submitLabel: 'Set limits',
-    action: 'save-queue-limits',
-    more: q.limits_set_by ? [{
-      label: 'Reset to forge.toml',
-      action: 'reset-queue-limits',
-      run: () => ctx.act(() => api(url, { method: 'DELETE' }),
-        () => `Queue ${q.queue}: limits given back to forge.toml.`, { inForm: true }),
+    action: `save-${key}-limits`,
+    more: setBy ? [{
+      label: `Reset to ${origin}`,
+      action: `reset-${key}-limits`,
+      run: () => ctx.act(() => api(url(name), { method: 'DELETE' }),
+        () => `${noun} ${name}: limits given back to ${origin}.`, { inForm: true }),
     }] : [],
+  });
+}
+
+function queueLimitsButton(ctx, q) {
+  const open = () => limitsForm(ctx, {
+    key: 'queue', noun: 'Queue', name: q.queue, limits: q.limits, setBy: q.limits_set_by, origin: 'forge.toml',
   });
   return button('Limits', open, {
     focus: `queue-limits-${q.queue}`, action: 'limit-queue', kind: 'write',
@@ -269,11 +290,52 @@ function queueLimitsButton(ctx, q) {
   });
 }
 
-function limitsText(l) {
+// `global concurrency 4, rate 100/1m per customer` (`global 4, ...` when short), '' for none.
+function limitsText(l, { short = false } = {}) {
   const parts = [];
-  if (l.global_concurrency != null) parts.push(`global concurrency ${l.global_concurrency}`);
+  if (l.global_concurrency != null) parts.push(`${short ? 'global' : 'global concurrency'} ${l.global_concurrency}`);
   if (l.rate != null) parts.push(l.rate_key ? `rate ${l.rate} per ${l.rate_key}` : `rate ${l.rate}`);
-  return parts.length ? parts.join(', ') : 'no limits';
+  return parts.join(', ');
+}
+
+// --- Job kinds' limits (on the Overview, under the queues) ------------------------------
+
+// A listed kind's limits, or (`k` undefined) any kind's, named in the form.
+function kindLimitsForm(ctx, k) {
+  limitsForm(ctx, {
+    key: 'kind', noun: 'Job kind', name: k && k.kind, limits: k && k.limits, setBy: k && k.set_by, origin: 'the code\'s',
+  });
+}
+
+// Every job kind with cluster-wide limits (`GET api/kinds/limits`): its limits, who set them,
+// what counts against them now.
+function kindLimitsTable(ctx, kinds) {
+  const write = ctx.canWrite();
+  return table(
+    [{ title: 'Job kind' }, { title: 'Limits' }, { title: 'Set by' }, { title: 'Running (global limit)', class: 'num' },
+      { title: 'Claims in the rate window', class: 'num' }, write ? { title: '' } : null].filter(Boolean),
+    kinds.map((k) => ({
+      attrs: { dataset: { kind: k.kind } },
+      cells: [
+        h('a', { href: `#/jobs?kind=${encodeURIComponent(k.kind)}` }, k.kind),
+        h('span', { dataset: { field: 'limits' } }, limitsText(k.limits, { short: true }) || '-'),
+        h('span', { dataset: { field: 'set-by' } },
+          k.set_by || h('span', { class: 'muted', title: 'the kind\'s declared options, written by a node at start' }, 'the code')),
+        k.limits.global_concurrency != null
+          ? h('span', { dataset: { field: 'running' } }, `${fmtNumber(k.limited_running)} of ${fmtNumber(k.limits.global_concurrency)}`,
+            k.at_global_limit ? [' ', badge('at limit', 'warn')] : null)
+          : '-',
+        k.limits.rate != null
+          ? h('span', { dataset: { field: 'claims' }, title: 'all rate keys together' }, fmtNumber(k.rate_claims),
+            k.rate_limited_until ? [' ', h('span', { title: k.rate_limited_until }, badge(`full, ${relative(k.rate_limited_until)}`, 'warn'))] : null)
+          : '-',
+        write ? button('Limits', () => kindLimitsForm(ctx, k), {
+          focus: `kind-limits-${k.kind}`, action: 'limit-kind', kind: 'write',
+          title: `Set the cluster-wide limits of job kind ${k.kind}`,
+        }) : null,
+      ].filter((c) => c !== null),
+    })),
+    { empty: 'No job kind has cluster-wide limits: a kind\'s declared options or an operator set them.', label: 'Job kinds\' limits' });
 }
 
 // --- Leadership --------------------------------------------------------------------------

@@ -1737,12 +1737,22 @@ impl Browser {
 /// [`served_job_config`]; `charted`: it leads the aggregator too), with `cron`; and the
 /// dashboard's URL.
 async fn token_node(url: &str, charted: bool, cron: Option<CronJob>) -> (forge::Node, String) {
+    token_node_with(url, charted, |builder| match cron {
+        Some(cron) => builder.cron(cron),
+        None => builder,
+    })
+    .await
+}
+
+/// [`token_node`], its builder given to `more` (other jobs, a cron) before it starts.
+async fn token_node_with(
+    url: &str,
+    charted: bool,
+    more: impl FnOnce(forge::NodeBuilder) -> forge::NodeBuilder,
+) -> (forge::Node, String) {
     let mut config = served_job_config(url, "web-1", charted);
     config.admin.token = Some(TOKEN.to_owned());
-    let mut builder = forge::Node::builder(config).auto_register(false).job(plain);
-    if let Some(cron) = cron {
-        builder = builder.cron(cron);
-    }
+    let builder = more(forge::Node::builder(config).auto_register(false).job(plain));
     let node = builder.start().await.expect("node starts");
     let base = format!(
         "{}/",
@@ -1763,8 +1773,14 @@ async fn audited(pool: &PgPool, subject: &str) -> Vec<String> {
     .unwrap()
 }
 
-/// A queue's operator limits as stored: (global concurrency, rate count, rate window in ms,
-/// rate key, set by); `None` when no row.
+/// What [`stored_limits`] reads: a queue's limits or a job kind's.
+enum Limited {
+    Queue,
+    Kind,
+}
+
+/// A queue's or a job kind's limits as stored: (global concurrency, rate count, rate window in
+/// ms, rate key, set by); `None` when no row.
 type StoredLimits = Option<(
     Option<i32>,
     Option<i32>,
@@ -1773,15 +1789,22 @@ type StoredLimits = Option<(
     Option<String>,
 )>;
 
-async fn stored_limits(pool: &PgPool, queue: &str) -> StoredLimits {
-    sqlx::query_as(
-        "SELECT global_concurrency, rate_count, rate_window_ms, rate_key, set_by
-           FROM forge.queue_limits WHERE queue = $1",
-    )
-    .bind(queue)
-    .fetch_optional(pool)
-    .await
-    .unwrap()
+async fn stored_limits(pool: &PgPool, limited: Limited, name: &str) -> StoredLimits {
+    let sql = match limited {
+        Limited::Queue => {
+            "SELECT global_concurrency, rate_count, rate_window_ms, rate_key, set_by
+               FROM forge.queue_limits WHERE queue = $1"
+        }
+        Limited::Kind => {
+            "SELECT global_concurrency, rate_count, rate_window_ms, rate_key, set_by
+               FROM forge.kind_limits WHERE kind = $1"
+        }
+    };
+    sqlx::query_as(sql)
+        .bind(name)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
 }
 
 /// From the Overview's queue table: a queue's jobs waiting for their parents (Pending), and its
@@ -1834,7 +1857,7 @@ async fn a_queues_pending_jobs_show_and_its_limits_are_set_and_reset_from_the_da
         .await;
     assert!(error.contains("HTTP 400"), "{error}");
     assert_eq!(invalid, ["rate"], "{error}");
-    assert_eq!(stored_limits(&pool, "limited").await, None);
+    assert_eq!(stored_limits(&pool, Limited::Queue, "limited").await, None);
     browser.screenshot("queue-limits-bad-rate").await;
     browser
         .assert_console_shows_only_refusals("after the bad rate", &[400])
@@ -1847,7 +1870,7 @@ async fn a_queues_pending_jobs_show_and_its_limits_are_set_and_reset_from_the_da
         .click("dialog.form button[data-action=save-queue-limits]")
         .await;
     browser.form_closed("the limits dialog to close").await;
-    let stored = stored_limits(&pool, "limited")
+    let stored = stored_limits(&pool, Limited::Queue, "limited")
         .await
         .expect("the operator's limits");
     assert_eq!(
@@ -1886,7 +1909,7 @@ async fn a_queues_pending_jobs_show_and_its_limits_are_set_and_reset_from_the_da
         .click("dialog.form button[data-action=reset-queue-limits]")
         .await;
     browser.form_closed("the limits dialog to close").await;
-    assert_eq!(stored_limits(&pool, "limited").await, None);
+    assert_eq!(stored_limits(&pool, Limited::Queue, "limited").await, None);
     browser
         .wait_js(
             "no limits in the queue's row",
@@ -1902,6 +1925,162 @@ async fn a_queues_pending_jobs_show_and_its_limits_are_set_and_reset_from_the_da
     );
     browser
         .assert_no_console_errors("while limiting a queue")
+        .await;
+    browser.close().await;
+    node.shutdown().await;
+}
+
+/// From the Overview's job kinds' limits: a kind limited by its code is listed as the code's;
+/// a kind not listed yet is limited from the page (named in the form, the token asked for
+/// first), a bad rate refused with the API's message next to its field (nothing stored), then
+/// set (stored as the operator's, audited, listed with what counts against it), then reset to
+/// the code's (none: it leaves the list).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_kinds_limits_are_listed_set_and_reset_from_the_dashboard() {
+    if !browser_present() {
+        return;
+    }
+    let (db, pool) = setup().await;
+    // `capped` declares a global concurrency of 3, which the node writes at start.
+    let (node, base) = token_node_with(db.url(), false, |b| b.job(crate::jobs::capped)).await;
+
+    let browser = Browser::start("kind-limits").await;
+    browser.open(&format!("{base}#/overview")).await;
+    browser.wait_loaded("overview").await;
+    let code = browser
+        .wait_js(
+            "the code's limits of capped",
+            PAGE_DEADLINE,
+            "const row = document.querySelector('#page tr[data-kind=capped]');
+             const f = (name) => row.querySelector(`[data-field=${name}]`).textContent;
+             return row && [f('limits'), f('set-by'), f('running')];",
+            vec![],
+        )
+        .await;
+    assert_eq!(code, json!(["global 3", "the code", "0 of 3"]));
+    let actions = browser
+        .assert_actions_are_keyboard_buttons("overview")
+        .await;
+    assert!(
+        actions.contains(&"new-kind-limits".to_owned())
+            && actions.contains(&"limit-kind".to_owned()),
+        "{actions:?}"
+    );
+    // The code's limits: the form has nothing to reset.
+    browser
+        .click("#page tr[data-kind=capped] button[data-action=limit-kind]")
+        .await;
+    let reset = browser
+        .wait_js(
+            "the form of capped's limits",
+            SOON,
+            "const d = document.querySelector('dialog.form');
+             return d && [d.querySelector('#form-global_concurrency').value,
+                          d.querySelector('[data-action=reset-kind-limits]') !== null];",
+            vec![],
+        )
+        .await;
+    assert_eq!(reset, json!(["3", false]));
+    browser
+        .click("dialog.form button[data-action=cancel-form]")
+        .await;
+    browser.form_closed("the limits dialog to close").await;
+
+    // A kind not listed yet, with a bad rate: the API's message, the field marked, nothing stored.
+    browser
+        .click("#page button[data-action=new-kind-limits]")
+        .await;
+    browser.fill("kind", "send_email").await;
+    browser.fill("global_concurrency", "2").await;
+    browser.fill("rate", "10 a second").await;
+    browser
+        .click("dialog.form button[data-action=save-kind-limits]")
+        .await;
+    browser.give_token().await;
+    let (error, invalid) = browser
+        .form_error("the API's error about the rate", "10 a second")
+        .await;
+    assert!(error.contains("HTTP 400"), "{error}");
+    assert_eq!(invalid, ["rate"], "{error}");
+    assert_eq!(
+        stored_limits(&pool, Limited::Kind, "send_email").await,
+        None
+    );
+    browser.screenshot("kind-limits-bad-rate").await;
+    browser
+        .assert_console_shows_only_refusals("after the bad rate", &[400])
+        .await;
+
+    // Corrected: stored as the operator's, audited, listed.
+    browser.fill("rate", "10/1s").await;
+    browser.fill("rate_key", "customer").await;
+    browser
+        .click("dialog.form button[data-action=save-kind-limits]")
+        .await;
+    browser.form_closed("the limits dialog to close").await;
+    let stored = stored_limits(&pool, Limited::Kind, "send_email")
+        .await
+        .expect("the operator's limits");
+    assert_eq!(
+        (stored.0, stored.1, stored.2, stored.3.as_deref()),
+        (Some(2), Some(10), Some(1_000), Some("customer"))
+    );
+    let by = stored.4.expect("an operator's limits say who set them");
+    assert!(by.starts_with("api "), "{by}");
+    let listed = browser
+        .wait_js(
+            "the operator's limits listed",
+            PAGE_DEADLINE,
+            "const row = document.querySelector('#page tr[data-kind=send_email]');
+             const f = (name) => row.querySelector(`[data-field=${name}]`).textContent;
+             return row && [f('limits'), f('set-by'), f('running'), f('claims')];",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        listed,
+        json!(["global 2, rate 10/1s per customer", by, "0 of 2", "0"])
+    );
+    browser.screenshot("kind-limits-set").await;
+
+    // Reset: back to the code's (none for this kind: it leaves the list).
+    browser
+        .click("#page tr[data-kind=send_email] button[data-action=limit-kind]")
+        .await;
+    let shown = browser
+        .wait_js(
+            "the dialog with the current limits",
+            SOON,
+            "const g = document.querySelector('dialog.form #form-global_concurrency');
+             return g && [g.value, document.querySelector('#form-rate').value,
+                          document.querySelector('#form-rate_key').value];",
+            vec![],
+        )
+        .await;
+    assert_eq!(shown, json!(["2", "10/1s", "customer"]));
+    browser
+        .click("dialog.form button[data-action=reset-kind-limits]")
+        .await;
+    browser.form_closed("the limits dialog to close").await;
+    assert_eq!(
+        stored_limits(&pool, Limited::Kind, "send_email").await,
+        None
+    );
+    browser
+        .wait_js(
+            "the kind gone from the list, the code's still there",
+            PAGE_DEADLINE,
+            "return document.querySelector('#page tr[data-kind=send_email]') === null
+                 && document.querySelector('#page tr[data-kind=capped]') !== null;",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        audited(&pool, "send_email").await,
+        ["limit_kind", "reset_kind_limits"]
+    );
+    browser
+        .assert_no_console_errors("while limiting a job kind")
         .await;
     browser.close().await;
     node.shutdown().await;
