@@ -238,7 +238,7 @@ function queueAction(ctx, q) {
 // empty field: no such limit). `subject`: `key` ('queue' or 'kind': the API's parameter, and
 // the form's name field when `name` is not given, for a kind not listed yet), `noun` ('Queue',
 // 'Job kind'), `name`, `limits` and `setBy` (as the API lists them), `origin` (whose limits a
-// reset gives back: 'forge.toml', 'the code\'s').
+// reset gives back: 'forge.toml', 'forge.toml\'s or the code\'s').
 function limitsForm(ctx, { key, noun, name, limits, setBy, origin }) {
   const url = (n) => `api/${key === 'queue' ? 'queues' : 'kinds'}/${encodeURIComponent(n)}/limits`;
   const l = limits || {};
@@ -303,7 +303,7 @@ function limitsText(l, { short = false } = {}) {
 // A listed kind's limits, or (`k` undefined) any kind's, named in the form.
 function kindLimitsForm(ctx, k) {
   limitsForm(ctx, {
-    key: 'kind', noun: 'Job kind', name: k && k.kind, limits: k && k.limits, setBy: k && k.set_by, origin: 'the code\'s',
+    key: 'kind', noun: 'Job kind', name: k && k.kind, limits: k && k.limits, setBy: k && k.set_by, origin: 'forge.toml\'s or the code\'s',
   });
 }
 
@@ -320,7 +320,7 @@ function kindLimitsTable(ctx, kinds) {
         h('a', { href: `#/jobs?kind=${encodeURIComponent(k.kind)}` }, k.kind),
         h('span', { dataset: { field: 'limits' } }, limitsText(k.limits, { short: true }) || '-'),
         h('span', { dataset: { field: 'set-by' } },
-          k.set_by || h('span', { class: 'muted', title: 'the kind\'s declared options, written by a node at start' }, 'the code')),
+          k.set_by || h('span', { class: 'muted', title: 'forge.toml\'s [jobs.kinds], else the kind\'s declared options, written by a node at start' }, 'a node')),
         k.limits.global_concurrency != null
           ? h('span', { dataset: { field: 'running' } }, `${fmtNumber(k.limited_running)} of ${fmtNumber(k.limits.global_concurrency)}`,
             k.at_global_limit ? [' ', badge('at limit', 'warn')] : null)

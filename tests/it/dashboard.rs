@@ -1930,7 +1930,7 @@ async fn a_queues_pending_jobs_show_and_its_limits_are_set_and_reset_from_the_da
     node.shutdown().await;
 }
 
-/// From the Overview's job kinds' limits: a kind limited by its code is listed as the code's;
+/// From the Overview's job kinds' limits: a kind limited by its code is listed as a node's;
 /// a kind not listed yet is limited from the page (named in the form, the token asked for
 /// first), a bad rate refused with the API's message next to its field (nothing stored), then
 /// set (stored as the operator's, audited, listed with what counts against it), then reset to
@@ -1957,7 +1957,7 @@ async fn a_job_kinds_limits_are_listed_set_and_reset_from_the_dashboard() {
             vec![],
         )
         .await;
-    assert_eq!(code, json!(["global 3", "the code", "0 of 3"]));
+    assert_eq!(code, json!(["global 3", "a node", "0 of 3"]));
     let actions = browser
         .assert_actions_are_keyboard_buttons("overview")
         .await;
