@@ -31,12 +31,14 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'on', true);
     v_mark := format('job %s %s', p_id, p_attempt);
     IF p_keep_completed THEN
-        UPDATE forge.jobs j
-           SET state = 'completed', finished_at = clock_timestamp()
-         WHERE j.id = p_id AND j.attempt = p_attempt AND j.node_id = p_node
-           AND j.state = 'running';
+        -- (Kept completed jobs move to forge.jobs_done, the row found locked first.)
+        PERFORM forge.jobs_move_done(ARRAY(
+                    SELECT j.ctid FROM forge.jobs_live j
+                     WHERE j.id = p_id AND j.attempt = p_attempt AND j.node_id = p_node
+                       AND j.state = 'running'
+                       FOR NO KEY UPDATE), NULL, p_node);
     ELSE
-        DELETE FROM forge.jobs j
+        DELETE FROM forge.jobs_live j
          WHERE j.id = p_id AND j.attempt = p_attempt AND j.node_id = p_node
            AND j.state = 'running';
     END IF;

@@ -3,7 +3,8 @@
 -- its children's readiness with it). It fires only for rows that have children, or parents on
 -- delete (the triggers' WHEN clauses), so jobs without dependencies cost one test per row.
 --
--- * A parent ends (UPDATE to completed, dead or cancelled; or its row is deleted: completed
+-- * A parent ends (UPDATE to completed, dead or cancelled; its row moved to forge.jobs_done,
+--   completed and kept; or its row is deleted: completed
 --   with [jobs] completed_retention = "0s", pruned by retention, or deleted by an operator).
 --   Its unresolved edges are marked resolved (once: a parent retried and finished again counts
 --   nothing more), then its pending children are locked in id order and updated in one
@@ -27,8 +28,25 @@ DECLARE
     v_children bigint[];
     v_wake     text[];
     v_due      timestamptz;
+    v_moved    boolean := false;
 BEGIN
-    IF TG_OP = 'DELETE' THEN
+    -- A row that left one partition of forge.jobs for the other: a completion kept
+    -- (forge.jobs_move_done, or an update to 'completed') or a completed job made available
+    -- again (forge.jobs_retry_now). The first is the parent's end, and its edges stay; the
+    -- second ends nothing.
+    IF TG_OP = 'DELETE' AND OLD.state = 'completed' THEN
+        v_moved := EXISTS (SELECT 1 FROM forge.jobs_live j WHERE j.id = OLD.id);
+        IF v_moved THEN
+            RETURN NULL;
+        END IF;
+    ELSIF TG_OP = 'DELETE' THEN
+        v_moved := EXISTS (SELECT 1 FROM forge.jobs_done j WHERE j.id = OLD.id);
+    END IF;
+    IF v_moved THEN
+        v_row := OLD;
+        v_ok := true;
+        v_end := 'completed';
+    ELSIF TG_OP = 'DELETE' THEN
         v_row := OLD;
         v_ok := OLD.state IN ('running', 'completed');
         v_end := CASE WHEN OLD.state IN ('dead', 'cancelled') THEN OLD.state
@@ -81,7 +99,7 @@ BEGIN
                               v_row.namespace || ' ' || (extract(epoch FROM v_due) * 1000)::bigint);
         END IF;
     END IF;
-    IF TG_OP = 'DELETE' THEN
+    IF TG_OP = 'DELETE' AND NOT v_moved THEN
         DELETE FROM forge.job_edges e WHERE e.parent_id = OLD.id OR e.child_id = OLD.id;
     END IF;
     RETURN NULL;

@@ -38,7 +38,7 @@ BEGIN
           FROM (SELECT l.*, 'running'::text AS running
                   FROM unnest(p_ids, p_attempts, p_reasons, p_counted) AS l(id, attempt, reason, counted)
                 OFFSET 0) l
-          LEFT JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+          LEFT JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs_live j
                               WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = l.running
                               LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED) x ON true
          WHERE x.tid IS NOT NULL OR EXISTS (

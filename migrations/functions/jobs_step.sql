@@ -203,20 +203,20 @@ BEGIN
                 SELECT array_agg(x.tid) INTO v_tids
                   FROM (SELECT s.id, 'running'::text AS running FROM unnest(p_started) AS s(id)
                         OFFSET 0) s
-                 CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+                 CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs_live j
                                       WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
                                         AND j.started_at IS NULL LIMIT 1) x;
             ELSE
                 SELECT array_agg(x.tid) INTO v_tids
                   FROM (SELECT s.id, 'running'::text AS running FROM unnest(p_started) AS s(id)
                         OFFSET 0) s
-                 CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+                 CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs_live j
                                       WHERE j.id = s.id AND j.node_id = p_node AND j.state = s.running
                                         AND j.started_at IS NULL LIMIT 1 FOR NO KEY UPDATE) x;
             END IF;
             -- (A version written meanwhile is checked again by these conditions, in a CASE that
             -- the planner never matches to jobs_running: see the header.)
-            UPDATE forge.jobs j SET started_at = clock_timestamp()
+            UPDATE forge.jobs_live j SET started_at = clock_timestamp()
              WHERE j.ctid = ANY (v_tids)
                AND CASE WHEN j.node_id = p_node AND j.state = 'running' AND j.started_at IS NULL
                         THEN true END;
@@ -245,7 +245,7 @@ BEGIN
                 SELECT array_agg(x.tid), array_agg(x.creator) INTO v_tids, v_creators
                   FROM (SELECT o.id, o.attempt, 'running'::text AS running
                           FROM unnest(p_ids, p_attempts) AS o(id, attempt) OFFSET 0) o
-                 CROSS JOIN LATERAL (SELECT j.ctid AS tid, j.xmin AS creator FROM forge.jobs j
+                 CROSS JOIN LATERAL (SELECT j.ctid AS tid, j.xmin AS creator FROM forge.jobs_live j
                                       WHERE j.id = o.id AND j.attempt = o.attempt
                                         AND j.node_id = p_node AND j.state = o.running
                                       LIMIT 1) x;
@@ -253,22 +253,21 @@ BEGIN
                 SELECT array_agg(x.tid), array_agg(x.creator) INTO v_tids, v_creators
                   FROM (SELECT o.id, o.attempt, 'running'::text AS running
                           FROM unnest(p_ids, p_attempts) AS o(id, attempt) OFFSET 0) o
-                 CROSS JOIN LATERAL (SELECT j.ctid AS tid, j.xmin AS creator FROM forge.jobs j
+                 CROSS JOIN LATERAL (SELECT j.ctid AS tid, j.xmin AS creator FROM forge.jobs_live j
                                       WHERE j.id = o.id AND j.attempt = o.attempt
                                         AND j.node_id = p_node AND j.state = o.running
                                       LIMIT 1 FOR NO KEY UPDATE) x;
             END IF;
             IF p_keep_completed THEN
-                UPDATE forge.jobs j
-                   SET state = 'completed', finished_at = clock_timestamp()
-                 WHERE j.ctid = ANY (v_tids) AND j.xmin = ANY (v_creators)
-                   AND CASE WHEN j.state = 'running' AND j.node_id = p_node THEN true END;
+                -- (Kept completed jobs move to forge.jobs_done.)
+                SELECT count(*) INTO v_written
+                  FROM forge.jobs_move_done(v_tids, v_creators, p_node);
             ELSE
-                DELETE FROM forge.jobs j
+                DELETE FROM forge.jobs_live j
                  WHERE j.ctid = ANY (v_tids) AND j.xmin = ANY (v_creators)
                    AND CASE WHEN j.state = 'running' AND j.node_id = p_node THEN true END;
+                GET DIAGNOSTICS v_written = ROW_COUNT;
             END IF;
-            GET DIAGNOSTICS v_written = ROW_COUNT;
             v_applied := v_applied + v_written;
             EXIT WHEN v_written = coalesce(cardinality(v_tids), 0);
         END LOOP;
@@ -281,8 +280,8 @@ BEGIN
                    NULL::bigint, NULL::double precision, 'refused'::text, NULL::smallint,
                    NULL::timestamptz
               FROM unnest(p_ids, p_attempts) AS o(id, attempt)
-             WHERE NOT EXISTS (SELECT 1 FROM forge.jobs j
-                                WHERE j.id = o.id AND j.state = 'completed'
+             WHERE NOT EXISTS (SELECT 1 FROM forge.jobs_done j
+                                WHERE j.id = o.id
                                   AND j.attempt = o.attempt AND j.node_id = p_node OFFSET 0)
                AND (p_keep_completed
                     OR EXISTS (SELECT 1 FROM forge.jobs j WHERE j.id = o.id OFFSET 0));
@@ -294,19 +293,19 @@ BEGIN
               FROM (SELECT o.*, 'running'::text AS running
                       FROM unnest(p_ids, p_attempts, p_states, p_delays_ms, p_errors)
                            AS o(id, attempt, state, delay_ms, error) OFFSET 0) o
-             CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs j
+             CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs_live j
                                   WHERE j.id = o.id AND j.attempt = o.attempt
                                     AND j.node_id = p_node AND j.state = o.running
                                   LIMIT 1 FOR NO KEY UPDATE) x
         ), d AS (
             -- Completed jobs are deleted when they are not kept.
-            DELETE FROM forge.jobs j
+            DELETE FROM forge.jobs_live j
              USING o
              WHERE NOT p_keep_completed AND o.state = 'completed'
                AND j.ctid = ANY (ARRAY(SELECT o.tid FROM o)) AND j.ctid = o.tid
             RETURNING j.id, 'completed'::text AS state, j.run_at, j.queue, j.role
         ), u AS (
-            UPDATE forge.jobs j
+            UPDATE forge.jobs_live j
                SET state = CASE
                        WHEN o.state IN ('retryable', 'available', 'released') AND j.cancel_requested
                            THEN 'cancelled'
@@ -329,11 +328,17 @@ BEGIN
                            'at', clock_timestamp(), 'attempt', j.attempt, 'node', p_node) || o.error)
                        END
               FROM o
-             WHERE (p_keep_completed OR o.state <> 'completed')
+             WHERE o.state <> 'completed'
                AND j.ctid = ANY (ARRAY(SELECT o.tid FROM o)) AND j.ctid = o.tid
             RETURNING j.id, j.state, j.run_at, j.queue, j.role
+        ), m AS (
+            -- Kept completed jobs move to forge.jobs_done (rows locked above: no creators).
+            SELECT m.id, 'completed'::text AS state, m.run_at, m.queue, m.role
+              FROM forge.jobs_move_done(ARRAY(SELECT o.tid FROM o WHERE o.state = 'completed'
+                                                                   AND p_keep_completed),
+                                        NULL, p_node) m
         ), a AS (
-            SELECT * FROM u UNION ALL SELECT * FROM d
+            SELECT * FROM u UNION ALL SELECT * FROM d UNION ALL SELECT * FROM m
         )
         SELECT array_agg(a.id), array_agg(a.state),
                min(a.run_at) FILTER (WHERE a.state = 'retryable'),
@@ -356,8 +361,8 @@ BEGIN
          WHERE CASE WHEN a.id IS NOT NULL
                     THEN a.state <> CASE o.asked WHEN 'released' THEN 'available' ELSE o.asked END
                     ELSE NOT (o.asked = 'completed' AND (EXISTS (
-                             SELECT 1 FROM forge.jobs j
-                              WHERE j.id = o.id AND j.state = 'completed'
+                             SELECT 1 FROM forge.jobs_done j
+                              WHERE j.id = o.id
                                 AND j.attempt = o.attempt AND j.node_id = p_node OFFSET 0)
                              OR (NOT p_keep_completed
                                  AND NOT EXISTS (SELECT 1 FROM forge.jobs j
@@ -428,7 +433,7 @@ BEGIN
                 -- The slots of attempts that ended are free (see migration 0013).
                 DELETE FROM forge.queue_slots s
                  WHERE s.namespace = p_namespace AND s.queue = p_queue
-                   AND NOT EXISTS (SELECT 1 FROM forge.jobs j
+                   AND NOT EXISTS (SELECT 1 FROM forge.jobs_live j
                                     WHERE j.id = s.job_id AND j.attempt = s.attempt
                                       AND j.state = 'running');
                 SELECT v_limits.global_concurrency - count(*) INTO v_room FROM forge.queue_slots s
@@ -462,7 +467,7 @@ BEGIN
                                                            ORDER BY w.priority, w.run_at, w.id) AS nth
                               FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at,
                                            coalesce(j.args ->> v_limits.rate_key, '') AS rate_key
-                                      FROM forge.jobs j
+                                      FROM forge.jobs_live j
                                      WHERE j.namespace = p_namespace AND j.queue = p_queue
                                        AND j.state = 'available' AND j.role IS NULL
                                        AND j.kind = ANY (v_open_kinds)
@@ -518,7 +523,7 @@ BEGIN
         NULL; -- claimed above, per rate key
     ELSIF p_role IS NULL AND p_after_id IS NOT NULL THEN
         SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
-          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs j
+          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs_live j
                  WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
                    AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
                    AND (v_spent IS NULL OR j.kind || E'\x1f' || coalesce(j.args ->> v_key_args[
@@ -529,7 +534,7 @@ BEGIN
                    FOR UPDATE SKIP LOCKED) c;
     ELSIF p_role IS NULL THEN
         SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
-          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs j
+          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs_live j
                  WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
                    AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
                    AND (v_spent IS NULL OR j.kind || E'\x1f' || coalesce(j.args ->> v_key_args[
@@ -539,7 +544,7 @@ BEGIN
                    FOR UPDATE SKIP LOCKED) c;
     ELSE
         SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
-          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs j
+          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs_live j
                  WHERE j.namespace = p_namespace AND j.role = p_role
                    AND (p_queue IS NULL OR j.queue = p_queue)
                    AND NOT EXISTS (SELECT 1 FROM forge.queues q
@@ -556,7 +561,7 @@ BEGIN
         -- counts against them, read in statements that begin after the locks (as for the
         -- queue's, above), and of the jobs found, each limited kind's first ones within its
         -- room and its rate key's budget, and of those only as many as start now.
-        FOR v_kind IN SELECT DISTINCT j.kind FROM forge.jobs j
+        FOR v_kind IN SELECT DISTINCT j.kind FROM forge.jobs_live j
                         JOIN forge.kind_limits k ON k.namespace = p_namespace AND k.kind = j.kind
                        WHERE j.ctid = ANY (v_tids) ORDER BY j.kind LOOP
             PERFORM pg_advisory_xact_lock(hashtext('forge.kind_limit'),
@@ -572,7 +577,7 @@ BEGIN
         -- The slots of attempts that ended are free (see migration 0014).
         DELETE FROM forge.kind_slots s
          WHERE s.namespace = p_namespace AND s.kind = ANY (v_kl_kinds)
-           AND NOT EXISTS (SELECT 1 FROM forge.jobs j
+           AND NOT EXISTS (SELECT 1 FROM forge.jobs_live j
                             WHERE j.id = s.job_id AND j.attempt = s.attempt
                               AND j.state = 'running');
         SELECT array_agg(k.kind), array_agg(k.room), array_agg(k.rate_count),
@@ -594,7 +599,7 @@ BEGIN
                                        l.rate_count,
                                        CASE WHEN l.rate_key IS NULL THEN ''
                                             ELSE coalesce(j.args ->> l.rate_key, '') END AS rate_key
-                                  FROM forge.jobs j
+                                  FROM forge.jobs_live j
                                   LEFT JOIN unnest(v_kl_kinds, v_kl_room, v_kl_rate, v_kl_key)
                                             AS l(kind, room, rate_count, rate_key) ON l.kind = j.kind
                                  WHERE j.ctid = ANY (v_tids)) w) c
@@ -616,14 +621,14 @@ BEGIN
         SELECT p_namespace, j.kind,
                CASE WHEN l.rate_key IS NULL THEN '' ELSE coalesce(j.args ->> l.rate_key, '') END,
                v_claimed_at
-          FROM forge.jobs j
+          FROM forge.jobs_live j
           JOIN unnest(v_kl_kinds, v_kl_rate, v_kl_key) AS l(kind, rate_count, rate_key)
             ON l.kind = j.kind AND l.rate_count IS NOT NULL
          WHERE j.ctid = ANY (v_kl_tids);
         -- A slot per attempt claimed under a kind's global limit (taking over the slot of the
         -- job's earlier attempt, ended since the prune).
         INSERT INTO forge.kind_slots AS s (namespace, kind, job_id, attempt)
-        SELECT p_namespace, j.kind, j.id, j.attempt + 1 FROM forge.jobs j
+        SELECT p_namespace, j.kind, j.id, j.attempt + 1 FROM forge.jobs_live j
          WHERE j.ctid = ANY (v_kl_tids) AND j.kind = ANY (v_kl_global)
         ON CONFLICT (namespace, kind, job_id) DO UPDATE SET attempt = EXCLUDED.attempt;
     END IF;
@@ -646,13 +651,13 @@ BEGIN
                CASE WHEN v_limits.rate_key IS NULL THEN ''
                     ELSE coalesce(j.args ->> v_limits.rate_key, '') END,
                v_claimed_at
-          FROM forge.jobs j WHERE j.ctid = ANY (v_tids);
+          FROM forge.jobs_live j WHERE j.ctid = ANY (v_tids);
     END IF;
     IF v_limits.global_concurrency IS NOT NULL THEN
         -- A slot per attempt claimed under the global limit (all of them start: see above).
         -- (A slot left by the job's earlier attempt, ended since the prune, is taken over.)
         INSERT INTO forge.queue_slots AS s (namespace, queue, job_id, attempt)
-        SELECT p_namespace, p_queue, j.id, j.attempt + 1 FROM forge.jobs j
+        SELECT p_namespace, p_queue, j.id, j.attempt + 1 FROM forge.jobs_live j
          WHERE j.ctid = ANY (v_tids)
         ON CONFLICT (namespace, queue, job_id) DO UPDATE SET attempt = EXCLUDED.attempt;
     END IF;
@@ -667,7 +672,7 @@ BEGIN
         v_start := v_tids[1:p_start];
     END IF;
     RETURN QUERY
-    UPDATE forge.jobs j
+    UPDATE forge.jobs_live j
        SET state = 'running', attempt = j.attempt + 1, node_id = p_node,
            epoch = CASE WHEN p_role IS NOT NULL THEN p_epoch END,
            tenure = CASE WHEN p_role IS NOT NULL THEN p_tenure END,
