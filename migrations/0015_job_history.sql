@@ -3,14 +3,14 @@
 -- forge.jobs becomes a table partitioned by state, with two partitions:
 --   forge.jobs_live  every job that is not completed (pending, available, scheduled, running,
 --                    retryable, dead, cancelled): the former table, with all its indexes;
---   forge.jobs_done  completed jobs kept for [jobs] completed_retention: append-only, with a
---                    btree on id (an operator's look-up) and a BRIN index on finished_at
---                    (pruning by age), nothing else.
+--   forge.jobs_done  completed jobs kept for [jobs] completed_retention: append-only, with one
+--                    index, a btree on id (look-ups; pruning walks it in id order, which is
+--                    nearly the order of completion: see forge.jobs_prune).
 -- A completion that keeps the job moves its row (one statement: a delete in jobs_live, an insert
 -- in jobs_done) instead of writing a new version of it in jobs_live. That new version was never
 -- HOT: it left the running-by-node index and entered the finished-by-age one (jobs_finished),
 -- each an index entry per job, plus the primary key's. The move writes a delete mark and an
--- appended row with its id entry; the BRIN index is written once per range of pages.
+-- appended row with its id entry.
 --
 -- Readers and writers keep naming forge.jobs: PostgreSQL routes an insert to its partition and
 -- moves a row whose update changes its partition (an operator's retry of a completed job moves
@@ -24,7 +24,6 @@ ALTER SEQUENCE forge.jobs_id_seq OWNED BY forge.jobs.id;
 
 CREATE TABLE forge.jobs_done PARTITION OF forge.jobs FOR VALUES IN ('completed');
 CREATE INDEX jobs_done_id ON forge.jobs_done (id);
-CREATE INDEX jobs_done_finished ON forge.jobs_done (finished_at);
 
 -- The completed jobs there are moved over, without the triggers of forge.jobs_parent_finished
 -- (a completed job's children were settled when it completed), which go to the partitioned

@@ -53,6 +53,7 @@ mod election;
 mod exactly_once;
 mod faults;
 mod flow;
+mod history;
 mod jobs;
 mod kind_limits;
 mod limits;

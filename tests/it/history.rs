@@ -1,0 +1,135 @@
+//! Completed jobs kept in `forge.jobs_done` (the partition of `forge.jobs` for completed jobs): a
+//! kept completion moves the job's whole row there, by the worker's round trip and by the
+//! handler's own transaction; an operator's retry moves it back and it runs again; the compactor
+//! prunes it by age; and every column of a job is copied by the move.
+
+use std::time::Duration;
+
+use forge::inspect::{Change, Workload};
+use forge::jobs::{JobId, JobState, NewJob};
+use forge::{LockNamespace, Node};
+use forge_testkit::wait_until;
+use sqlx::PgPool;
+
+use crate::jobs::{Behave, inserted, job_config, plain, setup, wait_state};
+use crate::support::*;
+
+/// The partition that holds job `id` (`forge.jobs_live` or `forge.jobs_done`), and how many
+/// rows `forge.jobs` has for it.
+async fn partition(pool: &PgPool, id: JobId) -> (Option<String>, i64) {
+    sqlx::query_as(
+        "SELECT min(tableoid::regclass::text), count(*) FROM forge.jobs WHERE id = $1",
+    )
+    .bind(id.0)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_completion_moves_the_job_to_jobs_done_a_retry_moves_it_back_and_the_compactor_prunes_it()
+ {
+    let (db, pool) = setup().await;
+    let mut config = job_config(db.url(), "a");
+    config.node.roles = Some(vec!["scheduler".into(), "log_compactor".into()]);
+    config.jobs.completed_retention = Duration::from_secs(3600);
+    config.cluster.compaction_interval = Duration::from_millis(200);
+    let node = Node::builder(config)
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .expect("node starts");
+    let jobs = node.jobs();
+
+    // Completed by the worker's round trip, with every field it had.
+    let id = inserted(
+        jobs.enqueue_job(
+            NewJob::new(plain, Behave::tag("moved"))
+                .priority(3)
+                .max_attempts(4)
+                .timeout(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap(),
+    );
+    let done = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!(
+        partition(&pool, id).await,
+        (Some("forge.jobs_done".to_owned()), 1)
+    );
+    assert_eq!(
+        (done.priority, done.max_attempts, done.attempt),
+        (3, Some(4), 1),
+        "{done:?}"
+    );
+    assert_eq!(done.timeout, Some(Duration::from_secs(30)));
+    assert_eq!(done.node_id.as_deref(), Some("a"));
+    assert!(done.finished_at.is_some() && done.attempted_at.is_some(), "{done:?}");
+
+    // An operator's retry moves it back; it runs and completes again, one row throughout.
+    let workload = Workload::new(pool.clone(), LockNamespace::default());
+    assert_eq!(workload.retry_job(id, "op").await.unwrap(), Change::Applied);
+    let again = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!(again.attempt, 2, "{again:?}");
+    assert_eq!(
+        partition(&pool, id).await,
+        (Some("forge.jobs_done".to_owned()), 1)
+    );
+
+    // Pruned by age (the compactor's next pass once it is older than the retention).
+    sqlx::query("UPDATE forge.jobs SET finished_at = finished_at - interval '2 hours' WHERE id = $1")
+        .bind(id.0)
+        .execute(&pool)
+        .await
+        .unwrap();
+    wait_until(
+        "the completed job to be pruned",
+        SOON,
+        Duration::from_millis(50),
+        || async { (partition(&pool, id).await.1 == 0).then_some(()) },
+    )
+    .await
+    .unwrap();
+    node.shutdown().await;
+}
+
+/// `forge.jobs_move_done` names each column of `forge.jobs` (but the two it sets): a column
+/// added by a migration and not copied there would be lost at every kept completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_move_to_jobs_done_copies_every_column_of_a_job() {
+    let (_db, pool) = setup().await;
+    let columns: Vec<String> = sqlx::query_scalar(
+        "SELECT attname::text FROM pg_attribute
+          WHERE attrelid = 'forge.jobs'::regclass AND attnum > 0 AND NOT attisdropped
+          ORDER BY attnum",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let source: String = sqlx::query_scalar(
+        "SELECT prosrc FROM pg_proc WHERE oid = 'forge.jobs_move_done(tid[], xid[], text)'::regprocedure",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(columns.len() >= 30, "{columns:?}");
+    // The insert names no columns: each must be copied in the table's order.
+    let copied = |c: &str| match c {
+        "state" => source.find("'completed'"),
+        "finished_at" => source.find("clock_timestamp()"),
+        c => [",", "\n"]
+            .iter()
+            .find_map(|end| source.find(&format!("d.{c}{end}"))),
+    };
+    let missing: Vec<&String> = columns.iter().filter(|c| copied(c).is_none()).collect();
+    assert!(
+        missing.is_empty(),
+        "forge.jobs_move_done does not copy {missing:?}"
+    );
+    let at: Vec<usize> = columns.iter().filter_map(|c| copied(c)).collect();
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "forge.jobs_move_done copies the columns out of the table's order {columns:?}: {at:?}"
+    );
+}
