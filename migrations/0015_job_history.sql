@@ -40,6 +40,7 @@ ALTER TABLE forge.jobs ATTACH PARTITION forge.jobs_live
 -- relation jobs found for row"), so the state's CHECK constraint, which every claim and every
 -- completion evaluated, goes.
 ALTER TABLE forge.jobs DROP CONSTRAINT jobs_state_check;
+ALTER TABLE forge.jobs_live DROP CONSTRAINT IF EXISTS jobs_state_check;
 
 COMMENT ON TABLE forge.jobs IS
     'FORGE''s durable jobs. state: pending (waiting for its parents) -> available, scheduled, running, retryable -> completed, dead (the dead-letter state), cancelled. Partitioned: forge.jobs_live holds every job not completed, forge.jobs_done the completed ones kept.';
