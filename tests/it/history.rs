@@ -17,13 +17,11 @@ use crate::support::*;
 /// The partition that holds job `id` (`forge.jobs_live` or `forge.jobs_done`), and how many
 /// rows `forge.jobs` has for it.
 async fn partition(pool: &PgPool, id: JobId) -> (Option<String>, i64) {
-    sqlx::query_as(
-        "SELECT min(tableoid::regclass::text), count(*) FROM forge.jobs WHERE id = $1",
-    )
-    .bind(id.0)
-    .fetch_one(pool)
-    .await
-    .unwrap()
+    sqlx::query_as("SELECT min(tableoid::regclass::text), count(*) FROM forge.jobs WHERE id = $1")
+        .bind(id.0)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,7 +63,10 @@ async fn a_kept_completion_moves_the_job_to_jobs_done_a_retry_moves_it_back_and_
     );
     assert_eq!(done.timeout, Some(Duration::from_secs(30)));
     assert_eq!(done.node_id.as_deref(), Some("a"));
-    assert!(done.finished_at.is_some() && done.attempted_at.is_some(), "{done:?}");
+    assert!(
+        done.finished_at.is_some() && done.attempted_at.is_some(),
+        "{done:?}"
+    );
 
     // An operator's retry moves it back; it runs and completes again, one row throughout.
     let workload = Workload::new(pool.clone(), LockNamespace::default());
@@ -78,11 +79,13 @@ async fn a_kept_completion_moves_the_job_to_jobs_done_a_retry_moves_it_back_and_
     );
 
     // Pruned by age (the compactor's next pass once it is older than the retention).
-    sqlx::query("UPDATE forge.jobs SET finished_at = finished_at - interval '2 hours' WHERE id = $1")
-        .bind(id.0)
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE forge.jobs SET finished_at = finished_at - interval '2 hours' WHERE id = $1",
+    )
+    .bind(id.0)
+    .execute(&pool)
+    .await
+    .unwrap();
     wait_until(
         "the completed job to be pruned",
         SOON,

@@ -148,7 +148,11 @@ CREATE TABLE soak_job_moves (
 
 CREATE FUNCTION soak_job_moved() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP = 'DELETE' THEN
+    IF TG_OP = 'DELETE' AND EXISTS (SELECT 1 FROM forge.jobs j WHERE j.id = OLD.id) THEN
+        -- The row moved between forge.jobs's partitions (a kept completion, a retry of a
+        -- completed job): its insert on the other side records the new state.
+        NULL;
+    ELSIF TG_OP = 'DELETE' THEN
         INSERT INTO soak_job_moves (job_id, kind, state, attempt, node, attempted_at)
         VALUES (OLD.id, OLD.kind, 'deleted', OLD.attempt, OLD.node_id, OLD.attempted_at);
     ELSE

@@ -45,7 +45,7 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE CONSTRAINT TRIGGER soak_stored_job_inserted AFTER INSERT ON forge.jobs
+CREATE CONSTRAINT TRIGGER soak_stored_job_inserted AFTER INSERT ON forge.jobs_live
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.kind = 'soak_stored_job')
     EXECUTE FUNCTION soak_stored_job_inserted();
 "#;
