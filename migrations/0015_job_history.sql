@@ -40,7 +40,18 @@ ALTER TABLE forge.jobs ATTACH PARTITION forge.jobs_live
 -- relation jobs found for row"), so the state's CHECK constraint, which every claim and every
 -- completion evaluated, goes.
 ALTER TABLE forge.jobs DROP CONSTRAINT jobs_state_check;
-ALTER TABLE forge.jobs_live DROP CONSTRAINT IF EXISTS jobs_state_check;
+-- The other CHECK constraints hold for jobs_live only: a row enters jobs_done only from
+-- jobs_live (a move copies it whole), so checking it again there, at every kept completion,
+-- would check nothing new.
+ALTER TABLE forge.jobs DROP CONSTRAINT jobs_max_attempts_check;
+ALTER TABLE forge.jobs DROP CONSTRAINT jobs_timeout_ms_check;
+ALTER TABLE forge.jobs DROP CONSTRAINT jobs_parents_left_check;
+ALTER TABLE forge.jobs DROP CONSTRAINT jobs_on_parent_failure_check;
+ALTER TABLE forge.jobs_live
+    ADD CONSTRAINT jobs_max_attempts_check CHECK (max_attempts > 0),
+    ADD CONSTRAINT jobs_timeout_ms_check CHECK (timeout_ms > 0),
+    ADD CONSTRAINT jobs_parents_left_check CHECK (parents_left >= 0),
+    ADD CONSTRAINT jobs_on_parent_failure_check CHECK (on_parent_failure IN ('cancel', 'run'));
 
 COMMENT ON TABLE forge.jobs IS
     'FORGE''s durable jobs. state: pending (waiting for its parents) -> available, scheduled, running, retryable -> completed, dead (the dead-letter state), cancelled. Partitioned: forge.jobs_live holds every job not completed, forge.jobs_done the completed ones kept.';

@@ -35,7 +35,9 @@
 -- A queue's limits (forge.queue_limits: a global concurrency, a rate) bound a queue worker's
 -- claims (a role's jobs, claimed by one leader, are not bound by them). Such a claim takes the
 -- queue's limit lock (a transaction-level advisory lock, so two nodes' claims take turns and
--- cannot both take the last slot), counts in statements that begin after it (each sees every
+-- cannot both take the last slot; waiting 250 ms at most, else it claims nothing and answers
+-- a 'limited' row of 100 ms, so that a claimant frozen holding the lock does not hold back this
+-- round trip's outcomes: see forge.limit_lock; a kind's lock likewise, below), counts in statements that begin after it (each sees every
 -- claim that released the lock before) the queue's running attempts claimed under the limit
 -- (forge.queue_slots, whose ended attempts are pruned here) and its claims in the rate's window
 -- (forge.queue_claims, pruned here), and
@@ -149,6 +151,7 @@ DECLARE
     v_wait    double precision;
     v_claimed_at timestamptz;
     v_limited boolean := false;
+    v_limit_locked boolean;
     v_kinds_limited boolean;
     -- The worker's limited kinds (forge.kind_limits) out of reach before the claim, read
     -- without their limit locks: the kinds at a limit, and '<kind>\x1f<rate key>' of the rate
@@ -420,9 +423,17 @@ BEGIN
          WHERE l.namespace = p_namespace AND l.queue = p_queue
            AND (l.global_concurrency IS NOT NULL OR l.rate_count IS NOT NULL);
         IF FOUND THEN
-            -- The queue's limit lock, then its limits again: they may have changed meanwhile.
-            PERFORM pg_advisory_xact_lock(hashtext('forge.queue_limit'),
-                                          hashtext(p_namespace || ' ' || p_queue));
+            v_limited := true;
+            v_limit_locked := forge.limit_lock('forge.queue_limit',
+                                               p_namespace || ' ' || p_queue, 250);
+        END IF;
+        IF v_limited AND NOT v_limit_locked THEN
+            -- The queue's limit lock is held longer than a claim takes (see forge.limit_lock):
+            -- claim nothing this time, and again in a moment.
+            p_limit := 0;
+            v_wait := 100;
+        ELSIF v_limited THEN
+            -- The queue's limit lock is held: its limits again, they may have changed meanwhile.
             SELECT * INTO v_limits FROM forge.queue_limits l
              WHERE l.namespace = p_namespace AND l.queue = p_queue;
             p_limit := least(p_limit, p_start);
@@ -564,9 +575,16 @@ BEGIN
         FOR v_kind IN SELECT DISTINCT j.kind FROM forge.jobs_live j
                         JOIN forge.kind_limits k ON k.namespace = p_namespace AND k.kind = j.kind
                        WHERE j.ctid = ANY (v_tids) ORDER BY j.kind LOOP
-            PERFORM pg_advisory_xact_lock(hashtext('forge.kind_limit'),
-                                          hashtext(p_namespace || ' ' || v_kind));
-            v_kl_kinds := v_kl_kinds || v_kind;
+            IF forge.limit_lock('forge.kind_limit', p_namespace || ' ' || v_kind, 250) THEN
+                v_kl_kinds := v_kl_kinds || v_kind;
+            ELSE
+                -- Held longer than a claim takes (see forge.limit_lock): none of the kind's jobs
+                -- this time; the worker claims again at once.
+                v_tids := ARRAY(SELECT t FROM unnest(v_tids) AS t
+                                 WHERE NOT EXISTS (SELECT 1 FROM forge.jobs_live j
+                                                    WHERE j.ctid = t AND j.kind = v_kind));
+                v_kl_wait := 0;
+            END IF;
         END LOOP;
     END IF;
     IF v_kl_kinds IS NOT NULL THEN

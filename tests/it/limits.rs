@@ -447,3 +447,46 @@ async fn a_global_limit_from_forge_toml_holds_while_nodes_are_killed_frozen_and_
     assert_eq!(overlap, 3, "at most 3 at once, and reached");
     drop((n1, n2, n3));
 }
+
+/// A claimant that froze holding a queue's limit lock (here: a session that holds it) holds back
+/// that queue's claims until it is marked down, but not the outcomes of the attempts running
+/// meanwhile: a claim waits a moment for the lock, then gives up and commits the outcomes it
+/// carries (`forge.limit_lock`). With a claim that waited, they stayed `running` as long as the
+/// lock was held (and the round trip failed at the session's `lock_timeout`, outcomes and all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_are_recorded_while_a_frozen_claimant_holds_the_queues_limit_lock() {
+    let (db, pool) = setup().await;
+    limit(&pool, Some(8), None, None).await;
+    let node = start(db.url(), "a", 4).await;
+    enqueue(&pool, 4, 500, "held").await;
+    wait_until(
+        "four jobs to run",
+        SOON,
+        Duration::from_millis(10),
+        || async {
+            let running: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM forge.jobs WHERE kind = 'plain' AND state = 'running'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (running == 4).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+
+    let mut frozen = pool.begin().await.unwrap();
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtext('forge.queue_limit'), hashtext('forge default'))",
+    )
+    .execute(&mut *frozen)
+    .await
+    .unwrap();
+    all_completed(&pool, SOON).await;
+    // The queue's claims go on once the lock is free.
+    enqueue(&pool, 1, 0, "after").await;
+    frozen.rollback().await.unwrap();
+    all_completed(&pool, SOON).await;
+    node.shutdown().await;
+}
