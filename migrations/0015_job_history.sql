@@ -4,8 +4,7 @@
 --   forge.jobs_live  every job that is not completed (pending, available, scheduled, running,
 --                    retryable, dead, cancelled): the former table, with all its indexes;
 --   forge.jobs_done  completed jobs kept for [jobs] completed_retention: append-only, with one
---                    index, a btree on id (look-ups; pruning walks it in id order, which is
---                    nearly the order of completion: see forge.jobs_prune).
+--                    index, a btree on id (look-ups, and pruning: see forge.jobs_prune).
 -- A completion that keeps the job moves its row (one statement: a delete in jobs_live, an insert
 -- in jobs_done) instead of writing a new version of it in jobs_live. That new version was never
 -- HOT: it left the running-by-node index and entered the finished-by-age one (jobs_finished),

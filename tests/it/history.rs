@@ -78,9 +78,11 @@ async fn a_kept_completion_moves_the_job_to_jobs_done_a_retry_moves_it_back_and_
         (Some("forge.jobs_done".to_owned()), 1)
     );
 
-    // Pruned by age (the compactor's next pass once it is older than the retention).
+    // Pruned by age (the compactor's next pass once it is older than the retention): as if it
+    // had been enqueued and completed two hours ago.
     sqlx::query(
-        "UPDATE forge.jobs SET finished_at = finished_at - interval '2 hours' WHERE id = $1",
+        "UPDATE forge.jobs SET created_at = created_at - interval '2 hours',
+                               finished_at = finished_at - interval '2 hours' WHERE id = $1",
     )
     .bind(id.0)
     .execute(&pool)
