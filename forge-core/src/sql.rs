@@ -210,19 +210,29 @@ where
 }
 
 /// The values of a `CHECK (column IN (...))` constraint, to compare with an enum's `ALL` in
-/// tests: `check_values(&pool, "forge.jobs", "state")`.
+/// tests: `check_values(&pool, "forge.cron_ticks", "state")`. For a table partitioned by a list
+/// of the column's values (`forge.jobs` by `state`), the values its partitions admit, partition
+/// by partition.
 pub async fn check_values(
     executor: impl sqlx::Executor<'_, Database = sqlx::Postgres>,
     table: &str,
     column: &str,
 ) -> Result<Vec<String>, sqlx::Error> {
     // pg_get_constraintdef gives "CHECK ((state = ANY (ARRAY['a'::text, 'b'::text])))".
+    // A partition's bound gives "FOR VALUES IN ('a', 'b')".
     let definition: Option<String> = sqlx::query_scalar(
-        "SELECT pg_get_constraintdef(c.oid)
-           FROM pg_constraint c
-           JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)
-          WHERE c.conrelid = $1::regclass AND c.contype = 'c' AND a.attname = $2
-          LIMIT 1",
+        "SELECT coalesce(
+                    (SELECT pg_get_constraintdef(c.oid)
+                       FROM pg_constraint c
+                       JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)
+                      WHERE c.conrelid = $1::regclass AND c.contype = 'c' AND a.attname = $2
+                      LIMIT 1),
+                    (SELECT string_agg(pg_get_expr(p.relpartbound, p.oid), ' ' ORDER BY p.oid)
+                       FROM pg_partitioned_table t
+                       JOIN pg_attribute a ON a.attrelid = t.partrelid AND a.attnum = t.partattrs[0]
+                       JOIN pg_inherits i ON i.inhparent = t.partrelid
+                       JOIN pg_class p ON p.oid = i.inhrelid
+                      WHERE t.partrelid = $1::regclass AND t.partstrat = 'l' AND a.attname = $2))",
     )
     .bind(table)
     .bind(column)

@@ -37,8 +37,9 @@
 -- queue's limit lock (a transaction-level advisory lock, so two nodes' claims take turns and
 -- cannot both take the last slot; waiting 250 ms at most, else it claims nothing and answers
 -- a 'limited' row of 100 ms, so that a claimant frozen holding the lock does not hold back this
--- round trip's outcomes: see forge.limit_lock; a kind's lock likewise, below), counts in statements that begin after it (each sees every
--- claim that released the lock before) the queue's running attempts claimed under the limit
+-- round trip's outcomes: see forge.limit_lock; a kind's lock likewise, below), counts in
+-- statements that begin after it (each sees every claim that released the lock before) the
+-- queue's running attempts claimed under the limit
 -- (forge.queue_slots, whose ended attempts are pruned here) and its claims in the rate's window
 -- (forge.queue_claims, pruned here), and
 -- claims at most what is left, only jobs that start at once (none ahead: a slot held by a job
