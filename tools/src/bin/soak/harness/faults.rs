@@ -185,8 +185,14 @@ impl Harness {
         let mut passed = Vec::new();
         let mut applied = false;
         while let Some(kind) = self.deck.pop() {
+            let before = self.secs();
             if let Some(text) = self.apply(kind).await {
-                let at = self.secs();
+                // A server restart is under way from its first step: the sessions it ends (and
+                // the leader changes that follow) come before `apply` returns.
+                let at = match kind {
+                    FaultKind::PgFastRestart | FaultKind::PgImmediateRestart => before,
+                    _ => self.secs(),
+                };
                 let n = self.faults.len() + 1;
                 self.note(format!("FAULT #{n}: {text}"));
                 self.faults.push(FaultRecord {
