@@ -164,6 +164,8 @@ DECLARE
     v_key_args    text[];
     v_open_kinds  text[] := p_kinds;
     v_kl_wait     double precision;
+    -- A limited kind's lock was held too long (forge.limit_lock): its jobs were left out.
+    v_kl_busy     boolean := false;
     -- The limited kinds among the jobs a claim found, side by side, as read under their limit
     -- locks: room left under a global limit (NULL: none), rate count, rate key argument.
     v_kl_kinds text[];
@@ -580,11 +582,12 @@ BEGIN
                 v_kl_kinds := v_kl_kinds || v_kind;
             ELSE
                 -- Held longer than a claim takes (see forge.limit_lock): none of the kind's jobs
-                -- this time; the worker claims again at once.
+                -- this time; the worker claims again in a moment (as for a queue's lock).
                 v_tids := ARRAY(SELECT t FROM unnest(v_tids) AS t
                                  WHERE NOT EXISTS (SELECT 1 FROM forge.jobs_live j
                                                     WHERE j.ctid = t AND j.kind = v_kind));
-                v_kl_wait := 0;
+                v_kl_wait := least(coalesce(v_kl_wait, 100), 100);
+                v_kl_busy := true;
             END IF;
         END LOOP;
     END IF;
@@ -651,7 +654,7 @@ BEGIN
          WHERE j.ctid = ANY (v_kl_tids) AND j.kind = ANY (v_kl_global)
         ON CONFLICT (namespace, kind, job_id) DO UPDATE SET attempt = EXCLUDED.attempt;
     END IF;
-    IF v_full_kinds IS NOT NULL OR v_spent IS NOT NULL OR v_kl_wait = 0 THEN
+    IF v_full_kinds IS NOT NULL OR v_spent IS NOT NULL OR v_kl_wait = 0 OR v_kl_busy THEN
         -- The kinds' row: jobs were passed over or cut, so the worker claims from the head next
         -- time (not past its floor), and, if this claim comes back short, again after
         -- pickup_ms (at once after a cut; when the first of them may be in reach otherwise).
