@@ -101,8 +101,8 @@ pub struct JobsConfig {
     pub maintenance_interval: Duration,
     /// How long completed and cancelled jobs are kept before pruning. `0s` deletes a completed
     /// job in the statement that records its completion (as graphile_worker does), instead of
-    /// keeping a `completed` row until the next prune: the fastest drain, but a completed job
-    /// can no longer be looked up, listed or retried. Cancelled jobs are then pruned at the
+    /// keeping a `completed` row (in `forge.jobs_done`) until the next prune: a completed job
+    /// can then no longer be looked up, listed or retried. Cancelled jobs are then pruned at the
     /// next compaction pass.
     #[serde(with = "duration")]
     pub completed_retention: Duration,

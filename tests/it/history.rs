@@ -1,7 +1,8 @@
 //! Completed jobs kept in `forge.jobs_done` (the partition of `forge.jobs` for completed jobs): a
 //! kept completion moves the job's whole row there, by the worker's round trip and by the
 //! handler's own transaction; an operator's retry moves it back and it runs again; the compactor
-//! prunes it by age; and every column of a job is copied by the move.
+//! prunes it by age, found by id without an index by age; and every column of a job is copied
+//! by the move.
 
 use std::time::Duration;
 
@@ -136,5 +137,73 @@ async fn the_move_to_jobs_done_copies_every_column_of_a_job() {
     assert!(
         at.windows(2).all(|w| w[0] < w[1]),
         "forge.jobs_move_done copies the columns out of the table's order {columns:?}: {at:?}"
+    );
+}
+
+/// Pruning by age without an index by age (`forge.jobs_prune`): of the completed jobs, those
+/// that finished before the cutoff go - also one created after a job kept longer (a job
+/// created long ago that completed recently, which the pass reads and keeps) - and none of
+/// another namespace's or finished since; cancelled jobs go by their own index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_finds_completed_jobs_by_id_past_the_ones_kept_longer() {
+    let (_db, pool) = setup().await;
+    // (tag, namespace, state, created so long ago, finished so long ago), in id order.
+    let rows = [
+        ("expired", "forge", "completed", "3 hours", "2 hours"),
+        ("kept longer", "forge", "completed", "3 hours", "10 minutes"),
+        (
+            "another namespace",
+            "other",
+            "completed",
+            "3 hours",
+            "2 hours",
+        ),
+        (
+            "expired after one kept",
+            "forge",
+            "completed",
+            "2 hours",
+            "90 minutes",
+        ),
+        ("cancelled", "forge", "cancelled", "2 hours", "90 minutes"),
+        ("recent", "forge", "completed", "10 minutes", "5 minutes"),
+    ];
+    for (tag, namespace, state, created, finished) in rows {
+        sqlx::query(
+            "INSERT INTO forge.jobs (namespace, queue, kind, args, state, run_at, created_at,
+                                     finished_at)
+             VALUES ($1, 'q', 'k', jsonb_build_object('tag', $2::text), $3, now(),
+                     now() - $4::interval, now() - $5::interval)",
+        )
+        .bind(namespace)
+        .bind(tag)
+        .bind(state)
+        .bind(created)
+        .bind(finished)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let pruned: i64 = sqlx::query_scalar(
+        "SELECT forge.jobs_prune('forge', ARRAY['completed', 'cancelled'], 3600000, 100)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT args ->> 'tag' FROM forge.jobs WHERE kind = 'k' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (pruned, left),
+        (
+            3,
+            vec![
+                "kept longer".to_owned(),
+                "another namespace".to_owned(),
+                "recent".to_owned()
+            ]
+        )
     );
 }
