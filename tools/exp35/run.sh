@@ -7,6 +7,8 @@
 # for five seconds.
 #
 #   tools/exp35/run.sh URL
+#
+# The exact instruction counts need the server stopped: PGDATA=... tools/exp35/callgrind_variants.sh.
 set -euo pipefail
 URL=$1
 HERE=$(dirname "$0")
@@ -21,6 +23,9 @@ echo "== drain rates and CPU, alternating rounds (rates.sh)"
 "$HERE/rates.sh" "$URL" 2 true T HS HL LR HLR
 "$HERE/rates.sh" "$URL" 3 false T S L U
 "$HERE/rates.sh" "$URL" 2 false T L LR
+echo "== claims that write no index entry: CPU, alternating rounds (rates.sh)"
+"$HERE/rates.sh" "$URL" 3 false T S2 K KH P K2 KH2
+"$HERE/rates.sh" "$URL" 3 true T S2 K KH P
 echo "== a claim's walk past running jobs (walk.sh)"
 for v in T U L; do for r in 0 2000; do "$HERE/walk.sh" "$URL" "$v" "$r" | grep -E 'Buffers|Execution'; done; done
 echo "== unlogged claims after a crash and on a promoted standby (unlogged_failover.sh)"
