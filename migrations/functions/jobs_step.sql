@@ -55,7 +55,9 @@
 -- and passes over their jobs, so that they cannot crowd the head of the queue; it claims the
 -- rest as an unlimited claim does (ahead too). Then, if it found jobs of limited kinds, it
 -- takes their limit locks (after its queue's, in the order of the kinds' names, so claims of
--- several queues sharing kinds cannot deadlock), reads again each one's running attempts
+-- several queues sharing kinds cannot deadlock; a kind whose lock a frozen claimant holds is
+-- left out after 250 ms, and the claim looks once more without it, so that its jobs cannot fill
+-- the claim and hold back the other kinds'), reads again each one's running attempts
 -- claimed under its global limit (forge.kind_slots, over all queues; those of ended attempts
 -- pruned here) and its claims in its
 -- window (forge.kind_claims, pruned here), and keeps of each kind only its first jobs within its
@@ -166,6 +168,8 @@ DECLARE
     v_kl_wait     double precision;
     -- A limited kind's lock was held too long (forge.limit_lock): its jobs were left out.
     v_kl_busy     boolean := false;
+    -- The kinds whose lock this round of the claim could not take (see the claim's loop).
+    v_busy_kinds  text[];
     -- The limited kinds among the jobs a claim found, side by side, as read under their limit
     -- locks: room left under a global limit (NULL: none), rate count, rate key argument.
     v_kl_kinds text[];
@@ -533,64 +537,81 @@ BEGIN
     -- lock_timeout). The worker claims from the head now and then, and whenever a claim
     -- from its floor comes back short, for jobs that sort before it (a higher priority, a
     -- promoted scheduled job, a job another claimer had locked).
-    IF v_limits.rate_key IS NOT NULL THEN
-        NULL; -- claimed above, per rate key
-    ELSIF p_role IS NULL AND p_after_id IS NOT NULL THEN
-        SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
-          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs_live j
-                 WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
-                   AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
-                   AND (v_spent IS NULL OR j.kind || E'\x1f' || coalesce(j.args ->> v_key_args[
-                            array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
-                   AND (j.priority, j.run_at, j.id) > (p_after_priority, p_after_run_at, p_after_id)
-                 ORDER BY j.priority, j.run_at, j.id
-                 LIMIT p_limit
-                   FOR UPDATE SKIP LOCKED) c;
-    ELSIF p_role IS NULL THEN
-        SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
-          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs_live j
-                 WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
-                   AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
-                   AND (v_spent IS NULL OR j.kind || E'\x1f' || coalesce(j.args ->> v_key_args[
-                            array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
-                 ORDER BY j.priority, j.run_at, j.id
-                 LIMIT p_limit
-                   FOR UPDATE SKIP LOCKED) c;
-    ELSE
-        SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
-          FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs_live j
-                 WHERE j.namespace = p_namespace AND j.role = p_role
-                   AND (p_queue IS NULL OR j.queue = p_queue)
-                   AND NOT EXISTS (SELECT 1 FROM forge.queues q
-                                    WHERE q.namespace = p_namespace AND q.queue = j.queue)
-                   AND j.state = 'available' AND j.kind = ANY (p_kinds)
-                 ORDER BY j.priority, j.run_at, j.id
-                 LIMIT p_limit
-                   FOR UPDATE SKIP LOCKED) c;
-    END IF;
-    IF v_kinds_limited AND v_tids IS NOT NULL THEN
-        -- The limited kinds among the jobs found: their limit locks, in the order of their names
-        -- (after the queue's: every claim takes them in this order; a claim waits for them only
-        -- while holding rows no holder of a kind's lock waits for), then their limits and what
-        -- counts against them, read in statements that begin after the locks (as for the
-        -- queue's, above), and of the jobs found, each limited kind's first ones within its
-        -- room and its rate key's budget, and of those only as many as start now.
-        FOR v_kind IN SELECT DISTINCT j.kind FROM forge.jobs_live j
-                        JOIN forge.kind_limits k ON k.namespace = p_namespace AND k.kind = j.kind
-                       WHERE j.ctid = ANY (v_tids) ORDER BY j.kind LOOP
-            IF forge.limit_lock('forge.kind_limit', p_namespace || ' ' || v_kind, 250) THEN
-                v_kl_kinds := v_kl_kinds || v_kind;
-            ELSE
-                -- Held longer than a claim takes (see forge.limit_lock): none of the kind's jobs
-                -- this time; the worker claims again in a moment (as for a queue's lock).
-                v_tids := ARRAY(SELECT t FROM unnest(v_tids) AS t
-                                 WHERE NOT EXISTS (SELECT 1 FROM forge.jobs_live j
-                                                    WHERE j.ctid = t AND j.kind = v_kind));
-                v_kl_wait := least(coalesce(v_kl_wait, 100), 100);
-                v_kl_busy := true;
-            END IF;
-        END LOOP;
-    END IF;
+    -- (Twice at most: see the end of this loop.)
+    FOR v_round IN 1..2 LOOP
+        IF v_limits.rate_key IS NOT NULL THEN
+            NULL; -- claimed above, per rate key
+        ELSIF p_role IS NULL AND p_after_id IS NOT NULL THEN
+            SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
+              FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs_live j
+                     WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
+                       AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
+                       AND (v_spent IS NULL OR j.kind || E'\x1f' || coalesce(j.args ->> v_key_args[
+                                array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
+                       AND (j.priority, j.run_at, j.id) > (p_after_priority, p_after_run_at, p_after_id)
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT p_limit
+                       FOR UPDATE SKIP LOCKED) c;
+        ELSIF p_role IS NULL THEN
+            SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
+              FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs_live j
+                     WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
+                       AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
+                       AND (v_spent IS NULL OR j.kind || E'\x1f' || coalesce(j.args ->> v_key_args[
+                                array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT p_limit
+                       FOR UPDATE SKIP LOCKED) c;
+        ELSE
+            SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
+              FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs_live j
+                     WHERE j.namespace = p_namespace AND j.role = p_role
+                       AND (p_queue IS NULL OR j.queue = p_queue)
+                       AND NOT EXISTS (SELECT 1 FROM forge.queues q
+                                        WHERE q.namespace = p_namespace AND q.queue = j.queue)
+                       AND j.state = 'available' AND j.kind = ANY (p_kinds)
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT p_limit
+                       FOR UPDATE SKIP LOCKED) c;
+        END IF;
+        IF v_kinds_limited AND v_tids IS NOT NULL THEN
+            -- The limited kinds among the jobs found: their limit locks, in the order of their names
+            -- (after the queue's: every claim takes them in this order; a claim waits for them only
+            -- while holding rows no holder of a kind's lock waits for), then their limits and what
+            -- counts against them, read in statements that begin after the locks (as for the
+            -- queue's, above), and of the jobs found, each limited kind's first ones within its
+            -- room and its rate key's budget, and of those only as many as start now.
+            FOR v_kind IN SELECT DISTINCT j.kind FROM forge.jobs_live j
+                            JOIN forge.kind_limits k ON k.namespace = p_namespace AND k.kind = j.kind
+                           WHERE j.ctid = ANY (v_tids) ORDER BY j.kind LOOP
+                IF v_kind = ANY (v_kl_kinds) THEN
+                    CONTINUE; -- taken in the first round
+                ELSIF forge.limit_lock('forge.kind_limit', p_namespace || ' ' || v_kind, 250) THEN
+                    v_kl_kinds := v_kl_kinds || v_kind;
+                ELSE
+                    -- Held longer than a claim takes (see forge.limit_lock): none of the kind's jobs
+                    -- this time; the worker claims again in a moment (as for a queue's lock).
+                    v_tids := ARRAY(SELECT t FROM unnest(v_tids) AS t
+                                     WHERE NOT EXISTS (SELECT 1 FROM forge.jobs_live j
+                                                        WHERE j.ctid = t AND j.kind = v_kind));
+                    v_kl_wait := least(coalesce(v_kl_wait, 100), 100);
+                    v_kl_busy := true;
+                    v_busy_kinds := v_busy_kinds || v_kind;
+                END IF;
+            END LOOP;
+        END IF;
+        -- The jobs of a kind whose lock was held too long were left out, and they may have taken
+        -- every place of the claim (a backlog of the kind at the head of the queue): as long as
+        -- the lock's holder is frozen, the other kinds' jobs behind them would never be claimed.
+        -- So the claim looks once more, without those kinds. (A kind taken in the first round
+        -- keeps its lock; one first found in the second may be locked out of the names' order,
+        -- which costs at most forge.limit_lock's wait, not a deadlock. A queue's rate key claims
+        -- per key above, once.)
+        EXIT WHEN v_busy_kinds IS NULL OR v_round = 2 OR v_limits.rate_key IS NOT NULL;
+        v_open_kinds := ARRAY(SELECT k FROM unnest(v_open_kinds) AS k WHERE k <> ALL (v_busy_kinds));
+        v_busy_kinds := NULL;
+        EXIT WHEN cardinality(v_open_kinds) = 0;
+    END LOOP;
     IF v_kl_kinds IS NOT NULL THEN
         DELETE FROM forge.kind_claims c USING forge.kind_limits k
          WHERE k.namespace = p_namespace AND k.kind = ANY (v_kl_kinds)

@@ -61,9 +61,14 @@ async fn enqueue<J: Job<Args = Behave> + Copy>(
 
 /// Waits until at least `n` jobs of `kind` completed.
 async fn completed(pool: &PgPool, kind: &str, n: i64) {
+    completed_within(pool, kind, n, Duration::from_secs(120)).await
+}
+
+/// Waits `within` at most until at least `n` jobs of `kind` completed.
+async fn completed_within(pool: &PgPool, kind: &str, n: i64, within: Duration) {
     wait_until(
         &format!("{n} {kind} jobs to complete"),
-        Duration::from_secs(120),
+        within,
         Duration::from_millis(10),
         || async {
             let done: i64 = sqlx::query_scalar(
@@ -452,6 +457,65 @@ async fn a_spent_rate_keys_backlog_does_not_hold_back_the_jobs_behind_it() {
         max_claims_of(&pool, "rated", Duration::from_secs(1), true).await,
         4
     );
+    node.shutdown().await;
+}
+
+/// A claimant frozen while it holds a kind's limit lock (SIGSTOP, a VM pause) holds back only
+/// that kind: the queue's claims pass over the kind's jobs, even a backlog of them at the head of
+/// the queue that fills every claim, and take the jobs of other kinds behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_holder_of_a_kinds_limit_lock_holds_back_only_that_kinds_jobs() {
+    let (db, pool) = setup().await;
+    let mut config: Config = job_config(db.url(), "n1");
+    config.jobs.queues = [("default".to_string(), 4.into())].into();
+    let node = Node::builder(config)
+        .auto_register(false)
+        .job(capped)
+        .job(crate::jobs::plain)
+        .start()
+        .await
+        .expect("node starts");
+    workload(&pool)
+        .pause_queue("default", "test", false)
+        .await
+        .unwrap();
+    let jobs = client(&pool);
+    // More capped jobs at the head than any claim of this worker takes (4 slots, at most 128
+    // ahead).
+    jobs.enqueue_many((0..300).map(|_| NewJob::new(capped, Behave::tag("k")).queue("default")))
+        .await
+        .unwrap();
+    jobs.enqueue_many(
+        (0..4).map(|_| NewJob::new(crate::jobs::plain, Behave::tag("p")).queue("default")),
+    )
+    .await
+    .unwrap();
+    let mut frozen = pool.begin().await.unwrap();
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtext('forge.kind_limit'), hashtext('forge capped'))",
+    )
+    .execute(&mut *frozen)
+    .await
+    .unwrap();
+    workload(&pool)
+        .resume_queue("default", "test")
+        .await
+        .unwrap();
+    // (Behind the capped jobs, while their kind's lock is held.)
+    completed_within(&pool, "plain", 4, SOON).await;
+    let capped_taken: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM forge.jobs WHERE kind = 'capped' AND state <> 'available'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        capped_taken, 0,
+        "capped jobs were claimed while its lock was held"
+    );
+    // The kind's claims go on once the lock is free.
+    frozen.rollback().await.unwrap();
+    completed(&pool, "capped", 6).await;
     node.shutdown().await;
 }
 
