@@ -100,10 +100,11 @@ async fn a_kept_completion_moves_the_job_to_jobs_done_a_retry_moves_it_back_and_
     node.shutdown().await;
 }
 
-/// `forge.jobs_move_done` names each column of `forge.jobs` (but the two it sets): a column
-/// added by a migration and not copied there would be lost at every kept completion.
+/// `forge.jobs_move_done` and `forge.jobs_move_live` (a retry's move back) name each column of
+/// `forge.jobs` but those they set: a column added by a migration and not copied there would be
+/// lost at every kept completion, or at every retry of a completed job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_move_to_jobs_done_copies_every_column_of_a_job() {
+async fn the_moves_between_partitions_copy_every_column_of_a_job() {
     let (_db, pool) = setup().await;
     let columns: Vec<String> = sqlx::query_scalar(
         "SELECT attname::text FROM pg_attribute
@@ -113,31 +114,54 @@ async fn the_move_to_jobs_done_copies_every_column_of_a_job() {
     .fetch_all(&pool)
     .await
     .unwrap();
-    let source: String = sqlx::query_scalar(
-        "SELECT prosrc FROM pg_proc WHERE oid = 'forge.jobs_move_done(tid[], xid[], text)'::regprocedure",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
     assert!(columns.len() >= 30, "{columns:?}");
-    // The insert names no columns: each must be copied in the table's order.
-    let copied = |c: &str| match c {
-        "state" => source.find("'completed'"),
-        "finished_at" => source.find("clock_timestamp()"),
-        c => [",", "\n"]
-            .iter()
-            .find_map(|end| source.find(&format!("d.{c}{end}"))),
-    };
-    let missing: Vec<&String> = columns.iter().filter(|c| copied(c).is_none()).collect();
-    assert!(
-        missing.is_empty(),
-        "forge.jobs_move_done does not copy {missing:?}"
-    );
-    let at: Vec<usize> = columns.iter().filter_map(|c| copied(c)).collect();
-    assert!(
-        at.windows(2).all(|w| w[0] < w[1]),
-        "forge.jobs_move_done copies the columns out of the table's order {columns:?}: {at:?}"
-    );
+    let moves: [(&str, &[(&str, &str)]); 2] = [
+        (
+            "forge.jobs_move_done(tid[], xid[], text)",
+            &[
+                ("state", "'completed'"),
+                ("finished_at", "clock_timestamp()"),
+            ],
+        ),
+        (
+            "forge.jobs_move_live(text, bigint[])",
+            &[
+                ("state", "'available'"),
+                ("run_at", "clock_timestamp()"),
+                ("max_attempts", "greatest(d.max_attempts, d.attempt + 1)"),
+                ("finished_at", "NULL"),
+                ("cancel_requested", "false"),
+            ],
+        ),
+    ];
+    for (function, set) in moves {
+        let source: String =
+            sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE oid = $1::regprocedure")
+                .bind(function)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        // The insert names no columns: each must be copied (or set) in the table's order, in
+        // its select list.
+        let list = &source[source
+            .find("SELECT d.id")
+            .expect("the insert's select list")..];
+        let mut at = 0;
+        for column in &columns {
+            let expression = match set.iter().find(|(c, _)| c == column) {
+                Some((_, expression)) => expression.to_string(),
+                None => format!("d.{column}"),
+            };
+            let found = [",", "\n"].iter().find_map(|end| {
+                list[at..]
+                    .find(&format!("{expression}{end}"))
+                    .map(|i| at + i + expression.len())
+            });
+            at = found.unwrap_or_else(|| {
+                panic!("{function} does not copy {column} ({expression}) in the table's order")
+            });
+        }
+    }
 }
 
 /// Pruning by age without an index by age (`forge.jobs_prune`): of the completed jobs, those
@@ -206,4 +230,58 @@ async fn pruning_finds_completed_jobs_by_id_past_the_ones_kept_longer() {
             ]
         )
     );
+}
+
+/// An operator's retry of a completed job moves it back to `forge.jobs_live` as one delete and
+/// one insert (`forge.jobs_move_live`): a transaction waiting for its row meanwhile (here an
+/// operator's delete; the compactor's prune likewise) finds it gone and goes on. An update that
+/// PostgreSQL moves between partitions made that transaction fail ("already moved to another
+/// partition").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_waiting_for_a_completed_job_that_a_retry_moves_back_goes_on_without_it() {
+    let (_db, pool) = setup().await;
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO forge.jobs (namespace, queue, kind, args, state, run_at, finished_at)
+         VALUES ('forge', 'q', 'k', '{}', 'completed', now(), now()) RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let mut retry = pool.begin().await.unwrap();
+    let retried: Vec<i64> = sqlx::query_scalar("SELECT forge.jobs_retry_now('forge', ARRAY[$1])")
+        .bind(id)
+        .fetch_all(&mut *retry)
+        .await
+        .unwrap();
+    assert_eq!(retried, vec![id]);
+    let delete = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            sqlx::query("DELETE FROM forge.jobs WHERE namespace = 'forge' AND id = $1")
+                .bind(id)
+                .execute(&pool)
+                .await
+                .map(|done| done.rows_affected())
+        }
+    });
+    crate::jobs::wait_for_lock_waiter(
+        &pool,
+        "the delete to wait for the retry's row lock",
+        "query LIKE $1",
+        "DELETE FROM forge.jobs WHERE namespace%",
+    )
+    .await;
+    retry.commit().await.unwrap();
+    // The delete's snapshot predates the retry's commit: it saw the completed row only.
+    assert_eq!(delete.await.unwrap().map_err(|e| e.to_string()), Ok(0));
+    assert_eq!(
+        partition(&pool, JobId(id)).await,
+        (Some("forge.jobs_live".to_owned()), 1)
+    );
+    let state: String = sqlx::query_scalar("SELECT state FROM forge.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(state, "available");
 }
