@@ -16,7 +16,8 @@
 # trip, r_lane.sql; PSQL_VARS='-v hist_index=brin|none' for its index, btree by default;
 # S2 (today's writes on today's layout: jobs_live, completed jobs moved to jobs_done), K
 # (row-lock claim, lane list), KH (HOT claim, claimed_by), P (HOT claim, phase), KX (K with a
-# literal exclusion list), K2, KX2, KH2 (K, KX, KH beside another lane's 512 claims);
+# literal exclusion list), K2, KX2, KH2 (K, KX, KH beside another lane's 512 claims), PC, PT
+# (P with a phase set by the writers under a CHECK, or kept by a BEFORE trigger);
 # KEEP: true (completed jobs kept) or false (deleted); JOBS: 20000.
 set -euo pipefail
 URL=$1; VARIANT=$2; KEEP=$3; N=${4:-20000}
@@ -27,10 +28,10 @@ case $VARIANT in
   HL) FILES="common l_claim h_table h_l";; HU) FILES="common u_claim h_table h_u";;
   LR) FILES="common l_claim r_lane";; HLR) FILES="common l_claim h_table h_l r_lane";;
   S2) FILES="common s2_claim";; K) FILES="common k_claim";; KH) FILES="common kh_claim";;
-  P) FILES="common p_claim";; KX) FILES="common k_claim kx_claim";;
+  P) FILES="common p_claim";; PC) FILES="common p_claim pc_claim";; PT) FILES="common p_claim pt_claim";; KX) FILES="common k_claim kx_claim";;
   K2) FILES="common k_claim k_other_lane";; KX2) FILES="common k_claim kx_claim k_other_lane";;
   KH2) FILES="common kh_claim kh_other_lane";;
-  *) echo "unknown variant $VARIANT (T, S, L, U, HS, HL, HU, LR, HLR, S2, K, KH, P, KX, K2, KX2, KH2)" >&2; exit 2;;
+  *) echo "unknown variant $VARIANT (T, S, L, U, HS, HL, HU, LR, HLR, S2, K, KH, P, PC, PT, KX, K2, KX2, KH2)" >&2; exit 2;;
 esac
 DB=exp35_${VARIANT,,}_$$
 U=${URL%/*}/$DB
