@@ -18,7 +18,7 @@ variant() {  # the files of a variant, replacing today.sql's exp.step
 }
 for keep in false true; do
   "$HERE/../cost33/callgrind.sh" "$URL" HEAD "$keep" "$N" "$OUT/T.$keep.out" | tail -1 | sed "s/^HEAD/T/"
-  for v in S2:s2_claim K:k_claim KH:kh_claim P:p_claim PC:p_claim+pc_claim PT:p_claim+pt_claim; do
+  for v in S2:s2_claim K:k_claim KH:kh_claim P:s2_claim+p_claim PC:s2_claim+p_claim+pc_claim PT:s2_claim+p_claim+pt_claim; do
     v=${v//+/ }
     # shellcheck disable=SC2086 # (a variant's files, space-separated)
     EXTRA_SQL="$(variant ${v#*:})" "$HERE/../cost33/callgrind.sh" "$URL" HEAD "$keep" "$N" \

@@ -28,7 +28,7 @@ case $VARIANT in
   HL) FILES="common l_claim h_table h_l";; HU) FILES="common u_claim h_table h_u";;
   LR) FILES="common l_claim r_lane";; HLR) FILES="common l_claim h_table h_l r_lane";;
   S2) FILES="common s2_claim";; K) FILES="common k_claim";; KH) FILES="common kh_claim";;
-  P) FILES="common p_claim";; PC) FILES="common p_claim pc_claim";; PT) FILES="common p_claim pt_claim";; KX) FILES="common k_claim kx_claim";;
+  P) FILES="common s2_claim p_claim";; PC) FILES="common s2_claim p_claim pc_claim";; PT) FILES="common s2_claim p_claim pt_claim";; KX) FILES="common k_claim kx_claim";;
   K2) FILES="common k_claim k_other_lane";; KX2) FILES="common k_claim kx_claim k_other_lane";;
   KH2) FILES="common kh_claim kh_other_lane";;
   *) echo "unknown variant $VARIANT (T, S, L, U, HS, HL, HU, LR, HLR, S2, K, KH, P, PC, PT, KX, K2, KX2, KH2)" >&2; exit 2;;

@@ -1,5 +1,6 @@
--- P: the claim is a HOT update that writes the truth (state 'running', the node, the attempt,
--- its times): no index names state or node_id any more. A stored generated column, phase, is
+-- P (applied after s2_claim.sql, whose completion it keeps): the claim is a HOT update that
+-- writes the truth (state 'running', the node, the attempt, its times): no index names state
+-- or node_id any more. A stored generated column, phase, is
 -- what the partial indexes name: 'ready' for available and running jobs alike, the state
 -- otherwise. So the claim changes no indexed value (phase stays 'ready') and its new version
 -- stays on its page (forge.jobs_live at fillfactor 40) with no index entry. Claims walk
@@ -30,7 +31,7 @@ CREATE TABLE exp.lanes (
     claimed_at timestamptz NOT NULL
 ) WITH (fillfactor = 40);
 INSERT INTO exp.lanes VALUES ('writes', 'default', '{}', now());
-CREATE FUNCTION exp.claim() RETURNS TABLE (id bigint, attempt integer) LANGUAGE sql AS $$
+CREATE OR REPLACE FUNCTION exp.claim() RETURNS TABLE (id bigint, attempt integer) LANGUAGE sql AS $$
     WITH u AS (
         UPDATE forge.jobs_live j
            SET state = 'running', attempt = j.attempt + 1, node_id = 'writes',
@@ -48,21 +49,3 @@ CREATE FUNCTION exp.claim() RETURNS TABLE (id bigint, attempt integer) LANGUAGE 
     )
     SELECT u.id, u.attempt FROM u
 $$;
-CREATE FUNCTION exp.finish(p_ids bigint[], p_keep boolean) RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT p_keep THEN
-        DELETE FROM forge.jobs_live j
-         WHERE j.id = ANY (p_ids) AND j.state = 'running' AND j.node_id = 'writes';
-        RETURN;
-    END IF;
-    WITH d AS (DELETE FROM forge.jobs_live j
-                WHERE j.id = ANY (p_ids) AND j.state = 'running' AND j.node_id = 'writes'
-               RETURNING j.*)
-    INSERT INTO forge.jobs_done
-    SELECT d.id, d.namespace, d.queue, d.kind, d.args, 'completed', d.priority, d.run_at,
-           d.attempt, d.max_attempts, d.timeout_ms, d.role, d.epoch, d.unique_key, d.node_id,
-           d.attempted_at, clock_timestamp(), d.errors, d.cancel_requested, d.created_at,
-           d.tenure, d.started_at, d.unstarted_rescues, d.limited, d.output, d.parents,
-           d.parents_left, d.on_parent_failure, d.has_children, d.kind_limited
-      FROM d;
-END $$;

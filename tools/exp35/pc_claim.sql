@@ -1,4 +1,4 @@
--- PC: P (p_claim.sql, applied first) with a phase that the writers set (here, in this drain,
+-- PC: P (s2_claim.sql and p_claim.sql, applied first) with a phase that the writers set (here, in this drain,
 -- its default: every job enqueued is available), under a CHECK constraint, instead of a
 -- generated column.
 ALTER TABLE forge.jobs ALTER COLUMN phase DROP EXPRESSION;

@@ -1,4 +1,4 @@
--- PT: P (p_claim.sql, applied first) with a phase kept by a BEFORE trigger, instead of a
+-- PT: P (s2_claim.sql and p_claim.sql, applied first) with a phase kept by a BEFORE trigger, instead of a
 -- generated column: its WHEN calls the function only when a write changes the phase (an
 -- insert, a state of another phase), never at a claim.
 ALTER TABLE forge.jobs ALTER COLUMN phase DROP EXPRESSION;
