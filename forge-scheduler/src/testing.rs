@@ -68,7 +68,8 @@ pub async fn run_job<J: Job>(pool: &PgPool, job: J, args: J::Args) -> Result<Job
         .id();
     let node = NodeId::new(TEST_NODE).map_err(forge_core::Error::from)?;
     sqlx::query(
-        "UPDATE forge.jobs SET state = 'running', attempt = 1, node_id = $2,
+        // 'busy': running in no lane's list, so that rescue finds it (see forge.jobs_running).
+        "UPDATE forge.jobs SET state = 'running', phase = 'busy', attempt = 1, node_id = $2,
                 attempted_at = clock_timestamp(), started_at = clock_timestamp()
           WHERE id = $1",
     )

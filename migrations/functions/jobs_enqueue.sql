@@ -63,10 +63,12 @@ BEGIN
          WHERE u.ord <> ALL (v_keyed)
     ), ins AS (
         INSERT INTO forge.jobs AS j (id, namespace, queue, kind, args, state, priority, run_at,
-                                     max_attempts, timeout_ms, role, created_at)
+                                     max_attempts, timeout_ms, role, created_at, phase)
         SELECT i.id, p_namespace, i.queue, i.kind, i.args,
                CASE WHEN i.run_at > v_now THEN 'scheduled' ELSE 'available' END,
-               i.priority, i.run_at, i.max_attempts, i.timeout_ms, i.role, v_now
+               i.priority, i.run_at, i.max_attempts, i.timeout_ms, i.role, v_now,
+               -- (The state's phase, so that the trigger of forge.jobs_phase is not called.)
+               CASE WHEN i.run_at > v_now THEN 'scheduled' ELSE 'ready' END
           FROM input i
          ORDER BY i.id
         RETURNING j.id, j.queue, j.role, j.state, j.run_at

@@ -46,9 +46,8 @@ BEGIN
                    WHEN nd.down_at IS NOT NULL
                        THEN 'node ' || j.node_id || ' is down: ' || coalesce(nd.down_reason, '?')
                END AS reason
-          FROM forge.jobs j
+          FROM forge.jobs_running(p_namespace, NULL) j
           LEFT JOIN forge.nodes nd ON nd.namespace = j.namespace AND nd.node_id = j.node_id
-         WHERE j.namespace = p_namespace AND j.state = 'running'
     )
     SELECT array_agg(lost.id), array_agg(lost.attempt), array_agg(lost.reason)
       INTO v_ids, v_attempts, v_reasons

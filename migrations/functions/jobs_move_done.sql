@@ -28,7 +28,7 @@ BEGIN
                d.attempt, d.max_attempts, d.timeout_ms, d.role, d.epoch, d.unique_key, d.node_id,
                d.attempted_at, clock_timestamp(), d.errors, d.cancel_requested, d.created_at,
                d.tenure, d.started_at, d.unstarted_rescues, d.limited, d.output, d.parents,
-               d.parents_left, d.on_parent_failure, d.has_children, d.kind_limited
+               d.parents_left, d.on_parent_failure, d.has_children, d.kind_limited, 'completed'
           FROM d
         RETURNING jobs_done.id, jobs_done.run_at, jobs_done.queue, jobs_done.role
     )

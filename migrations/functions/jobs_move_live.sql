@@ -26,7 +26,7 @@ BEGIN
                d.timeout_ms, d.role, d.epoch, d.unique_key, d.node_id, d.attempted_at, NULL,
                d.errors, false, d.created_at, d.tenure, d.started_at, d.unstarted_rescues,
                d.limited, d.output, d.parents, d.parents_left, d.on_parent_failure,
-               d.has_children, d.kind_limited
+               d.has_children, d.kind_limited, 'ready'
           FROM d
         RETURNING jobs_live.id, jobs_live.queue, jobs_live.role
     )

@@ -12,9 +12,9 @@ DECLARE
     v_next  timestamptz;
 BEGIN
     WITH p AS (
-        UPDATE forge.jobs j SET state = 'available'
-         WHERE j.id IN (SELECT d.id FROM forge.jobs d
-                         WHERE d.namespace = p_namespace AND d.state IN ('scheduled', 'retryable')
+        UPDATE forge.jobs_live j SET state = 'available', phase = 'ready'
+         WHERE j.id IN (SELECT d.id FROM forge.jobs_live d
+                         WHERE d.namespace = p_namespace AND d.phase IN ('scheduled', 'retryable')
                            AND d.run_at <= clock_timestamp()
                          ORDER BY d.run_at
                          LIMIT p_limit
@@ -29,8 +29,8 @@ BEGIN
     IF v_count >= p_limit THEN
         v_next := clock_timestamp();
     ELSE
-        SELECT min(d.run_at) INTO v_next FROM forge.jobs d
-         WHERE d.namespace = p_namespace AND d.state IN ('scheduled', 'retryable');
+        SELECT min(d.run_at) INTO v_next FROM forge.jobs_live d
+         WHERE d.namespace = p_namespace AND d.phase IN ('scheduled', 'retryable');
     END IF;
     RETURN QUERY SELECT v_count, clock_timestamp(),
                         extract(epoch FROM v_next - clock_timestamp())::double precision * 1000;

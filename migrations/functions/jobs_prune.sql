@@ -33,7 +33,7 @@ AS $$
     ), live AS (
         DELETE FROM forge.jobs_live j
          WHERE j.id IN (SELECT f.id FROM forge.jobs_live f
-                         WHERE f.namespace = p_namespace AND f.state = ANY (p_states)
+                         WHERE f.namespace = p_namespace AND f.phase = ANY (p_states)
                            AND f.finished_at < clock_timestamp() - p_retention_ms * interval '1 millisecond'
                          LIMIT p_limit
                            FOR UPDATE SKIP LOCKED)

@@ -47,9 +47,8 @@ BEGIN
                           ELSE 'the leadership of role ' || j.role || ' at epoch ' || j.epoch || ' ended' END),
            array_agg(NOT (j.node_id = p_node AND j.tenure IS NOT DISTINCT FROM p_tenure))
       INTO v_ids, v_attempts, v_reasons, v_counted
-      FROM forge.jobs j
-     WHERE j.namespace = p_namespace AND j.state = 'running'
-       AND (p_queue IS NULL OR j.queue = p_queue) AND j.role IS NOT DISTINCT FROM p_role
+      FROM forge.jobs_running(p_namespace, CASE WHEN p_role IS NULL THEN p_node END) j
+     WHERE (p_queue IS NULL OR j.queue = p_queue) AND j.role IS NOT DISTINCT FROM p_role
        AND ((j.node_id = p_node AND NOT (j.id = ANY (p_ids)))
             OR (p_role IS NOT NULL AND j.tenure IS DISTINCT FROM p_tenure));
     IF v_ids IS NOT NULL THEN
@@ -57,6 +56,14 @@ BEGIN
           FROM forge.jobs_rescue(v_ids, v_attempts, v_reasons, v_counted,
                                  p_default_max_attempts, true) r;
     END IF;
+    -- The lane's list (see forge.jobs_step), rebuilt while this holds the lane: its running jobs
+    -- that are not busy, less the ended ones that the round trips left in it.
+    UPDATE forge.job_lanes l
+       SET running = ARRAY(SELECT j.id FROM forge.jobs_running(p_namespace, p_node) j
+                            WHERE j.phase = 'ready' AND j.role IS NOT DISTINCT FROM p_role
+                              AND (p_queue IS NULL OR j.queue = p_queue))
+     WHERE l.namespace = p_namespace AND l.node_id = p_node
+       AND l.lane = coalesce(p_queue, '@' || p_role);
 
     RETURN QUERY
     SELECT k.id, CASE WHEN j.id IS NULL OR j.state <> 'running' OR j.node_id <> p_node

@@ -53,8 +53,7 @@ BEGIN
     END LOOP;
 
     SELECT array_agg(j.id), array_agg(j.attempt) INTO v_ids, v_attempts
-      FROM forge.jobs j
-     WHERE j.namespace = p_namespace AND j.node_id = p_node AND j.state = 'running';
+      FROM forge.jobs_running(p_namespace, p_node) j;
     IF v_ids IS NOT NULL THEN
         RETURN QUERY SELECT * FROM forge.jobs_rescue(
             v_ids, v_attempts,

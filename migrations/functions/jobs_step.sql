@@ -97,8 +97,9 @@
 -- would go on doing as it grows (until the next ANALYZE replans it).
 --
 -- The reported rows are a subquery kept apart (OFFSET 0) that names 'running' through a column,
--- so that the planner never matches the lookups to the partial index jobs_running (node_id
--- WHERE state = 'running'): once ANALYZE has seen few running jobs, a generic plan would scan
+-- so that the planner never matches the lookups to a partial index of running jobs by node
+-- (jobs_running, which migration 0016 dropped; kept so, should such an index come back): once
+-- ANALYZE had seen few running jobs, a generic plan would scan
 -- all this node's jobs_running entries, and while any snapshot older than the finished jobs'
 -- entries is open (a long query elsewhere, a count of a big backlog) those cannot be marked
 -- dead, so every report walks the entries of every job the node ran since (121-264 buffers for
@@ -107,6 +108,9 @@
 DROP FUNCTION IF EXISTS forge.jobs_step(text, text, text, text, bigint, bigint, text[], integer,
     integer, bigint[], bigint[], integer[], text[], bigint[], jsonb[], integer, smallint,
     timestamptz, bigint, boolean);
+DROP FUNCTION IF EXISTS forge.jobs_step(text, text, text, text, bigint, bigint, bigint, bigint,
+    text[], integer, integer, bigint[], bigint[], integer[], text[], bigint[], jsonb[], integer,
+    smallint, timestamptz, bigint, boolean);
 CREATE OR REPLACE FUNCTION forge.jobs_step(
     p_namespace text,
     p_node      text,
@@ -129,7 +133,11 @@ CREATE OR REPLACE FUNCTION forge.jobs_step(
     p_after_priority smallint,
     p_after_run_at   timestamptz,
     p_after_id       bigint,
-    p_keep_completed boolean
+    p_keep_completed boolean,
+    -- The jobs the worker holds besides this round trip's outcomes (running, claimed ahead,
+    -- outcomes not yet recorded or in flight on its other connection): its lane's list after a
+    -- claim (see the claim below). NULL: the list keeps what it names.
+    p_held           bigint[] DEFAULT NULL
 ) RETURNS TABLE (id bigint, claimed boolean, kind text, args jsonb, attempt integer,
                  max_attempts integer, timeout_ms bigint, pickup_ms double precision, state text,
                  priority smallint, run_at timestamptz)
@@ -487,7 +495,8 @@ BEGIN
                                            coalesce(j.args ->> v_limits.rate_key, '') AS rate_key
                                       FROM forge.jobs_live j
                                      WHERE j.namespace = p_namespace AND j.queue = p_queue
-                                       AND j.state = 'available' AND j.role IS NULL
+                                       AND j.phase = 'ready' AND j.state = 'available'
+                                       AND j.role IS NULL
                                        AND j.kind = ANY (v_open_kinds)
                                        AND (v_spent IS NULL OR j.kind || E'\x1f' || coalesce(j.args ->> v_key_args[
                                            array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
@@ -544,7 +553,8 @@ BEGIN
         ELSIF p_role IS NULL AND p_after_id IS NOT NULL THEN
             SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
               FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs_live j
-                     WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
+                     WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.phase = 'ready'
+                       AND j.state = 'available'
                        AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
                        AND (v_spent IS NULL OR j.kind || E'\x1f' || coalesce(j.args ->> v_key_args[
                                 array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
@@ -555,7 +565,8 @@ BEGIN
         ELSIF p_role IS NULL THEN
             SELECT array_agg(c.tid ORDER BY c.priority, c.run_at, c.id) INTO v_tids
               FROM (SELECT j.ctid AS tid, j.id, j.priority, j.run_at FROM forge.jobs_live j
-                     WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'available'
+                     WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.phase = 'ready'
+                       AND j.state = 'available'
                        AND j.role IS NULL AND j.kind = ANY (v_open_kinds)
                        AND (v_spent IS NULL OR j.kind || E'\x1f' || coalesce(j.args ->> v_key_args[
                                 array_position(v_keyed_kinds, j.kind)], '') <> ALL (v_spent))
@@ -569,7 +580,8 @@ BEGIN
                        AND (p_queue IS NULL OR j.queue = p_queue)
                        AND NOT EXISTS (SELECT 1 FROM forge.queues q
                                         WHERE q.namespace = p_namespace AND q.queue = j.queue)
-                       AND j.state = 'available' AND j.kind = ANY (p_kinds)
+                       AND j.phase = 'ready' AND j.state = 'available'
+                       AND j.kind = ANY (p_kinds)
                      ORDER BY j.priority, j.run_at, j.id
                      LIMIT p_limit
                        FOR UPDATE SKIP LOCKED) c;
@@ -714,17 +726,35 @@ BEGIN
     ELSIF NOT v_start_all THEN
         v_start := v_tids[1:p_start];
     END IF;
+    -- The claim: the job's state, node, attempt and times, none of which an index names, so a
+    -- HOT update (phase stays 'ready': migration 0016). Its lane's list names it from the same
+    -- statement on: at every commit the list holds each running job of the lane that is not
+    -- busy, which is how rescue and reconciliation find it (forge.jobs_running). The list is
+    -- then the jobs the worker holds (p_held) and these claims. That cannot leave out a running
+    -- job of the lane: only claims write 'running' with a list; a worker's claims are one at a
+    -- time (one in flight; one it gave up on was waited for or ended by its reconciliation,
+    -- forge.jobs_lane_take, which rebuilt the list from the jobs running); and a job it holds
+    -- is in p_held until the round trip that records its outcome has committed.
     RETURN QUERY
-    UPDATE forge.jobs_live j
-       SET state = 'running', attempt = j.attempt + 1, node_id = p_node,
-           epoch = CASE WHEN p_role IS NOT NULL THEN p_epoch END,
-           tenure = CASE WHEN p_role IS NOT NULL THEN p_tenure END,
-           attempted_at = coalesce(v_claimed_at, clock_timestamp()),
-           started_at = CASE WHEN v_start_all OR j.ctid = ANY (v_start)
-                             THEN coalesce(v_claimed_at, clock_timestamp()) END
-     WHERE j.ctid = ANY (v_tids)
-    RETURNING j.id, true, j.kind, j.args, j.attempt, j.max_attempts, j.timeout_ms,
-              extract(epoch FROM j.attempted_at - j.run_at)::double precision * 1000,
-              CASE WHEN j.started_at IS NULL THEN 'ahead' ELSE j.state END, j.priority, j.run_at;
+    WITH c AS (
+        UPDATE forge.jobs_live j
+           SET state = 'running', phase = 'ready', attempt = j.attempt + 1, node_id = p_node,
+               epoch = CASE WHEN p_role IS NOT NULL THEN p_epoch END,
+               tenure = CASE WHEN p_role IS NOT NULL THEN p_tenure END,
+               attempted_at = coalesce(v_claimed_at, clock_timestamp()),
+               started_at = CASE WHEN v_start_all OR j.ctid = ANY (v_start)
+                                 THEN coalesce(v_claimed_at, clock_timestamp()) END
+         WHERE j.ctid = ANY (v_tids)
+        RETURNING j.id, true AS claimed, j.kind, j.args, j.attempt, j.max_attempts, j.timeout_ms,
+                  extract(epoch FROM j.attempted_at - j.run_at)::double precision * 1000 AS pickup_ms,
+                  CASE WHEN j.started_at IS NULL THEN 'ahead' ELSE j.state END AS state,
+                  j.priority, j.run_at
+    ), listed AS (
+        UPDATE forge.job_lanes l
+           SET running = coalesce(p_held, l.running) || ARRAY(SELECT c.id FROM c)
+         WHERE l.namespace = p_namespace AND l.node_id = p_node AND l.lane = v_lane
+           AND cardinality(v_tids) > 0
+    )
+    SELECT * FROM c;
 END;
 $$;

@@ -48,8 +48,8 @@ BEGIN
     END IF;
     IF p_global IS NOT NULL THEN
         INSERT INTO forge.kind_slots (namespace, kind, job_id, attempt)
-        SELECT j.namespace, j.kind, j.id, j.attempt FROM forge.jobs j
-         WHERE j.namespace = p_namespace AND j.kind = p_kind AND j.state = 'running'
+        SELECT j.namespace, j.kind, j.id, j.attempt FROM forge.jobs_running(p_namespace, NULL) j
+         WHERE j.kind = p_kind
            AND j.role IS NULL
         ON CONFLICT (namespace, kind, job_id) DO UPDATE SET attempt = EXCLUDED.attempt;
     ELSE

@@ -10,6 +10,9 @@ RETURNS bigint LANGUAGE sql AS $$
                               WHERE x.namespace = p_namespace
                                 AND coalesce(x.stopped_at, x.down_at)
                                     < clock_timestamp() - p_retention_ms * interval '1 millisecond'
+                                -- (Its lanes' lists go with it: not while they name a
+                                -- running job, which rescue has yet to give back.)
+                                AND NOT EXISTS (SELECT 1 FROM forge.jobs_running(p_namespace, x.node_id))
                               LIMIT p_limit)
         RETURNING n.node_id, n.stopped_at, n.down_at, n.down_reason
     ), e AS (

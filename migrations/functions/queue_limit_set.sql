@@ -42,8 +42,8 @@ BEGIN
     END IF;
     IF p_global IS NOT NULL THEN
         INSERT INTO forge.queue_slots (namespace, queue, job_id, attempt)
-        SELECT j.namespace, j.queue, j.id, j.attempt FROM forge.jobs j
-         WHERE j.namespace = p_namespace AND j.queue = p_queue AND j.state = 'running'
+        SELECT j.namespace, j.queue, j.id, j.attempt FROM forge.jobs_running(p_namespace, NULL) j
+         WHERE j.queue = p_queue
            AND j.role IS NULL
         ON CONFLICT (namespace, queue, job_id) DO UPDATE SET attempt = EXCLUDED.attempt;
     ELSE

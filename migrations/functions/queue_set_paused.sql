@@ -17,9 +17,9 @@ BEGIN
         -- Wake the workers of the queue, and the role workers with jobs waiting in it.
         PERFORM pg_notify('forge_jobs', p_namespace || ' ' || p_queue);
         PERFORM pg_notify('forge_jobs', p_namespace || ' @' || r.role)
-           FROM (SELECT DISTINCT j.role FROM forge.jobs j
+           FROM (SELECT DISTINCT j.role FROM forge.jobs_live j
                   WHERE j.namespace = p_namespace AND j.queue = p_queue
-                    AND j.state = 'available' AND j.role IS NOT NULL) r;
+                    AND j.phase = 'ready' AND j.role IS NOT NULL) r;
     END IF;
     PERFORM forge.audit(p_namespace, CASE WHEN p_paused THEN 'pause_queue' ELSE 'resume_queue' END,
                         p_queue, p_by, '{}');

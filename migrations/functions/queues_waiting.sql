@@ -17,12 +17,12 @@ SET max_parallel_workers_per_gather = 0
 SET jit = off
 AS $$
     WITH RECURSIVE waiting(queue) AS (
-        (SELECT j.queue FROM forge.jobs j
-          WHERE j.namespace = p_namespace AND j.state = 'available' AND j.role IS NULL
+        (SELECT j.queue FROM forge.jobs_live j
+          WHERE j.namespace = p_namespace AND j.phase = 'ready' AND j.role IS NULL
           ORDER BY j.queue LIMIT 1)
         UNION ALL
-        SELECT (SELECT j.queue FROM forge.jobs j
-                 WHERE j.namespace = p_namespace AND j.state = 'available' AND j.role IS NULL
+        SELECT (SELECT j.queue FROM forge.jobs_live j
+                 WHERE j.namespace = p_namespace AND j.phase = 'ready' AND j.role IS NULL
                    AND j.queue > w.queue
                  ORDER BY j.queue LIMIT 1)
           FROM waiting w

@@ -6,7 +6,6 @@
 //! commands, bad filters, unknown ids, broken config, unreachable database) with the documented
 //! exit codes.
 
-use std::borrow::Cow;
 use std::time::Duration;
 
 use forge::crons::CronJob;
@@ -14,8 +13,7 @@ use forge::jobs::NewJob;
 use forge::{Config, CronContext, LockNamespace, Node, Role, RoleState, Schedule};
 use forge_testkit::{NodeProcess, PgServer, TestDatabase, TxPooler, wait_for, wait_until};
 use serde_json::Value;
-use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::{Connection, SqlSafeStr};
+use sqlx::Connection;
 use tokio::process::Command;
 
 use crate::jobs::{Behave, mailer, plain};
@@ -2003,23 +2001,7 @@ async fn migrate_sql_applied_with_psql_leaves_the_database_as_migrate_up_does() 
     // is new: `--after 2`.
     let old = fresh_db().await;
     let mut conn = old.connect().await.unwrap();
-    let older: Vec<Migration> = forge::migrate::sources()
-        .into_iter()
-        .filter(|(version, _, _)| *version <= 2)
-        .map(|(version, description, sql)| {
-            Migration::new(
-                version,
-                Cow::Borrowed(description),
-                MigrationType::Simple,
-                sql.into_sql_str(),
-                false,
-            )
-        })
-        .collect();
-    let mut older = Migrator::with_migrations(older);
-    older.create_schema("forge");
-    older.dangerous_set_table_name(forge::migrate::TABLE);
-    older.run_direct(None, &mut conn, false).await.unwrap();
+    migrate_until(&mut conn, 2).await;
     let last = forge::migrate::sources().last().unwrap().0.to_string();
     let functions_only = forge_env(None, &[], &["migrate", "sql", "--after", &last])
         .await

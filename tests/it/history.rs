@@ -121,6 +121,7 @@ async fn the_moves_between_partitions_copy_every_column_of_a_job() {
             &[
                 ("state", "'completed'"),
                 ("finished_at", "clock_timestamp()"),
+                ("phase", "'completed'"),
             ],
         ),
         (
@@ -131,6 +132,7 @@ async fn the_moves_between_partitions_copy_every_column_of_a_job() {
                 ("max_attempts", "greatest(d.max_attempts, d.attempt + 1)"),
                 ("finished_at", "NULL"),
                 ("cancel_requested", "false"),
+                ("phase", "'ready'"),
             ],
         ),
     ];

@@ -44,6 +44,7 @@ mod admin;
 mod alerts;
 mod bad_input;
 mod claim_ahead;
+mod claims;
 mod cli;
 mod clocks;
 mod cron;

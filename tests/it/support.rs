@@ -6,7 +6,7 @@ use std::time::Duration;
 use forge::{Config, Node, Role, RoleState};
 use forge_testkit::{NodeProcess, PgServer, TestDatabase, wait_until};
 use forge_tests::probe::ProbeLine;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool, SqlSafeStr};
 use tokio::process::Command;
 
 /// Short timings so that tests of frozen leaders and outages take seconds, not minutes.
@@ -401,4 +401,26 @@ pub(crate) async fn billing_and_mailers_node(config: Config) -> Node {
         .start()
         .await
         .expect("node starts")
+}
+
+/// Applies FORGE's migrations up to `last` only (no function files): a database as an older
+/// release left it.
+pub(crate) async fn migrate_until(conn: &mut PgConnection, last: i64) {
+    let older: Vec<sqlx::migrate::Migration> = forge::migrate::sources()
+        .into_iter()
+        .filter(|(version, _, _)| *version <= last)
+        .map(|(version, description, sql)| {
+            sqlx::migrate::Migration::new(
+                version,
+                std::borrow::Cow::Borrowed(description),
+                sqlx::migrate::MigrationType::Simple,
+                sql.into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    let mut older = sqlx::migrate::Migrator::with_migrations(older);
+    older.create_schema("forge");
+    older.dangerous_set_table_name(forge::migrate::TABLE);
+    older.run_direct(None, conn, false).await.unwrap();
 }

@@ -57,6 +57,9 @@ pub(super) struct Step {
     pub(super) after: Option<Floor>,
     /// Record completions as `completed` rows (or delete the jobs).
     pub(super) keep_completed: bool,
+    /// With a claim: the jobs the worker holds besides this trip's outcomes, which its lane's
+    /// list names after the claim (`forge.jobs_step`'s `p_held`).
+    pub(super) held: Option<Vec<i64>>,
     /// How long the reconciliation waits, each time, for a round trip of this worker still in
     /// flight on the server before it ends that trip's session (see `forge.jobs_reconcile`).
     pub(super) reconcile_wait_ms: i32,
@@ -152,7 +155,7 @@ impl Step {
 
     async fn step(&self, conn: &mut PoolConnection<Postgres>) -> Result<Vec<PgRow>, sqlx::Error> {
         sqlx::query(
-            "SELECT * FROM forge.jobs_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)",
+            "SELECT * FROM forge.jobs_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)",
         )
         .bind(&self.namespace)
         .bind(&self.node)
@@ -176,6 +179,7 @@ impl Step {
         .bind(self.after.map(|f| f.run_at))
         .bind(self.after.map(|f| f.id))
         .bind(self.keep_completed)
+        .bind(&self.held)
         .fetch_all(&mut **conn)
         .await
     }
@@ -408,6 +412,7 @@ mod tests {
             default_max: 20,
             after: None,
             keep_completed: true,
+            held: None,
             reconcile_wait_ms: 1,
         };
         assert!(step.is_empty());

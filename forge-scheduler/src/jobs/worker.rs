@@ -344,6 +344,7 @@ impl Worker {
             default_max: self.shared.default_max_attempts(),
             after: None,
             keep_completed: self.origin.keep_completed,
+            held: None,
             // Up to three waits and two session ends fit in one round trip's bound.
             reconcile_wait_ms: self.shared.lane_wait_ms(),
         }
@@ -670,6 +671,16 @@ impl Worker {
             (ids, attempts)
         });
         let mut step = self.step(&records, &started, limit, start);
+        if limit > 0 {
+            // What the lane's list names after this claim, besides the jobs it claims (see
+            // `forge.jobs_step`): every job this worker holds whose outcome this trip does not
+            // record - running, claimed ahead, outcomes waiting or in flight on the other lane.
+            // (Claims travel on this lane only, so no other claim is in flight.)
+            let (mut held, _) = self.attempts.held();
+            held.extend(self.attempts.records.iter().map(|r| r.id));
+            held.extend(self.in_flight[Lane::Record as usize].iter().copied());
+            step.held = Some(held);
+        }
         if limit > 0 && self.spec.role.is_none() {
             step.after = self
                 .floor

@@ -80,11 +80,12 @@ pub(super) async fn drain(
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         // Cheap while the nodes work (two probes of partial indexes, every 20 ms): this
-        // process shares the CPUs with the nodes and PostgreSQL.
+        // process shares the CPUs with the nodes and PostgreSQL. ('ready': available, or
+        // running after a claim; 'busy': running otherwise. See migration 0016.)
         let busy: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM forge.jobs WHERE namespace = 'forge' AND queue = 'default'
-                               AND state = 'available' AND role IS NULL)
-                 OR EXISTS (SELECT 1 FROM forge.jobs WHERE namespace = 'forge' AND state = 'running')",
+            "SELECT EXISTS (SELECT 1 FROM forge.jobs_live WHERE namespace = 'forge'
+                               AND queue = 'default' AND phase = 'ready' AND role IS NULL)
+                 OR EXISTS (SELECT 1 FROM forge.jobs_live WHERE namespace = 'forge' AND phase = 'busy')",
         )
         .fetch_one(&pool)
         .await?;

@@ -1,0 +1,245 @@
+//! A claim is a HOT update (migration 0016): it writes a running job's state, node, attempt and
+//! times, none of which an index names, so it writes no index entry. A running job is found
+//! through its lane's list (`forge.job_lanes.running`, written by the claim) or, when it was made
+//! running some other way, through the busy index (`phase = 'busy'`); `forge.jobs_running`
+//! reads both, and rescue, reconciliation and the queue figures read it. (A claimed job's
+//! rescue after a SIGKILL: `jobs_process`.)
+
+use forge::jobs::{JobState, NewJob};
+use forge::{LockNamespace, Node};
+use forge_testkit::wait_until;
+use sqlx::{Connection, PgPool};
+
+use crate::jobs::{Behave, RUNS_TABLE_SQL, inserted, job_config, plain, setup, wait_state};
+use crate::support::*;
+
+/// `(n_tup_upd, n_tup_hot_upd)` of `forge.jobs_live` once the statistics show at least `n`
+/// updates (backends report theirs within about a second of going idle).
+async fn updates_of_jobs_live(pool: &PgPool, n: i64) -> (i64, i64) {
+    wait_until(
+        &format!("{n} updates of forge.jobs_live in pg_stat_user_tables"),
+        SOON * 3,
+        std::time::Duration::from_millis(100),
+        || async {
+            let (upd, hot): (i64, i64) = sqlx::query_as(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+                  WHERE relid = 'forge.jobs_live'::regclass",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            (upd >= n).then_some((upd, hot))
+        },
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_writes_no_index_entry_and_the_lane_lists_the_job_while_it_runs() {
+    let (db, pool) = setup().await;
+    let node = Node::builder(job_config(db.url(), "a"))
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .expect("node starts");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let behave = Behave {
+            sleep_ms: 600_000,
+            ..Behave::tag(format!("long {i}"))
+        };
+        ids.push(inserted(
+            node.jobs()
+                .enqueue_job(NewJob::new(plain, behave))
+                .await
+                .unwrap(),
+        ));
+    }
+    for &id in &ids {
+        wait_state(&pool, id, JobState::Running).await;
+    }
+    let ids: Vec<i64> = ids.iter().map(|id| id.0).collect();
+
+    let phases: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT state, phase, node_id FROM forge.jobs WHERE id = ANY ($1) ORDER BY id",
+    )
+    .bind(&ids)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let claimed = (
+        "running".to_owned(),
+        "ready".to_owned(),
+        Some("a".to_owned()),
+    );
+    assert_eq!(phases, vec![claimed; 3], "state, phase and node of {ids:?}");
+    let listed: Vec<i64> = sqlx::query_scalar(
+        "SELECT running FROM forge.job_lanes WHERE node_id = 'a' AND lane = 'default'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        ids.iter().all(|id| listed.contains(id)),
+        "the lane lists {listed:?}, not all of {ids:?}"
+    );
+    let running: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM forge.jobs_running('forge', 'a') ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(running, ids);
+
+    // The three claims were the table's only updates, and each was HOT.
+    let (updates, hot) = updates_of_jobs_live(&pool, 3).await;
+    assert_eq!(
+        (updates, hot),
+        (3, 3),
+        "updates of forge.jobs_live, and how many were HOT"
+    );
+
+    // The running jobs count as running in the queue figures, not as available.
+    let figures: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state, n FROM forge.jobs_figures('forge') WHERE queue = 'default' ORDER BY state",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(figures, vec![("running".to_owned(), 3)]);
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_made_running_by_hand_is_busy_and_rescue_finds_it() {
+    let (db, pool) = setup().await;
+    let jobs = forge::jobs::Jobs::new(pool.clone(), &LockNamespace::default());
+    let id = inserted(
+        jobs.enqueue_job(
+            NewJob::new(plain, Behave::tag("by hand")).delay(std::time::Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap(),
+    );
+    // Running on a node that is not a member, written by hand from `scheduled`: in no lane's
+    // list, so the trigger makes it busy.
+    sqlx::query(
+        "UPDATE forge.jobs SET state = 'running', node_id = 'ghost', attempt = 1,
+                attempted_at = clock_timestamp(), started_at = clock_timestamp()
+          WHERE id = $1",
+    )
+    .bind(id.0)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let phase: String = sqlx::query_scalar("SELECT phase FROM forge.jobs WHERE id = $1")
+        .bind(id.0)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(phase, "busy");
+
+    let node = Node::builder(job_config(db.url(), "a"))
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .expect("node starts");
+    let done = wait_state(&pool, id, JobState::Completed).await;
+    assert_eq!(done.attempt, 2, "{done:?}");
+    assert!(
+        done.errors
+            .iter()
+            .any(|e| e.error.contains("node ghost is not a member")),
+        "rescued as a non-member's job: {done:?}"
+    );
+    node.shutdown().await;
+}
+
+/// Migration 0016 on a database at 0015 with jobs in every state: each gets its phase, and a
+/// job running then (in no lane's list) is busy, so rescue still finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_phase_migration_gives_each_job_its_phase_and_running_jobs_stay_found() {
+    let db = fresh_db().await;
+    let mut conn = db.connect().await.unwrap();
+    migrate_until(&mut conn, 15).await;
+    let states = [
+        "available",
+        "scheduled",
+        "running",
+        "retryable",
+        "completed",
+        "dead",
+        "cancelled",
+    ];
+    for state in states {
+        sqlx::query(
+            "INSERT INTO forge.jobs (namespace, queue, kind, args, state, run_at, attempt, node_id,
+                                     finished_at)
+             VALUES ('forge', 'default', 'plain', '{\"tag\": \"at 0015\"}', $1, clock_timestamp(),
+                     CASE WHEN $1 = 'available' THEN 0 ELSE 1 END,
+                     CASE WHEN $1 = 'available' THEN NULL ELSE 'gone' END,
+                     CASE WHEN $1 IN ('completed', 'dead', 'cancelled')
+                          THEN clock_timestamp() END)",
+        )
+        .bind(state)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    conn.close().await.unwrap();
+    // The table the test jobs record their runs in (`jobs::setup` makes it likewise).
+    let pool = db.pool().await.unwrap();
+    sqlx::raw_sql(RUNS_TABLE_SQL).execute(&pool).await.unwrap();
+
+    // Migrated by a node that works nothing (no roles, no queues): nothing is rescued yet.
+    let mut idle = job_config(db.url(), "migrator");
+    idle.node.roles = Some(Vec::new());
+    idle.node.queues = Some(Vec::new());
+    Node::builder(idle)
+        .auto_register(false)
+        .start()
+        .await
+        .expect("node starts and migrates")
+        .shutdown()
+        .await;
+    let phases: Vec<(String, String)> = sqlx::query_as(
+        "SELECT state, phase FROM forge.jobs WHERE args ->> 'tag' = 'at 0015' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let expected: Vec<(String, String)> = states
+        .iter()
+        .map(|&state| {
+            let phase = match state {
+                "available" => "ready",
+                "running" => "busy",
+                other => other,
+            };
+            (state.to_owned(), phase.to_owned())
+        })
+        .collect();
+    assert_eq!(phases, expected);
+
+    // The running one, in no lane's list, is found and rescued, then runs.
+    let running: i64 = sqlx::query_scalar(
+        "SELECT id FROM forge.jobs WHERE args ->> 'tag' = 'at 0015' AND state = 'running'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let node = Node::builder(job_config(db.url(), "a"))
+        .auto_register(false)
+        .job(plain)
+        .start()
+        .await
+        .expect("node starts");
+    let done = wait_state(&pool, forge::jobs::JobId(running), JobState::Completed).await;
+    assert!(
+        done.errors.iter().any(|e| e.error.contains("node gone")),
+        "the job running at the migration was rescued: {done:?}"
+    );
+    node.shutdown().await;
+}
