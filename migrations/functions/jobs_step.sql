@@ -136,7 +136,8 @@ CREATE OR REPLACE FUNCTION forge.jobs_step(
     p_keep_completed boolean,
     -- The jobs the worker holds besides this round trip's outcomes (running, claimed ahead,
     -- outcomes not yet recorded or in flight on its other connection): its lane's list after a
-    -- claim (see the claim below). NULL: the list keeps what it names.
+    -- claim (see the claim below). NULL (a caller that does not say, such as a node of an
+    -- older release): the list keeps those of its jobs still running on this node.
     p_held           bigint[] DEFAULT NULL
 ) RETURNS TABLE (id bigint, claimed boolean, kind text, args jsonb, attempt integer,
                  max_attempts integer, timeout_ms bigint, pickup_ms double precision, state text,
@@ -734,7 +735,10 @@ BEGIN
     -- job of the lane: only claims write 'running' with a list; a worker's claims are one at a
     -- time (one in flight; one it gave up on was waited for or ended by its reconciliation,
     -- forge.jobs_lane_take, which rebuilt the list from the jobs running); and a job it holds
-    -- is in p_held until the round trip that records its outcome has committed.
+    -- is in p_held until the round trip that records its outcome has committed. Without p_held,
+    -- the list's jobs that this statement sees running on this node (a primary-key probe each,
+    -- about 9k instructions per job: the worker's p_held saves them); no claim of the lane
+    -- committed after this statement's snapshot, as above.
     RETURN QUERY
     WITH c AS (
         UPDATE forge.jobs_live j
@@ -751,7 +755,13 @@ BEGIN
                   j.priority, j.run_at
     ), listed AS (
         UPDATE forge.job_lanes l
-           SET running = coalesce(p_held, l.running) || ARRAY(SELECT c.id FROM c)
+           SET running = coalesce(p_held,
+                                  ARRAY(SELECT k.id FROM unnest(l.running) AS k(id)
+                                         WHERE EXISTS (SELECT 1 FROM forge.jobs_live j
+                                                        WHERE j.id = k.id AND j.state = 'running'
+                                                          AND j.node_id = p_node
+                                                       OFFSET 0)))
+                         || ARRAY(SELECT c.id FROM c)
          WHERE l.namespace = p_namespace AND l.node_id = p_node AND l.lane = v_lane
            AND cardinality(v_tids) > 0
     )

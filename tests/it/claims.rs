@@ -10,7 +10,9 @@ use forge::{LockNamespace, Node};
 use forge_testkit::wait_until;
 use sqlx::{Connection, PgPool};
 
-use crate::jobs::{Behave, RUNS_TABLE_SQL, inserted, job_config, plain, setup, wait_state};
+use crate::jobs::{
+    Behave, RUNS_TABLE_SQL, inserted, job_config, plain, setup, step_as, wait_state,
+};
 use crate::support::*;
 
 /// `(n_tup_upd, n_tup_hot_upd)` of `forge.jobs_live` once the statistics show at least `n`
@@ -109,6 +111,34 @@ async fn a_claim_writes_no_index_entry_and_the_lane_lists_the_job_while_it_runs(
     .unwrap();
     assert_eq!(figures, vec![("running".to_owned(), 3)]);
     node.shutdown().await;
+}
+
+/// A claim whose caller does not say what it holds (`p_held` NULL: an older node, a direct call)
+/// keeps of the lane's list the jobs still running on its node, and adds its claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_without_the_held_jobs_keeps_the_listed_jobs_still_running() {
+    let (_db, pool) = setup().await;
+    let jobs = forge::jobs::Jobs::new(pool.clone(), &LockNamespace::default());
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let new = NewJob::new(plain, Behave::tag(format!("direct {i}")));
+        ids.push(inserted(jobs.enqueue_job(new).await.unwrap()).0);
+    }
+    let listed = || async {
+        let mut listed: Vec<i64> = sqlx::query_scalar(
+            "SELECT running FROM forge.job_lanes WHERE node_id = 'x' AND lane = 'default'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        listed.sort();
+        listed
+    };
+    step_as(pool.clone(), "x", 2, Vec::new(), true).await;
+    assert_eq!(listed().await, ids[..2]);
+    // The first completed in this round trip, the third claimed: the second stays listed.
+    step_as(pool.clone(), "x", 1, vec![(ids[0], 1, "completed")], true).await;
+    assert_eq!(listed().await, ids[1..]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

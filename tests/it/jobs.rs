@@ -1494,7 +1494,7 @@ async fn take_lane(pool: &PgPool, node: &str) -> i64 {
 /// One `forge.jobs_step` call as a worker of node `node` on queue `default` (kind `plain`) that
 /// has just taken its lane: reports `(id, attempt, outcome)`, then claims up to `limit` (all
 /// started); rows sorted by id.
-async fn step_as(
+pub(crate) async fn step_as(
     pool: PgPool,
     node: &'static str,
     limit: i32,
