@@ -24,6 +24,10 @@ UPDATE forge.jobs_live SET phase = CASE state WHEN 'available' THEN 'ready' WHEN
 -- A lane's running jobs that are not busy (forge.jobs_step writes it; forge.jobs_reconcile
 -- rebuilds it): at every commit a superset of them, so it may name jobs that ended since.
 ALTER TABLE forge.job_lanes ADD COLUMN running bigint[] NOT NULL DEFAULT '{}';
+-- The orphans of the lane that its last reconciliation could not lock (another transaction
+-- held them): running, not held by the worker, so each claim keeps them in the list until the
+-- next reconciliation settles them.
+ALTER TABLE forge.job_lanes ADD COLUMN unsettled bigint[] NOT NULL DEFAULT '{}';
 
 -- The partial indexes that named the state, on the phase: claims, promotion (due scheduled
 -- jobs and retries), the queue figures' dead and pending jobs, and pruning of finished ones.

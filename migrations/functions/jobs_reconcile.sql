@@ -57,11 +57,13 @@ BEGIN
                                  p_default_max_attempts, true) r;
     END IF;
     -- The lane's list (see forge.jobs_step), rebuilt while this holds the lane: its running jobs
-    -- that are not busy, less the ended ones that the round trips left in it.
+    -- that are not busy, less the ended ones that the round trips left in it; and the orphans
+    -- it could not lock, which the worker does not hold, so that the claims keep them listed.
     UPDATE forge.job_lanes l
        SET running = ARRAY(SELECT j.id FROM forge.jobs_running(p_namespace, p_node) j
                             WHERE j.phase = 'ready' AND j.role IS NOT DISTINCT FROM p_role
-                              AND (p_queue IS NULL OR j.queue = p_queue))
+                              AND (p_queue IS NULL OR j.queue = p_queue)),
+           unsettled = coalesce(v_locked, '{}')
      WHERE l.namespace = p_namespace AND l.node_id = p_node
        AND l.lane = coalesce(p_queue, '@' || p_role);
 

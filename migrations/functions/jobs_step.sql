@@ -735,7 +735,9 @@ BEGIN
     -- job of the lane: only claims write 'running' with a list; a worker's claims are one at a
     -- time (one in flight; one it gave up on was waited for or ended by its reconciliation,
     -- forge.jobs_lane_take, which rebuilt the list from the jobs running); and a job it holds
-    -- is in p_held until the round trip that records its outcome has committed. Without p_held,
+    -- is in p_held until the round trip that records its outcome has committed. An orphan the
+    -- last reconciliation could not lock (not held, still running) stays listed through
+    -- l.unsettled until the next one settles it. Without p_held,
     -- the list's jobs that this statement sees running on this node (a primary-key probe each,
     -- about 9k instructions per job: the worker's p_held saves them); no claim of the lane
     -- committed after this statement's snapshot, as above.
@@ -761,7 +763,7 @@ BEGIN
                                                         WHERE j.id = k.id AND j.state = 'running'
                                                           AND j.node_id = p_node
                                                        OFFSET 0)))
-                         || ARRAY(SELECT c.id FROM c)
+                         || l.unsettled || ARRAY(SELECT c.id FROM c)
          WHERE l.namespace = p_namespace AND l.node_id = p_node AND l.lane = v_lane
            AND cardinality(v_tids) > 0
     )

@@ -11,7 +11,8 @@ use forge_testkit::wait_until;
 use sqlx::{Connection, PgPool};
 
 use crate::jobs::{
-    Behave, RUNS_TABLE_SQL, inserted, job_config, plain, setup, step_as, wait_state,
+    Behave, INCARNATION, RUNS_TABLE_SQL, inserted, job_config, plain, setup, step_as, step_holding,
+    wait_state,
 };
 use crate::support::*;
 
@@ -139,6 +140,57 @@ async fn a_claim_without_the_held_jobs_keeps_the_listed_jobs_still_running() {
     // The first completed in this round trip, the third claimed: the second stays listed.
     step_as(pool.clone(), "x", 1, vec![(ids[0], 1, "completed")], true).await;
     assert_eq!(listed().await, ids[1..]);
+}
+
+/// An orphan of the lane (running on its node, not held by its worker: a claim whose reply was
+/// lost) that the reconciliation cannot lock, because another transaction holds it, stays
+/// listed through the claims that follow, which name only what the worker holds, until a
+/// reconciliation settles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_the_reconciliation_could_not_lock_stays_listed_through_the_claims() {
+    let (_db, pool) = setup().await;
+    let jobs = forge::jobs::Jobs::new(pool.clone(), &LockNamespace::default());
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        let new = NewJob::new(plain, Behave::tag(format!("orphan {i}")));
+        ids.push(inserted(jobs.enqueue_job(new).await.unwrap()).0);
+    }
+    step_as(pool.clone(), "x", 1, Vec::new(), true).await;
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM forge.jobs_live WHERE id = $1 FOR UPDATE")
+        .bind(ids[0])
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let answer: Vec<(Option<i64>, String)> = sqlx::query_as(
+        "SELECT id, status FROM forge.jobs_reconcile('forge', 'x', 'default', NULL, NULL, $1,
+                                                     '{}', '{}', 20, 1000)",
+    )
+    .bind(INCARNATION)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        answer.contains(&(Some(ids[0]), "unsettled".to_owned())),
+        "{answer:?}"
+    );
+    // The worker holds nothing; its claim takes the second job and keeps the first listed.
+    step_holding(pool.clone(), "x", 1, Vec::new(), true, Some(&[])).await;
+    let mut listed: Vec<i64> = sqlx::query_scalar(
+        "SELECT running FROM forge.job_lanes WHERE node_id = 'x' AND lane = 'default'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    listed.sort();
+    assert_eq!(listed, ids);
+    let running: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM forge.jobs_running('forge', 'x') ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(running, ids);
+    holder.rollback().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1469,7 +1469,7 @@ async fn with_completed_retention_zero_completed_jobs_are_deleted_and_the_rest_i
 type StepRow = (i64, bool, Option<i32>, Option<String>);
 
 /// The incarnation of the nodes that [`take_lane`] registers.
-const INCARNATION: i64 = 1;
+pub(crate) const INCARNATION: i64 = 1;
 
 /// Takes the lane of queue `default` on node `node` (registered as incarnation [`INCARNATION`]
 /// if it is not), as a worker does at its start; returns the generation its claims carry.
@@ -1501,6 +1501,18 @@ pub(crate) async fn step_as(
     reports: Vec<(i64, i32, &'static str)>,
     keep_completed: bool,
 ) -> Vec<StepRow> {
+    step_holding(pool, node, limit, reports, keep_completed, None).await
+}
+
+/// [`step_as`], the worker saying which other jobs it holds (`p_held`; `None`: not saying).
+pub(crate) async fn step_holding(
+    pool: PgPool,
+    node: &'static str,
+    limit: i32,
+    reports: Vec<(i64, i32, &'static str)>,
+    keep_completed: bool,
+    held: Option<&[i64]>,
+) -> Vec<StepRow> {
     let ids: Vec<i64> = reports.iter().map(|r| r.0).collect();
     let attempts: Vec<i32> = reports.iter().map(|r| r.1).collect();
     let states: Vec<&str> = reports.iter().map(|r| r.2).collect();
@@ -1509,7 +1521,7 @@ pub(crate) async fn step_as(
     let mut rows: Vec<StepRow> = sqlx::query_as(
         "SELECT id, claimed, attempt, state FROM forge.jobs_step('forge', $1, 'default',
             NULL, NULL, NULL, $9, $10, ARRAY['plain'], $2, $2, '{}', $3, $4, $5, $6, $7, 20,
-            NULL, NULL, NULL, $8)",
+            NULL, NULL, NULL, $8, $11)",
     )
     .bind(node)
     .bind(limit)
@@ -1521,6 +1533,7 @@ pub(crate) async fn step_as(
     .bind(keep_completed)
     .bind(INCARNATION)
     .bind(generation)
+    .bind(held)
     .fetch_all(&pool)
     .await
     .unwrap();
