@@ -63,9 +63,11 @@ pub(super) async fn forge_alone(
             let (mut ids, mut attempts): (Vec<i64>, Vec<i32>) = (Vec::new(), Vec::new());
             loop {
                 let n = ids.len();
+                // (p_held '{}': the loop holds nothing but the jobs it reports, as a worker says.)
                 let rows: Vec<(i64, bool, Option<i32>)> = sqlx::query_as(
                     "SELECT id, claimed, attempt FROM forge.jobs_step('forge', $1, 'default', NULL, NULL, NULL,
-                        1, $9, ARRAY['noop'], $2, $2, '{}', $3, $4, $5, $6, $7, 20, NULL, NULL, NULL, $8)",
+                        1, $9, ARRAY['noop'], $2, $2, '{}', $3, $4, $5, $6, $7, 20, NULL, NULL, NULL, $8,
+                        '{}')",
                 )
                 .bind(&node)
                 .bind(batch)
