@@ -38,6 +38,30 @@ async fn updates_of_jobs_live(pool: &PgPool, n: i64) -> (i64, i64) {
     .unwrap()
 }
 
+/// `n` plain jobs tagged `<tag> <i>`, enqueued directly (no node); their ids in order.
+async fn enqueue_plain(pool: &PgPool, tag: &str, n: usize) -> Vec<i64> {
+    let jobs = forge::jobs::Jobs::new(pool.clone(), &LockNamespace::default());
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let new = NewJob::new(plain, Behave::tag(format!("{tag} {i}")));
+        ids.push(inserted(jobs.enqueue_job(new).await.unwrap()).0);
+    }
+    ids
+}
+
+/// The list of lane `default` of node `node`, sorted.
+async fn listed(pool: &PgPool, node: &str) -> Vec<i64> {
+    let mut listed: Vec<i64> = sqlx::query_scalar(
+        "SELECT running FROM forge.job_lanes WHERE node_id = $1 AND lane = 'default'",
+    )
+    .bind(node)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    listed.sort();
+    listed
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_writes_no_index_entry_and_the_lane_lists_the_job_while_it_runs() {
     let (db, pool) = setup().await;
@@ -78,12 +102,7 @@ async fn a_claim_writes_no_index_entry_and_the_lane_lists_the_job_while_it_runs(
         Some("a".to_owned()),
     );
     assert_eq!(phases, vec![claimed; 3], "state, phase and node of {ids:?}");
-    let listed: Vec<i64> = sqlx::query_scalar(
-        "SELECT running FROM forge.job_lanes WHERE node_id = 'a' AND lane = 'default'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let listed = listed(&pool, "a").await;
     assert!(
         ids.iter().all(|id| listed.contains(id)),
         "the lane lists {listed:?}, not all of {ids:?}"
@@ -119,27 +138,12 @@ async fn a_claim_writes_no_index_entry_and_the_lane_lists_the_job_while_it_runs(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_without_the_held_jobs_keeps_the_listed_jobs_still_running() {
     let (_db, pool) = setup().await;
-    let jobs = forge::jobs::Jobs::new(pool.clone(), &LockNamespace::default());
-    let mut ids = Vec::new();
-    for i in 0..3 {
-        let new = NewJob::new(plain, Behave::tag(format!("direct {i}")));
-        ids.push(inserted(jobs.enqueue_job(new).await.unwrap()).0);
-    }
-    let listed = || async {
-        let mut listed: Vec<i64> = sqlx::query_scalar(
-            "SELECT running FROM forge.job_lanes WHERE node_id = 'x' AND lane = 'default'",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        listed.sort();
-        listed
-    };
+    let ids = enqueue_plain(&pool, "direct", 3).await;
     step_as(pool.clone(), "x", 2, Vec::new(), true).await;
-    assert_eq!(listed().await, ids[..2]);
+    assert_eq!(listed(&pool, "x").await, ids[..2]);
     // The first completed in this round trip, the third claimed: the second stays listed.
     step_as(pool.clone(), "x", 1, vec![(ids[0], 1, "completed")], true).await;
-    assert_eq!(listed().await, ids[1..]);
+    assert_eq!(listed(&pool, "x").await, ids[1..]);
 }
 
 /// An orphan of the lane (running on its node, not held by its worker: a claim whose reply was
@@ -149,12 +153,7 @@ async fn a_claim_without_the_held_jobs_keeps_the_listed_jobs_still_running() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_the_reconciliation_could_not_lock_stays_listed_through_the_claims() {
     let (_db, pool) = setup().await;
-    let jobs = forge::jobs::Jobs::new(pool.clone(), &LockNamespace::default());
-    let mut ids = Vec::new();
-    for i in 0..2 {
-        let new = NewJob::new(plain, Behave::tag(format!("orphan {i}")));
-        ids.push(inserted(jobs.enqueue_job(new).await.unwrap()).0);
-    }
+    let ids = enqueue_plain(&pool, "orphan", 2).await;
     step_as(pool.clone(), "x", 1, Vec::new(), true).await;
     let mut holder = pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM forge.jobs_live WHERE id = $1 FOR UPDATE")
@@ -176,14 +175,7 @@ async fn an_orphan_the_reconciliation_could_not_lock_stays_listed_through_the_cl
     );
     // The worker holds nothing; its claim takes the second job and keeps the first listed.
     step_holding(pool.clone(), "x", 1, Vec::new(), true, Some(&[])).await;
-    let mut listed: Vec<i64> = sqlx::query_scalar(
-        "SELECT running FROM forge.job_lanes WHERE node_id = 'x' AND lane = 'default'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    listed.sort();
-    assert_eq!(listed, ids);
+    assert_eq!(listed(&pool, "x").await, ids);
     let running: Vec<i64> =
         sqlx::query_scalar("SELECT id FROM forge.jobs_running('forge', 'x') ORDER BY id")
             .fetch_all(&pool)
