@@ -1521,30 +1521,49 @@ async fn after_a_sigkill_the_dead_node_leads_nothing_and_the_gap_is_the_takeover
         .expect(200);
     assert_eq!(dead["leads"], json!([]), "{dead}");
     assert_eq!(successor["state"], "led", "{successor}");
-    // Each role is led by exactly one node, the one the leaders say.
-    let leaders = api.get("/api/cluster/leaders").await.expect(200);
-    let nodes = api.get("/api/cluster/nodes").await.expect(200);
-    for role in BUILTIN_ROLES {
-        let leader = leaders["leaders"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|l| l["role"] == role)
-            .unwrap_or_else(|| panic!("{role} in {leaders}"));
-        let leading: Vec<&Value> = nodes["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|n| n["leads"].as_array().unwrap().iter().any(|r| r == role))
-            .collect();
-        if leader["led"] == true {
-            assert_eq!(leading.len(), 1, "{role}: {nodes}");
-            assert_eq!(leading[0]["node_id"], leader["node_id"], "{role}: {nodes}");
-            assert_ne!(leading[0]["node_id"], victim.as_str(), "{role}: {nodes}");
-        } else {
-            assert!(leading.is_empty(), "{role} is not led: {nodes}");
-        }
-    }
+    // Each role is led by exactly one node, the one the leaders say. The other roles the victim
+    // led fail over on their own, so the two reads may straddle one of their elections: read
+    // both again until they agree (a disagreement that lasts fails the test with it).
+    wait_for(
+        "the leaders and the nodes to name the same leader of each role",
+        SOON,
+        Duration::from_millis(5),
+        || async {
+            let leaders = api.get("/api/cluster/leaders").await.expect(200);
+            let nodes = api.get("/api/cluster/nodes").await.expect(200);
+            for role in BUILTIN_ROLES {
+                let leader = leaders["leaders"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|l| l["role"] == role)
+                    .unwrap_or_else(|| panic!("{role} in {leaders}"));
+                let leading: Vec<&Value> = nodes["nodes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|n| n["leads"].as_array().unwrap().iter().any(|r| r == role))
+                    .collect();
+                // The killed node never leads, in either read.
+                assert!(
+                    leading.iter().all(|n| n["node_id"] != victim.as_str()),
+                    "{role}: {nodes}"
+                );
+                let agree = if leader["led"] == true {
+                    assert_ne!(leader["node_id"], victim.as_str(), "{role}: {leaders}");
+                    leading.len() == 1 && leading[0]["node_id"] == leader["node_id"]
+                } else {
+                    leading.is_empty()
+                };
+                if !agree {
+                    return Err(format!("{role}: leaders {leaders}, nodes {nodes}"));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
 
     // The failover's gap: from the lock grant (a standby waited inside the lock), and no
     // longer than from the kill to the election.
