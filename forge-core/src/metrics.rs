@@ -262,6 +262,9 @@ struct TallyCounters {
     /// The next heartbeat sends every counter (after one that may not have landed; at start
     /// every counter is a changed one anyway).
     send_all: bool,
+    /// Where [`Tally::add`] spells a counter's key, so that adding to one that exists (every
+    /// call but the first, several per round trip of a busy worker) allocates nothing.
+    key: String,
 }
 
 impl Tally {
@@ -271,9 +274,16 @@ impl Tally {
 
     /// Adds `value` to `series` for `label` (`|` is not allowed in either and is dropped).
     pub fn add(&self, series: &str, label: &str, value: f64) {
-        let key = format!("{}|{}", series.replace('|', ""), label.replace('|', ""));
         let mut counters = self.counters();
-        let entry = counters.values.entry(key).or_default();
+        let TallyCounters { values, key, .. } = &mut *counters;
+        key.clear();
+        key.extend(series.chars().filter(|c| *c != '|'));
+        key.push('|');
+        key.extend(label.chars().filter(|c| *c != '|'));
+        let entry = match values.get_mut(key.as_str()) {
+            Some(entry) => entry,
+            None => values.entry(key.clone()).or_default(),
+        };
         entry.0 += value;
         entry.1 = true;
     }

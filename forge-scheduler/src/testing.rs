@@ -89,7 +89,7 @@ pub async fn run_job<J: Job>(pool: &PgPool, job: J, args: J::Args) -> Result<Job
     let result = match job.run(ctx.clone(), args).await {
         // An output (the handler's `Ok` value or `set_output`) is stored with the completion,
         // as on a node.
-        Ok(()) => crate::jobs::flow::complete_with_output(&ctx).await,
+        Ok(()) => crate::jobs::flow::complete_with_output(&ctx.output, || ctx.clone()).await,
         failed => failed,
     };
     let outcome = match &result {

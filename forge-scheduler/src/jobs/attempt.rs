@@ -2,7 +2,7 @@
 //! own task), and turning their results into outcomes to record.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use forge_core::{Leadership, LockNamespace, NodeId};
@@ -13,7 +13,8 @@ use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, sleep};
 use tracing::{Instrument, debug, error, warn};
 
-use super::shared::{AttemptReason, Outcome};
+use super::flow::OutputSlot;
+use super::shared::{AttemptReason, IdMap, Outcome};
 use super::{
     CancelReason, CancelSignal, FailAction, JobContext, JobError, JobId, JobState, JobType,
 };
@@ -74,17 +75,11 @@ pub(super) enum Snoozed {
 }
 
 /// What an attempt's task needs to record a snooze itself, in its own transaction, before the
-/// attempt ends (so the slot it frees is free in the database too).
+/// attempt ends (so the slot it frees is free in the database too): its worker's [`Origin`],
+/// shared by every attempt, and the job type's own bound.
 struct Snoozer {
-    pool: PgPool,
-    namespace: LockNamespace,
-    node_id: NodeId,
+    origin: Arc<Origin>,
     max_snoozes: u32,
-    default_max_attempts: i32,
-    statement_bound: Duration,
-    /// Where a recorded snooze is counted (`forge_job_snoozed_total{queue, kind}`).
-    metrics: forge_core::Metrics,
-    queue: Arc<str>,
     kind: &'static str,
 }
 
@@ -92,6 +87,7 @@ impl Snoozer {
     /// Asks `forge.jobs_snooze` up to three times: a call whose reply was lost is harmless to
     /// repeat (the function's guard makes it idempotent per attempt).
     async fn snooze(&self, id: i64, attempt: i32, delay: Duration, message: &str) -> Snoozed {
+        let origin = &*self.origin;
         let delay_ms = delay.min(forge_rules::MAX_DURATION).as_millis() as i64;
         let max = self.max_snoozes.min(i32::MAX as u32) as i32;
         let mut failure = String::new();
@@ -99,16 +95,16 @@ impl Snoozer {
             let call = sqlx::query_scalar::<_, Option<String>>(
                 "SELECT forge.jobs_snooze($1, $2, $3, $4, $5, $6, $7, $8)",
             )
-            .bind(&self.namespace)
+            .bind(&origin.namespace)
             .bind(id)
             .bind(attempt)
-            .bind(self.node_id.as_str())
+            .bind(origin.node_id.as_str())
             .bind(delay_ms)
             .bind(max)
-            .bind(self.default_max_attempts)
+            .bind(origin.default_max_attempts)
             .bind(message)
-            .fetch_one(&self.pool);
-            match tokio::time::timeout(self.statement_bound, call).await {
+            .fetch_one(&origin.pool);
+            match tokio::time::timeout(origin.statement_bound, call).await {
                 Ok(Ok(Some(reply))) if reply == "too_many_snoozes" => {
                     return Snoozed::TooMany(self.max_snoozes);
                 }
@@ -118,19 +114,54 @@ impl Snoozer {
                     // job is no longer this attempt's.
                     let state = reply.as_deref().and_then(JobState::parse);
                     if matches!(state, Some(JobState::Scheduled | JobState::Available)) {
-                        let labels = [("queue", &*self.queue), ("kind", self.kind)];
-                        self.metrics.counter(&JOB_SNOOZED, &labels).increment(1);
+                        let labels = [("queue", &*origin.queue), ("kind", self.kind)];
+                        origin.metrics.counter(&JOB_SNOOZED, &labels).increment(1);
                     }
                     return Snoozed::Done;
                 }
                 Ok(Err(err)) => failure = err.to_string(),
                 Err(_) => {
-                    failure = format!("no answer within {}", fmt_duration(self.statement_bound));
+                    failure = format!("no answer within {}", fmt_duration(origin.statement_bound));
                 }
             }
             sleep(Duration::from_millis(100)).await;
         }
         Snoozed::Failed(failure)
+    }
+}
+
+/// What an attempt's [`JobContext`] says of its job, beside its worker's [`Origin`].
+#[derive(Clone, Copy)]
+struct Attempt {
+    id: i64,
+    kind: &'static str,
+    attempt: i32,
+    max_attempts: u32,
+}
+
+impl Attempt {
+    fn context(
+        self,
+        origin: &Origin,
+        cancel: Arc<CancelSignal>,
+        output: Arc<Mutex<OutputSlot>>,
+    ) -> JobContext {
+        JobContext {
+            id: JobId(self.id),
+            namespace: origin.namespace.clone(),
+            kind: self.kind,
+            queue: origin.queue.clone(),
+            attempt: self.attempt.max(1) as u32,
+            max_attempts: self.max_attempts,
+            node_id: origin.node_id.clone(),
+            pool: origin.pool.clone(),
+            cancel,
+            leadership: origin.leadership.clone(),
+            keep_completed: origin.keep_completed,
+            metrics: origin.metrics.clone(),
+            output,
+            max_output_bytes: origin.max_output_bytes,
+        }
     }
 }
 
@@ -254,9 +285,9 @@ fn attempt_span(id: i64, attempt: i32, kind: &'static str, origin: &Origin) -> t
 pub(super) struct Attempts {
     /// Claimed jobs waiting for a slot (see "claiming ahead").
     pub(super) claimed: VecDeque<Claimed>,
-    running: HashMap<i64, Running>,
+    running: IdMap<i64, Running>,
     tasks: JoinSet<(i64, AttemptResult)>,
-    task_jobs: HashMap<tokio::task::Id, i64>,
+    task_jobs: IdMap<tokio::task::Id, i64>,
     early_cancels: VecDeque<i64>,
     /// Claimed-ahead jobs that started since the last round trip (it marks them started).
     pub(super) started_ahead: Vec<i64>,
@@ -297,7 +328,7 @@ impl Attempts {
     }
 
     /// Starts claimed jobs while there are free slots; when `stopping`, releases them instead.
-    pub(super) fn fill(&mut self, concurrency: usize, stopping: bool, origin: &Origin) {
+    pub(super) fn fill(&mut self, concurrency: usize, stopping: bool, origin: &Arc<Origin>) {
         while let Some(claimed) = self.claimed.pop_front() {
             if stopping {
                 self.records.push(
@@ -318,7 +349,7 @@ impl Attempts {
     }
 
     /// Starts an attempt in its own task.
-    fn start(&mut self, claimed: Claimed, origin: &Origin) {
+    fn start(&mut self, claimed: Claimed, origin: &Arc<Origin>) {
         let Claimed {
             id,
             attempt,
@@ -332,36 +363,23 @@ impl Attempts {
             self.started_ahead.push(id);
         }
         let cancel = Arc::new(CancelSignal::default());
-        let ctx = JobContext {
-            id: JobId(id),
-            namespace: origin.namespace.clone(),
+        let output: Arc<Mutex<OutputSlot>> = Arc::default();
+        let context = Attempt {
+            id,
             kind: ty.kind,
-            queue: origin.queue.clone(),
-            attempt: attempt.max(1) as u32,
+            attempt,
             max_attempts,
-            node_id: origin.node_id.clone(),
-            pool: origin.pool.clone(),
-            cancel: cancel.clone(),
-            leadership: origin.leadership.clone(),
-            keep_completed: origin.keep_completed,
-            metrics: origin.metrics.clone(),
-            output: Default::default(),
-            max_output_bytes: origin.max_output_bytes,
         };
-        let finishing = ctx.clone();
         debug!(target: "forge::job", queue = %origin.queue, job = ty.kind, id, attempt, "attempt started");
         let span = attempt_span(id, attempt, ty.kind, origin);
-        let handler = (ty.handler)(ctx, args);
+        let handler = (ty.handler)(
+            context.context(origin, cancel.clone(), output.clone()),
+            args,
+        );
         let signal = cancel.clone();
         let snoozer = Snoozer {
-            pool: origin.pool.clone(),
-            namespace: origin.namespace.clone(),
-            node_id: origin.node_id.clone(),
+            origin: origin.clone(),
             max_snoozes: ty.options.max_snoozes.unwrap_or(origin.max_snoozes),
-            default_max_attempts: origin.default_max_attempts,
-            statement_bound: origin.statement_bound,
-            metrics: origin.metrics.clone(),
-            queue: origin.queue.clone(),
             kind: ty.kind,
         };
         let task = self.tasks.spawn(
@@ -396,8 +414,13 @@ impl Attempts {
                     ),
                     _ => AttemptResult::Done(Err(err)),
                 },
+                // (The context again, for an output to store: a handler that set none, the
+                // common case, costs no second one.)
                 AttemptResult::Done(Ok(())) => {
-                    AttemptResult::Done(super::flow::complete_with_output(&finishing).await)
+                    AttemptResult::Done(super::flow::complete_with_output(&output, || {
+                        context.context(&snoozer.origin, signal.clone(), output.clone())
+                    })
+                    .await)
                 }
                 other => other,
             };

@@ -146,9 +146,12 @@ impl JobContext {
 /// away: the worker's outcome then finds out which); an error fails the attempt (an output
 /// refused, or the transaction failed - if its commit landed after all, the failure is
 /// refused by the guard, so the job is completed with its output either way).
-pub(crate) async fn complete_with_output(ctx: &JobContext) -> std::result::Result<(), JobError> {
+pub(crate) async fn complete_with_output(
+    output: &std::sync::Mutex<OutputSlot>,
+    context: impl FnOnce() -> JobContext,
+) -> std::result::Result<(), JobError> {
     {
-        let slot = ctx.output.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = output.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(message) = &slot.refused {
             return Err(JobError::retry(message));
         }
@@ -156,6 +159,7 @@ pub(crate) async fn complete_with_output(ctx: &JobContext) -> std::result::Resul
             return Ok(());
         }
     }
+    let ctx = &context();
     let result = async {
         let mut tx = forge_core::begin(&ctx.pool).await?;
         ctx.complete(&mut tx).await?;

@@ -1060,7 +1060,8 @@ pub(crate) type Handler = Arc<dyn Fn(JobContext, serde_json::Value) -> AttemptFu
 pub(crate) struct JobType {
     pub(crate) type_id: TypeId,
     pub(crate) kind: &'static str,
-    pub(crate) options: JobOptions,
+    /// Shared, so that a claimed job's type is a few reference counts, not a copy of strings.
+    pub(crate) options: Arc<JobOptions>,
     pub(crate) handler: Handler,
 }
 
@@ -1111,7 +1112,7 @@ impl JobRegistry {
             JobType {
                 type_id,
                 kind,
-                options,
+                options: Arc::new(options),
                 handler,
             },
         );
@@ -1132,7 +1133,11 @@ impl JobRegistry {
     /// stored cron's tick and the test kit); `None` when no type of this kind is registered.
     pub fn new_job(&self, kind: &str, args: serde_json::Value) -> Option<NewJob> {
         let job = self.types.get(kind)?;
-        Some(NewJob::declared(job.kind, job.options.clone(), Ok(args)))
+        Some(NewJob::declared(
+            job.kind,
+            JobOptions::clone(&job.options),
+            Ok(args),
+        ))
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use forge_core::sql::Lenient;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgRow;
-use sqlx::{FromRow, Postgres};
+use sqlx::{FromRow, Postgres, Row};
 use tokio::time::{Instant, timeout_at};
 
 use super::JobState;
@@ -155,7 +155,7 @@ impl Step {
 
     async fn step(&self, conn: &mut PoolConnection<Postgres>) -> Result<Vec<PgRow>, sqlx::Error> {
         sqlx::query(
-            "SELECT * FROM forge.jobs_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)",
+            "SELECT id, claimed, kind, args, attempt, max_attempts, timeout_ms, pickup_ms, state, priority, run_at FROM forge.jobs_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)",
         )
         .bind(&self.namespace)
         .bind(&self.node)
@@ -220,10 +220,8 @@ pub(super) enum StepAnswer {
 }
 
 /// A claimed job, as `forge.jobs_step` answers it.
-#[derive(sqlx::FromRow)]
 pub(super) struct ClaimedRow {
     /// Its position in the claim order (the worker's next floor).
-    #[sqlx(flatten)]
     pub(super) position: Floor,
     /// `running` (claimed and marked started) or `ahead` (see [`ClaimedRow::ahead`]).
     pub(super) state: StepRow,
@@ -244,24 +242,47 @@ impl ClaimedRow {
     pub(super) fn ahead(&self) -> bool {
         self.state == StepRow::Ahead
     }
+
+    fn decode(row: &PgRow) -> Result<ClaimedRow, sqlx::Error> {
+        Ok(ClaimedRow {
+            position: Floor {
+                priority: row.try_get(column::PRIORITY)?,
+                run_at: row.try_get(column::RUN_AT)?,
+                id: row.try_get(column::ID)?,
+            },
+            state: row.try_get(column::STATE)?,
+            id: row.try_get(column::ID)?,
+            attempt: row.try_get(column::ATTEMPT)?,
+            kind: row.try_get(column::KIND)?,
+            args: row.try_get(column::ARGS)?,
+            max_attempts: row.try_get(column::MAX_ATTEMPTS)?,
+            timeout_ms: row.try_get(column::TIMEOUT_MS)?,
+            pickup_ms: row.try_get(column::PICKUP_MS)?,
+        })
+    }
 }
 
-/// What every row of `forge.jobs_step` says: a claim or not, and its state (a [`StepRow`] or,
-/// for an outcome recorded otherwise than asked, a [`JobState`]); the other columns depend on
-/// them.
-#[derive(sqlx::FromRow)]
-struct StepHead {
-    claimed: bool,
-    state: String,
+/// The columns of `forge.jobs_step`'s answer, in the order [`Step`] selects them. Read by
+/// position: a worker decodes two rows per job, and looking each column up by its name (a hash
+/// and a comparison of the name) was a third of the decoding.
+mod column {
+    pub(super) const ID: usize = 0;
+    /// Whether the row is a claim; else `state` says what it is.
+    pub(super) const CLAIMED: usize = 1;
+    pub(super) const KIND: usize = 2;
+    pub(super) const ARGS: usize = 3;
+    pub(super) const ATTEMPT: usize = 4;
+    pub(super) const MAX_ATTEMPTS: usize = 5;
+    pub(super) const TIMEOUT_MS: usize = 6;
+    pub(super) const PICKUP_MS: usize = 7;
+    /// A [`super::StepRow`] or, for an outcome recorded otherwise than asked, a
+    /// [`super::JobState`].
+    pub(super) const STATE: usize = 8;
+    pub(super) const PRIORITY: usize = 9;
+    pub(super) const RUN_AT: usize = 10;
 }
 
-/// A `limited` or `paced` row: when the limits let a claim take more.
-#[derive(sqlx::FromRow)]
-struct LimitedRow {
-    pickup_ms: Option<f64>,
-}
-
-/// The job a row is about, where the row's kind says it has one.
+/// The job a row of `forge.jobs_reconcile` is about.
 #[derive(sqlx::FromRow)]
 struct JobOfRow {
     id: i64,
@@ -269,27 +290,27 @@ struct JobOfRow {
 
 impl StepAnswer {
     pub(super) fn decode(row: &PgRow) -> Result<StepAnswer, sqlx::Error> {
-        let head = StepHead::from_row(row)?;
-        if head.claimed {
-            return Ok(StepAnswer::Claimed(ClaimedRow::from_row(row)?));
+        if row.try_get::<bool, _>(column::CLAIMED)? {
+            return Ok(StepAnswer::Claimed(ClaimedRow::decode(row)?));
         }
-        match StepRow::parse(&head.state) {
+        let state: &str = row.try_get(column::STATE)?;
+        match StepRow::parse(state) {
             Some(StepRow::Stale) => return Ok(StepAnswer::Stale),
             Some(StepRow::Limited) => {
                 return Ok(StepAnswer::Limited {
-                    wait_ms: LimitedRow::from_row(row)?.pickup_ms,
+                    wait_ms: row.try_get(column::PICKUP_MS)?,
                 });
             }
             Some(StepRow::Paced) => {
                 return Ok(StepAnswer::Paced {
-                    wait_ms: LimitedRow::from_row(row)?.pickup_ms,
+                    wait_ms: row.try_get(column::PICKUP_MS)?,
                 });
             }
             _ => {}
         }
         Ok(StepAnswer::Exception {
-            id: JobOfRow::from_row(row)?.id,
-            recorded_as: JobState::parse(&head.state),
+            id: row.try_get(column::ID)?,
+            recorded_as: JobState::parse(state),
         })
     }
 }

@@ -38,7 +38,7 @@
 //! from then on with the node's incarnation. A claim with an older identity - one the worker gave
 //! up on that reaches the server late, or one of a previous run of the node - takes nothing.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -53,7 +53,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{debug, warn};
 
 use super::attempt::{Attempts, Claimed, KindMetrics, Origin, Record, count, unusable};
-use super::shared::{CHANNEL_AVAILABLE, CHANNEL_CANCEL, Outcome, Shared, WorkerSpec};
+use super::shared::{CHANNEL_AVAILABLE, CHANNEL_CANCEL, IdMap, IdSet, Outcome, Shared, WorkerSpec};
 use super::wire::{ClaimedRow, Fate, Floor, Reconciled, Step, StepAnswer};
 use super::{CancelReason, JobState, JobType};
 use crate::metrics::Series;
@@ -202,7 +202,7 @@ struct Worker {
     shared: Arc<Shared>,
     ctx: NodeContext,
     spec: WorkerSpec,
-    origin: Origin,
+    origin: Arc<Origin>,
     /// The notification payload target that concerns this worker: the queue, or `@role`.
     target: String,
     attempts: Attempts,
@@ -210,10 +210,13 @@ struct Worker {
     metrics: HashMap<&'static str, KindMetrics>,
     /// Moving averages of a round trip and of an attempt, in seconds.
     pace: (Average, Average),
+    /// The time taken by attempts finished since the cluster's tally last had it (seconds),
+    /// and how many: added to the tally with a round trip's outcomes, not at each attempt.
+    untallied: (f64, f64),
     /// The connections of the two lanes, held while the worker is busy.
     conns: [Option<PoolConnection<Postgres>>; 2],
     /// The jobs each lane's round trip in flight writes (outcomes, started marks).
-    in_flight: [HashSet<i64>; 2],
+    in_flight: [IdSet<i64>; 2],
     /// Where the next claim may start (see `forge.jobs_step`), and until when: `None` after a
     /// claim that came back short (the queue's end was reached) or past `FLOOR_RESCAN`.
     floor: Option<(Floor, Instant)>,
@@ -286,13 +289,14 @@ impl Worker {
                 concurrency: spec.concurrency.max(1),
                 ..spec
             },
-            origin,
+            origin: Arc::new(origin),
             target,
             attempts: Attempts::default(),
             metrics,
             pace: (Average::default(), Average::default()),
+            untallied: (0.0, 0.0),
             conns: [None, None],
-            in_flight: [HashSet::new(), HashSet::new()],
+            in_flight: [IdSet::default(), IdSet::default()],
             floor: None,
             generation: None,
             reconciled_at: Instant::now(),
@@ -369,18 +373,28 @@ impl Worker {
         if self.attempts.durations.is_empty() {
             return;
         }
-        let (mut sum, mut attempts) = (0.0, 0.0);
         for (kind, took) in self.attempts.durations.drain(..) {
             self.pace.1.add(took);
             if let Some(m) = self.metrics.get(kind) {
                 m.duration.record(took);
             }
-            sum += took;
-            attempts += 1.0;
+            self.untallied.0 += took;
+            self.untallied.1 += 1.0;
         }
-        let tally = self.ctx.metrics().tally();
-        tally.add(Series::JobDurationSum.as_str(), &self.spec.queue, sum);
-        tally.add(Series::JobAttempts.as_str(), &self.spec.queue, attempts);
+        if self.attempts.records.is_empty() {
+            // No round trip is due to carry them (a snooze, a rescued job's end).
+            self.tally_attempts();
+        }
+    }
+
+    /// Adds the attempts finished since the last time to the cluster's tally.
+    fn tally_attempts(&mut self) {
+        let (sum, attempts) = std::mem::take(&mut self.untallied);
+        if attempts > 0.0 {
+            let tally = self.ctx.metrics().tally();
+            tally.add(Series::JobDurationSum.as_str(), &self.spec.queue, sum);
+            tally.add(Series::JobAttempts.as_str(), &self.spec.queue, attempts);
+        }
     }
 
     async fn run(mut self, stop: impl Future<Output = ()>, drain_bound: Duration) {
@@ -641,7 +655,7 @@ impl Worker {
         if !self.attempts.started_ahead.is_empty() && !records.is_empty() {
             // An outcome of a job claimed ahead says that it started: marking it started as
             // well would only write one more row version.
-            let finished: HashSet<i64> = records.iter().map(|r| r.id).collect();
+            let finished: IdSet<i64> = records.iter().map(|r| r.id).collect();
             self.attempts
                 .started_ahead
                 .retain(|id| !finished.contains(id));
@@ -758,7 +772,7 @@ impl Worker {
         };
         self.pace.0.add(trip.took.as_secs_f64());
         // Outcome rows come only for the outcomes not recorded as asked.
-        let mut exceptions: HashMap<i64, Option<JobState>> = HashMap::new();
+        let mut exceptions: IdMap<i64, Option<JobState>> = IdMap::default();
         let mut ahead = Vec::new();
         let mut claimed = 0usize;
         let mut highest: Option<Floor> = None;
@@ -831,6 +845,7 @@ impl Worker {
         for (name, n) in series {
             tally.add(name.as_str(), &self.spec.queue, n);
         }
+        self.tally_attempts();
         if trip.limit > 0 && claimed == trip.limit {
             // All it asked for: more may be waiting, claim again as soon as there is room.
             self.wants.claim = true;
