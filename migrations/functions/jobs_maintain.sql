@@ -46,7 +46,7 @@ BEGIN
                    WHEN nd.down_at IS NOT NULL
                        THEN 'node ' || j.node_id || ' is down: ' || coalesce(nd.down_reason, '?')
                END AS reason
-          FROM forge.jobs_running(p_namespace, NULL) j
+          FROM forge.jobs_running(p_namespace, NULL, p_maybe_lost => true) j
           LEFT JOIN forge.nodes nd ON nd.namespace = j.namespace AND nd.node_id = j.node_id
     )
     SELECT array_agg(lost.id), array_agg(lost.attempt), array_agg(lost.reason)

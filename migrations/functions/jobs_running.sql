@@ -12,7 +12,16 @@
 -- row type it returns is the table that 0015 renamed forge.jobs_live, and a replacement may
 -- not change it.)
 DROP FUNCTION IF EXISTS forge.jobs_running(text, text);
-CREATE OR REPLACE FUNCTION forge.jobs_running(p_namespace text, p_node text)
+DROP FUNCTION IF EXISTS forge.jobs_running(text, text, boolean);
+-- p_maybe_lost: only the jobs that may be lost (forge.jobs_maintain's rescue), those listed by
+-- a role's lanes ('@' || role: the leadership may have ended) and by the lanes of nodes that
+-- are not live members (down, stopped, or gone), and the busy ones. A live node's queue lanes
+-- are left out: none of their jobs is lost, and reading them (a primary-key probe per job) made
+-- each rescue pass cost in proportion to the cluster's running jobs, 2.2 ms more per 1,000
+-- (tools/exp35/rescue.sh), where it now costs in proportion to the lost ones. (A role's jobs
+-- are listed by its lane: FORGE's role workers claim with no queue.)
+CREATE OR REPLACE FUNCTION forge.jobs_running(p_namespace text, p_node text,
+                                              p_maybe_lost boolean DEFAULT false)
 RETURNS SETOF forge.jobs
 LANGUAGE sql STABLE
 AS $$
@@ -24,6 +33,11 @@ AS $$
                       FROM forge.job_lanes l, unnest(l.running) AS x(id)
                      WHERE l.namespace = p_namespace
                        AND (p_node IS NULL OR l.node_id = p_node)
+                       AND (NOT p_maybe_lost OR l.lane LIKE '@%'
+                            OR NOT EXISTS (SELECT 1 FROM forge.nodes n
+                                            WHERE n.namespace = l.namespace
+                                              AND n.node_id = l.node_id
+                                              AND n.down_at IS NULL AND n.stopped_at IS NULL))
                     UNION
                     SELECT b.id FROM forge.jobs_live b
                      WHERE b.namespace = p_namespace AND b.phase = 'busy')
