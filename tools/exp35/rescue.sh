@@ -1,21 +1,22 @@
 #!/bin/bash
 # How long the scheduler's pass takes to find and take back the R running jobs of a node that
-# died, at git revision REV (issue 35: "rescue after a SIGKILL no slower"). Enqueues 10,000+R
-# jobs, claims R of them as node `writes` through forge.jobs_step (batches of 500), marks the
-# node down, then five times, each in a subtransaction rolled back: the lost jobs as
+# died, at git revision REV (issue 35: "rescue after a SIGKILL no slower"), beside LIVE jobs
+# running on a live node (default 0). Enqueues 10,000+R+LIVE jobs, claims LIVE of them as node
+# `live` and R as node `writes` through forge.jobs_step (batches of 500), marks `writes` down,
+# then five times, each in a subtransaction rolled back: the lost jobs as
 # forge.jobs_maintain finds them (through forge.jobs_running since migration 0016, the running
 # jobs by state before), then forge.jobs_rescue of them. Prints each time; the first warms the
 # cache.
 #
-#   tools/exp35/rescue.sh URL REV R
+#   tools/exp35/rescue.sh URL REV R [LIVE]
 set -euo pipefail
-URL=$1; REV=$2; R=$3
+URL=$1; REV=$2; R=$3; LIVE=${4:-0}
 HERE=$(dirname "$0")
 DB=exp35_rescue_$$
 U=${URL%/*}/$DB
 "$HERE/schema.sh" "$URL" "$DB" "$REV"
 trap 'psql "$URL" -XAtq -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null' EXIT
-N=$((10000 + R))
+N=$((10000 + R + LIVE))
 psql "$U" -XAtq -c "SELECT count(*) FROM forge.jobs_enqueue('forge',
       array_fill('default'::text, ARRAY[$N]), array_fill('noop'::text, ARRAY[$N]),
       array_fill('null'::jsonb, ARRAY[$N]), array_fill(0::smallint, ARRAY[$N]),
@@ -26,18 +27,25 @@ psql "$U" -XAtq -c "SELECT count(*) FROM forge.jobs_enqueue('forge',
   -c "VACUUM ANALYZE forge.jobs" >/dev/null
 # The claims: the 22 arguments both layouts take (since 0016 a 23rd, p_held, defaults to NULL).
 psql "$U" -XAtq -v ON_ERROR_STOP=1 >/dev/null <<SQL
+INSERT INTO forge.nodes (namespace, node_id, started_at, heartbeat_at)
+VALUES ('forge', 'live', now(), now());
+INSERT INTO forge.job_lanes VALUES ('forge', 'live', 'default', 1, 1, now());
 DO \$\$
-DECLARE claimed integer := 0; n integer;
+DECLARE claimed integer; n integer; node text; r integer;
 BEGIN
-  WHILE claimed < $R LOOP
-    SELECT count(*) INTO n
-      FROM forge.jobs_step('forge', 'writes', 'default', NULL, NULL, NULL, 1, 1, ARRAY['noop'],
-             least(500, $R - claimed), least(500, $R - claimed), '{}'::bigint[], '{}'::bigint[],
-             '{}'::integer[], '{}'::text[], '{}'::bigint[], '{}'::jsonb[], 25, NULL, NULL, NULL,
-             true) s
-     WHERE s.claimed;
-    claimed := claimed + n;
-    COMMIT;
+  FOREACH node IN ARRAY ARRAY['live', 'writes'] LOOP
+    claimed := 0;
+    r := CASE node WHEN 'live' THEN $LIVE ELSE $R END;
+    WHILE claimed < r LOOP
+      SELECT count(*) INTO n
+        FROM forge.jobs_step('forge', node, 'default', NULL, NULL, NULL, 1, 1, ARRAY['noop'],
+               least(500, r - claimed), least(500, r - claimed), '{}'::bigint[], '{}'::bigint[],
+               '{}'::integer[], '{}'::text[], '{}'::bigint[], '{}'::jsonb[], 25, NULL, NULL,
+               NULL, true) s
+       WHERE s.claimed;
+      claimed := claimed + n;
+      COMMIT;
+    END LOOP;
   END LOOP;
 END
 \$\$;
@@ -45,7 +53,10 @@ UPDATE forge.nodes SET down_at = now(), down_reason = 'killed (tools/exp35/rescu
  WHERE node_id = 'writes';
 VACUUM ANALYZE forge.jobs;
 SQL
-if [ "$(psql "$U" -XAtq -c "SELECT to_regprocedure('forge.jobs_running(text, text)') IS NOT NULL")" = t ]; then
+# (As the revision's forge.jobs_maintain reads them.)
+if [ "$(psql "$U" -XAtq -c "SELECT to_regprocedure('forge.jobs_running(text, text, boolean)') IS NOT NULL")" = t ]; then
+  FROM="forge.jobs_running('forge', NULL, p_maybe_lost => true) j"; WHERE="true"
+elif [ "$(psql "$U" -XAtq -c "SELECT to_regprocedure('forge.jobs_running(text, text)') IS NOT NULL")" = t ]; then
   FROM="forge.jobs_running('forge', NULL) j"; WHERE="true"
 else
   FROM="forge.jobs j"; WHERE="j.namespace = 'forge' AND j.state = 'running'"
@@ -74,7 +85,7 @@ BEGIN
         FROM forge.jobs_rescue(v_ids, v_att, v_why, array_fill(true, ARRAY[cardinality(v_ids)]),
                                25, true);
       t2 := clock_timestamp();
-      RAISE NOTICE '$REV R=$R: found % running jobs in % ms, rescued them in % ms', cardinality(v_ids),
+      RAISE NOTICE '$REV R=$R LIVE=$LIVE: found % running jobs in % ms, rescued them in % ms', cardinality(v_ids),
         round(extract(epoch FROM t1 - t0) * 1000, 2), round(extract(epoch FROM t2 - t1) * 1000, 2);
       RAISE EXCEPTION 'roll back';
     EXCEPTION WHEN raise_exception THEN NULL;
