@@ -185,6 +185,61 @@ async fn an_orphan_the_reconciliation_could_not_lock_stays_listed_through_the_cl
     holder.rollback().await.unwrap();
 }
 
+/// The rescue pass reads only the lists that may name a lost job (`forge.jobs_running`'s
+/// `p_maybe_lost`): a role lane's (its leadership may have ended) and those of nodes that are
+/// not live members - not a live node's queue lanes, whose jobs are not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rescue_pass_reads_the_lists_of_roles_and_of_nodes_not_live_only() {
+    let (_db, pool) = setup().await;
+    let ids = enqueue_plain(&pool, "lanes", 3).await;
+    step_as(pool.clone(), "live", 1, Vec::new(), true).await;
+    step_as(pool.clone(), "gone", 1, Vec::new(), true).await;
+    // The third runs on the live node under a role lane, as a role worker's claim lists it.
+    sqlx::query(
+        "UPDATE forge.nodes SET down_at = now(), down_reason = 'killed' WHERE node_id = 'gone'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE forge.jobs_live SET state = 'running', phase = 'ready', node_id = 'live',
+                attempt = 1 WHERE id = $1",
+    )
+    .bind(ids[2])
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO forge.job_lanes (namespace, node_id, lane, incarnation, generation, taken_at,
+                                      running)
+         VALUES ('forge', 'live', '@reports', $1, 1, now(), ARRAY[$2::bigint])",
+    )
+    .bind(INCARNATION)
+    .bind(ids[2])
+    .execute(&pool)
+    .await
+    .unwrap();
+    let running = |maybe_lost: bool| {
+        let pool = pool.clone();
+        async move {
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "SELECT id FROM forge.jobs_running('forge', NULL, $1) ORDER BY id",
+            )
+            .bind(maybe_lost)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            ids
+        }
+    };
+    assert_eq!(running(false).await, ids, "every running job");
+    assert_eq!(
+        running(true).await,
+        ids[1..],
+        "the jobs of the node marked down and of the role's lane, not the live node's queue's"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_made_running_by_hand_is_busy_and_rescue_finds_it() {
     let (db, pool) = setup().await;
