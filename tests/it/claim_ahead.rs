@@ -158,7 +158,7 @@ async fn a_tick_claimed_ahead_by_a_leader_cut_off_before_its_instant_starts_once
         Duration::from_millis(10),
         || async {
             sqlx::query(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'forge:%:a'",
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'forge:%:a'",
             )
             .execute(&pool)
             .await

@@ -171,7 +171,7 @@ async fn settled(pool: &PgPool, standbys: i64) -> Leaders {
 async fn lock_sessions(pool: &PgPool) -> BTreeSet<(String, i32)> {
     sqlx::query_as(
         "SELECT application_name, pid FROM pg_stat_activity
-          WHERE application_name LIKE 'forge:%:%'
+          WHERE datname = current_database() AND application_name LIKE 'forge:%:%'
             AND split_part(application_name, ':', 2) NOT IN ('pool', 'node')",
     )
     .fetch_all(pool)
@@ -394,7 +394,7 @@ async fn a_step_right_before_a_new_scheduler_leader_looks_marks_no_live_node_dow
     // stepped clock.
     let ended: i64 = sqlx::query_scalar(
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-          WHERE application_name = $1",
+          WHERE datname = current_database() AND application_name = $1",
     )
     .bind(format!("forge:scheduler:{leader}"))
     .fetch_one(&pool)

@@ -562,7 +562,7 @@ async fn a_leader_missing_a_cron_the_cluster_knows_says_so() {
     .unwrap();
     new.shutdown().await;
     let _ = sqlx::query(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'forge:scheduler:old'",
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'forge:scheduler:old'",
     )
     .execute(&_pool)
     .await

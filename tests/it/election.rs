@@ -445,7 +445,7 @@ async fn a_follower_that_waited_longer_than_the_lease_keeps_the_leadership_it_wi
         || async {
             let waited: Option<bool> = sqlx::query_scalar(
                 "SELECT now() - query_start > interval '2.5 seconds' FROM pg_stat_activity
-              WHERE application_name = 'forge:scheduler:b' AND wait_event_type = 'Lock'",
+              WHERE datname = current_database() AND application_name = 'forge:scheduler:b' AND wait_event_type = 'Lock'",
             )
             .fetch_optional(&pool)
             .await

@@ -136,7 +136,7 @@ pub(crate) async fn depose(pool: &PgPool, from: &str, to: &str) -> i64 {
         SOON,
         Duration::from_millis(10),
         || async {
-            sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1")
+            sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1")
                 .bind(format!("forge:scheduler:{from}"))
                 .execute(pool)
                 .await
@@ -299,7 +299,7 @@ async fn wait_committing(pool: &PgPool, application_prefix: &str) -> i32 {
         || async {
             sqlx::query_scalar(
                 "SELECT pid FROM pg_stat_activity
-                  WHERE application_name LIKE $1 || '%' AND wait_event = 'PgSleep' LIMIT 1",
+                  WHERE datname = current_database() AND application_name LIKE $1 || '%' AND wait_event = 'PgSleep' LIMIT 1",
             )
             .bind(application_prefix)
             .fetch_optional(pool)

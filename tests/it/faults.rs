@@ -32,7 +32,7 @@ async fn jobs_node(config: Config) -> Node {
 async fn terminate_sessions(pool: &PgPool, application_name: &str) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-          WHERE application_name = $1",
+          WHERE datname = current_database() AND application_name = $1",
     )
     .bind(application_name)
     .fetch_one(pool)

@@ -508,7 +508,7 @@ async fn concurrent_enqueuers_of_one_unique_key_insert_one_job() {
     });
     wait_until("the second enqueuer to wait for the first", SOON, Duration::from_millis(5), || async {
         let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%jobs_enqueue%'",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%jobs_enqueue%'",
         )
         .fetch_one(&pool)
         .await
@@ -1309,7 +1309,7 @@ async fn a_job_notified_while_a_claim_is_in_flight_is_claimed_next() {
         || async {
             sqlx::query_scalar::<_, i32>(
                 "SELECT pid FROM pg_stat_activity
-                  WHERE application_name LIKE 'forge:pool:a%' AND wait_event = 'PgSleep' LIMIT 1",
+                  WHERE datname = current_database() AND application_name LIKE 'forge:pool:a%' AND wait_event = 'PgSleep' LIMIT 1",
             )
             .fetch_optional(&pool)
             .await
@@ -1821,7 +1821,7 @@ async fn wait_for_row_lock_wait(pool: &PgPool) {
 /// `arg`) waits for a lock.
 pub(crate) async fn wait_for_lock_waiter(pool: &PgPool, what: &str, matches: &str, arg: &str) {
     let sql = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND {matches}"
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND {matches}"
     );
     wait_until(what, SOON, Duration::from_millis(5), || async {
         let waiting: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))

@@ -136,7 +136,7 @@ async fn sessions_gone(pool: &PgPool, node: &str) {
         Duration::from_millis(5),
         || async {
             let left: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'forge:%:' || $1",
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'forge:%:' || $1",
             )
             .bind(node)
             .fetch_one(pool)

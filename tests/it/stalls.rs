@@ -360,7 +360,7 @@ async fn a_claim_whose_reply_was_lost_does_not_cost_an_attempt() {
     .await
     .unwrap();
     // The worker reconciles when its node session comes back.
-    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'forge:node:a'")
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'forge:node:a'")
         .execute(&pool)
         .await
         .unwrap();
@@ -402,7 +402,7 @@ async fn a_successor_ends_a_stuck_fenced_transaction_of_the_leader_it_replaces()
         Duration::from_millis(10),
         || async {
             let sleeping: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'
                              AND query LIKE '%fence_holds%')",
             )
             .fetch_one(&pool)
@@ -415,7 +415,7 @@ async fn a_successor_ends_a_stuck_fenced_transaction_of_the_leader_it_replaces()
     .unwrap();
     // The leader's lock session ends (as a frozen leader's does at its lease).
     sqlx::query(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1",
     )
     .bind(format!("forge:scheduler:{}", old.id()))
     .execute(&pool)

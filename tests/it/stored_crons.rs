@@ -340,7 +340,7 @@ async fn a_stored_ticks_enqueue_is_tried_again_after_a_lost_connection() {
         || async {
             sqlx::query_scalar(
                 "SELECT pid FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE '%jobs_enqueue%' LIMIT 1",
+                  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%jobs_enqueue%' LIMIT 1",
             )
             .fetch_optional(&pool)
             .await
