@@ -27,9 +27,13 @@ LANGUAGE sql STABLE
 AS $$
     -- (forge.jobs, not forge.jobs_live, whose row type a database migrated before 0015 lacks
     -- when its function files are applied; 'running' chooses the partition.)
+    -- (The ids as one array, `= ANY`: one index scan of sorted keys, where `IN (subquery)`
+    -- hashed them first and probed the primary key once per id - 2.3 ms against 1.2 for
+    -- 1,000 listed jobs, tools/exp35/rescue.sh. Duplicates among the lists are harmless: the
+    -- scan reads each key once.)
     SELECT j.*
       FROM forge.jobs j
-     WHERE j.id IN (SELECT x.id
+     WHERE j.id = ANY (ARRAY(SELECT x.id
                       FROM forge.job_lanes l, unnest(l.running) AS x(id)
                      WHERE l.namespace = p_namespace
                        AND (p_node IS NULL OR l.node_id = p_node)
@@ -38,9 +42,9 @@ AS $$
                                             WHERE n.namespace = l.namespace
                                               AND n.node_id = l.node_id
                                               AND n.down_at IS NULL AND n.stopped_at IS NULL))
-                    UNION
+                    UNION ALL
                     SELECT b.id FROM forge.jobs_live b
-                     WHERE b.namespace = p_namespace AND b.phase = 'busy')
+                     WHERE b.namespace = p_namespace AND b.phase = 'busy'))
        AND j.namespace = p_namespace AND j.state = 'running'
        AND (p_node IS NULL OR j.node_id = p_node)
 $$;
