@@ -54,8 +54,7 @@ BEGIN
                              AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts) THEN 'dead'
                             ELSE 'available' END,
                -- (The phase of that state, written here so that the trigger of
-               -- forge.jobs_phase, a function call per row, has nothing to do: 2 ms per 1,000
-               -- jobs rescued, tools/exp35/rescue.sh.)
+               -- forge.jobs_phase does not call its function for each row.)
                phase = CASE WHEN j.cancel_requested THEN 'cancelled'
                             WHEN l.counted AND (j.started_at IS NOT NULL OR j.unstarted_rescues >= 3)
                              AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts) THEN 'dead'
