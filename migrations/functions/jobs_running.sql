@@ -17,8 +17,9 @@ DROP FUNCTION IF EXISTS forge.jobs_running(text, text, boolean);
 -- a role's lanes ('@' || role: the leadership may have ended) and by the lanes of nodes that
 -- are not live members (down, stopped, or gone), and the busy ones. A live node's queue lanes
 -- are left out: none of their jobs is lost, and reading them (a primary-key probe per job) made
--- each rescue pass cost in proportion to the cluster's running jobs, 2.2 ms more per 1,000
--- (tools/exp35/rescue.sh), where it now costs in proportion to the lost ones. (A role's jobs
+-- each rescue pass cost in proportion to the cluster's running jobs (finding a dead node's 1,000
+-- beside 5,000 running on a live node: 15 ms, against 3; tools/exp35/rescue.sh), where it now
+-- costs in proportion to the lost ones. (A role's jobs
 -- are listed by its lane: FORGE's role workers claim with no queue.)
 CREATE OR REPLACE FUNCTION forge.jobs_running(p_namespace text, p_node text,
                                               p_maybe_lost boolean DEFAULT false)
@@ -28,8 +29,8 @@ AS $$
     -- (forge.jobs, not forge.jobs_live, whose row type a database migrated before 0015 lacks
     -- when its function files are applied; 'running' chooses the partition.)
     -- (The ids as one array, `= ANY`: one index scan of sorted keys, where `IN (subquery)`
-    -- hashed them first and probed the primary key once per id - 2.3 ms against 1.2 for
-    -- 1,000 listed jobs, tools/exp35/rescue.sh. Duplicates among the lists are harmless: the
+    -- hashed them first and probed the primary key once per id - 1.9 ms against 1.2 for
+    -- 1,000 listed jobs, psql's \timing. Duplicates among the lists are harmless: the
     -- scan reads each key once.)
     SELECT j.*
       FROM forge.jobs j
