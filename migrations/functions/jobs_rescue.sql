@@ -30,11 +30,20 @@ DECLARE
     v_kinds  text[];
     v_states text[];
     v_wake   text[];
-    v_locked bigint[];
+    v_locked  bigint[];
+    v_tids    tid[];
+    v_reasons text[];
+    v_counted boolean[];
 BEGIN
-    -- Lock the rows still running this attempt; note the ones another transaction holds.
+    -- Lock the rows still running this attempt, in the order given (with p_skip_locked, the
+    -- ones another transaction holds are noted instead), and keep each one's tid: the update
+    -- below writes those versions by tid, one probe of the primary key per job in all.
     IF p_skip_locked THEN
-        SELECT array_agg(l.id) FILTER (WHERE x.tid IS NULL) INTO v_locked
+        SELECT array_agg(x.tid) FILTER (WHERE x.tid IS NOT NULL),
+               array_agg(l.reason) FILTER (WHERE x.tid IS NOT NULL),
+               array_agg(l.counted) FILTER (WHERE x.tid IS NOT NULL),
+               array_agg(l.id) FILTER (WHERE x.tid IS NULL)
+          INTO v_tids, v_reasons, v_counted, v_locked
           FROM (SELECT l.*, 'running'::text AS running
                   FROM unnest(p_ids, p_attempts, p_reasons, p_counted) AS l(id, attempt, reason, counted)
                 OFFSET 0) l
@@ -42,13 +51,22 @@ BEGIN
                               WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = l.running
                               LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED) x ON true
          WHERE x.tid IS NOT NULL OR EXISTS (
-               SELECT 1 FROM forge.jobs j
+               SELECT 1 FROM forge.jobs_live j
                 WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = 'running');
+    ELSE
+        SELECT array_agg(x.tid), array_agg(l.reason), array_agg(l.counted)
+          INTO v_tids, v_reasons, v_counted
+          FROM (SELECT l.*, 'running'::text AS running
+                  FROM unnest(p_ids, p_attempts, p_reasons, p_counted) AS l(id, attempt, reason, counted)
+                OFFSET 0) l
+         CROSS JOIN LATERAL (SELECT j.ctid AS tid FROM forge.jobs_live j
+                              WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = l.running
+                              LIMIT 1 FOR NO KEY UPDATE) x;
     END IF;
     -- (An attempt counts when l.counted AND (j.started_at IS NOT NULL OR j.unstarted_rescues >=
     -- 3): spelled out in each column, so that it reads the row version the update writes.)
     WITH r AS (
-        UPDATE forge.jobs j
+        UPDATE forge.jobs_live j
            SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
                             WHEN l.counted AND (j.started_at IS NOT NULL OR j.unstarted_rescues >= 3)
                              AND j.attempt >= coalesce(j.max_attempts, p_default_max_attempts) THEN 'dead'
@@ -86,9 +104,8 @@ BEGIN
                        ELSE ' (the node running it died ' || (j.unstarted_rescues + 1)
                             || ' times before the handler''s start was recorded; it counts)'
                        END))
-          FROM unnest(p_ids, p_attempts, p_reasons, p_counted) AS l(id, attempt, reason, counted)
-         WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = 'running'
-           AND NOT (l.id = ANY (coalesce(v_locked, '{}')))
+          FROM unnest(v_tids, v_reasons, v_counted) AS l(tid, reason, counted)
+         WHERE j.ctid = ANY (v_tids) AND j.ctid = l.tid
         RETURNING j.id, j.queue, j.kind, j.state, j.role, j.namespace
     )
     SELECT array_agg(r.id), array_agg(r.queue), array_agg(r.kind), array_agg(r.state),

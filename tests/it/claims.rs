@@ -240,6 +240,91 @@ async fn the_rescue_pass_reads_the_lists_of_roles_and_of_nodes_not_live_only() {
     );
 }
 
+/// `forge.jobs_rescue` locks the rows it takes back, then writes the versions it locked (by tid).
+/// A row another transaction holds is skipped and reported `locked` when the caller asks (the
+/// scheduler's pass); otherwise the rescue waits for it, and then writes the version that
+/// transaction left if the job still runs this attempt, and leaves the job alone if it ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescue_writes_the_versions_it_locked_and_skips_or_waits_for_held_rows() {
+    let (_db, pool) = setup().await;
+    let ids = enqueue_plain(&pool, "held", 3).await;
+    let claimed = step_as(pool.clone(), "gone", 3, Vec::new(), true).await;
+    assert_eq!(claimed.iter().filter(|r| r.1).count(), 3, "{claimed:?}");
+    // Two transactions hold a job each: one writes its start (it still runs), one ends it.
+    let mut still_running = pool.begin().await.unwrap();
+    sqlx::query("UPDATE forge.jobs_live SET started_at = clock_timestamp() WHERE id = $1")
+        .bind(ids[0])
+        .execute(&mut *still_running)
+        .await
+        .unwrap();
+    let mut ended = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE forge.jobs_live SET state = 'dead', phase = 'dead', finished_at = clock_timestamp()
+          WHERE id = $1",
+    )
+    .bind(ids[1])
+    .execute(&mut *ended)
+    .await
+    .unwrap();
+    let rescue = |skip_locked: bool| {
+        let pool = pool.clone();
+        let ids = ids.clone();
+        async move {
+            let mut rows: Vec<(i64, String)> = sqlx::query_as(
+                "SELECT id, state FROM forge.jobs_rescue($1, ARRAY[1, 1, 1],
+                        ARRAY['node gone is down', 'node gone is down', 'node gone is down'],
+                        ARRAY[true, true, true], 25, $2)",
+            )
+            .bind(&ids)
+            .bind(skip_locked)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            rows.sort();
+            rows
+        }
+    };
+
+    assert_eq!(
+        rescue(true).await,
+        [
+            (ids[0], "locked".to_string()),
+            (ids[1], "locked".to_string()),
+            (ids[2], "available".to_string()),
+        ],
+        "the held rows are reported, the free one is rescued"
+    );
+
+    let waiting = tokio::spawn(rescue(false));
+    wait_lock_waiters(&pool, "jobs_rescue", 1).await;
+    still_running.commit().await.unwrap();
+    ended.commit().await.unwrap();
+    assert_eq!(
+        waiting.await.unwrap(),
+        [(ids[0], "available".to_string())],
+        "the job that still ran is rescued, the one that ended is left alone"
+    );
+    let rows: Vec<(i64, String, bool, String)> = sqlx::query_as(
+        "SELECT id, state, started_at IS NOT NULL, errors::text FROM forge.jobs
+          WHERE id = ANY ($1) ORDER BY id",
+    )
+    .bind(&ids[..2])
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (rows[0].1.as_str(), rows[0].2),
+        ("available", true),
+        "{rows:?}"
+    );
+    assert!(
+        rows[0].3.contains("node gone is down"),
+        "rescued from the version the other transaction left (its start kept): {rows:?}"
+    );
+    assert_eq!(rows[1].1, "dead", "{rows:?}");
+    assert!(!rows[1].3.contains("node gone is down"), "{rows:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_made_running_by_hand_is_busy_and_rescue_finds_it() {
     let (db, pool) = setup().await;

@@ -506,17 +506,7 @@ async fn concurrent_enqueuers_of_one_unique_key_insert_one_job() {
             result
         }
     });
-    wait_until("the second enqueuer to wait for the first", SOON, Duration::from_millis(5), || async {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%jobs_enqueue%'",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        (waiting == 1).then_some(())
-    })
-    .await
-    .unwrap();
+    wait_lock_waiters(&pool, "jobs_enqueue", 1).await;
     tx1.commit().await.unwrap();
     assert_eq!(second.await.unwrap(), Enqueued::Duplicate(first));
 

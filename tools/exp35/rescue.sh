@@ -9,13 +9,16 @@
 # jobs by state before), then forge.jobs_rescue of them. Prints each round.
 #
 #   tools/exp35/rescue.sh URL REV R [LIVE]
+#
+# With RESCUE_DB=NAME: builds that database only (no rounds) and leaves it for the caller
+# (tools/exp35/rescue_callgrind.sh).
 set -euo pipefail
 URL=$1; REV=$2; R=$3; LIVE=${4:-0}
 HERE=$(dirname "$0")
-DB=exp35_rescue_$$
+DB=${RESCUE_DB:-exp35_rescue_$$}
 U=${URL%/*}/$DB
 "$HERE/schema.sh" "$URL" "$DB" "$REV"
-trap 'psql "$URL" -XAtq -c "DROP DATABASE IF EXISTS ${DB}_r WITH (FORCE)" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null' EXIT
+[ -n "${RESCUE_DB:-}" ] || trap 'psql "$URL" -XAtq -c "DROP DATABASE IF EXISTS ${DB}_r WITH (FORCE)" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null' EXIT
 N=$((10000 + R + LIVE))
 psql "$U" -XAtq -c "SELECT count(*) FROM forge.jobs_enqueue('forge',
       array_fill('default'::text, ARRAY[$N]), array_fill('noop'::text, ARRAY[$N]),
@@ -63,6 +66,7 @@ else
 fi
 psql "$U" -XAtq -c "CREATE EXTENSION IF NOT EXISTS pg_prewarm" >/dev/null
 psql "$URL" -XAtq -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '$DB'" >/dev/null
+[ -z "${RESCUE_DB:-}" ] || exit 0
 for round in 1 2 3 4 5; do
   psql "$URL" -XAtq -c "DROP DATABASE IF EXISTS ${DB}_r" -c "CREATE DATABASE ${DB}_r TEMPLATE $DB" >/dev/null
   psql "${URL%/*}/${DB}_r" -XAtq -v ON_ERROR_STOP=1 <<SQL 2>&1 | sed 's/^NOTICE:  //'
