@@ -105,6 +105,7 @@ BEGIN
                             || ' times before the handler''s start was recorded; it counts)'
                        END))
           FROM unnest(v_tids, v_reasons, v_counted) AS l(tid, reason, counted)
+         -- (`= ANY` makes it a TID scan: joined to l alone, PostgreSQL hashes the whole table.)
          WHERE j.ctid = ANY (v_tids) AND j.ctid = l.tid
         RETURNING j.id, j.queue, j.kind, j.state, j.role, j.namespace
     )
