@@ -12,7 +12,7 @@ use sqlx::{Connection, PgPool};
 
 use crate::jobs::{
     Behave, INCARNATION, RUNS_TABLE_SQL, inserted, job_config, plain, setup, step_as, step_holding,
-    wait_state,
+    wait_for_lock_waiter, wait_state,
 };
 use crate::support::*;
 
@@ -296,7 +296,13 @@ async fn a_rescue_writes_the_versions_it_locked_and_skips_or_waits_for_held_rows
     );
 
     let waiting = tokio::spawn(rescue(false));
-    wait_lock_waiters(&pool, "jobs_rescue", 1).await;
+    wait_for_lock_waiter(
+        &pool,
+        "the rescue to wait for the held rows",
+        "query LIKE $1",
+        "%jobs_rescue%",
+    )
+    .await;
     still_running.commit().await.unwrap();
     ended.commit().await.unwrap();
     assert_eq!(

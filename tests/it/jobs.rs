@@ -506,7 +506,13 @@ async fn concurrent_enqueuers_of_one_unique_key_insert_one_job() {
             result
         }
     });
-    wait_lock_waiters(&pool, "jobs_enqueue", 1).await;
+    wait_for_lock_waiter(
+        &pool,
+        "the second enqueuer to wait for the first",
+        "query LIKE $1",
+        "%jobs_enqueue%",
+    )
+    .await;
     tx1.commit().await.unwrap();
     assert_eq!(second.await.unwrap(), Enqueued::Duplicate(first));
 

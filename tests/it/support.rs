@@ -424,26 +424,3 @@ pub(crate) async fn migrate_until(conn: &mut PgConnection, last: i64) {
     older.dangerous_set_table_name(forge::migrate::TABLE);
     older.run_direct(None, conn, false).await.unwrap();
 }
-
-/// Waits until `n` sessions of this test's database wait for a lock in a statement whose text
-/// contains `statement` (a transaction the test holds blocks them).
-pub(crate) async fn wait_lock_waiters(pool: &PgPool, statement: &str, n: i64) {
-    wait_until(
-        &format!("{n} sessions to wait for a lock in {statement}"),
-        SOON,
-        Duration::from_millis(5),
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-                    AND wait_event_type = 'Lock' AND strpos(query, $1) > 0",
-            )
-            .bind(statement)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-            (waiting == n).then_some(())
-        },
-    )
-    .await
-    .unwrap();
-}
