@@ -430,11 +430,14 @@ async fn per_cron_series_can_be_turned_off() {
     // Per cron, the same 50 crons cost 46 series each on the leader.
     let on = node(true, "on", 50).await.unwrap();
     wait_single_leader(&[&on], &Role::SCHEDULER).await;
-    let text = forge_testkit::wait_until("the leader's histograms", SOON, MS_20, || async {
+    // (Each cron's series appear as the leader reaches it: wait for all of them, then check
+    // that there are no more.)
+    let text = forge_testkit::wait_until("the leader's per-cron series", SOON, MS_20, || async {
         let text = on.render_metrics();
         (samples(&text, "forge_cron_lag_seconds_count") == 50
-            && text.contains("forge_cron_unknown_crons{role=\"scheduler\"} 0"))
-        .then_some(text)
+            && text.contains("forge_cron_unknown_crons{role=\"scheduler\"} 0")
+            && samples(&text, "forge_cron_") > 46 * 50)
+            .then_some(text)
     })
     .await
     .unwrap();
