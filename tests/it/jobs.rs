@@ -1182,6 +1182,26 @@ async fn bad_job_declarations_and_config_are_clear_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("max_attempts must be at least 1"), "{err}");
+    // So is it through the SQL function, which forge.jobs_live has no CHECK constraint behind
+    // (migration 0017): for an attempt count and for a timeout.
+    for (attempts, timeout_ms) in [(0, 1000), (3, 0)] {
+        let err = sqlx::query(
+            "SELECT * FROM forge.jobs_enqueue('forge', ARRAY['default'], ARRAY['plain'],
+                 ARRAY['{}'::jsonb], ARRAY[0::smallint], ARRAY[NULL::timestamptz],
+                 ARRAY[NULL::bigint], ARRAY[$1::integer], ARRAY[$2::bigint], ARRAY[NULL::text],
+                 ARRAY[NULL::text], ARRAY[false], ARRAY[NULL::jsonb])",
+        )
+        .bind(attempts)
+        .bind(timeout_ms as i64)
+        .execute(&pool)
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("max_attempts and timeout_ms must be at least 1"),
+            "({attempts}, {timeout_ms}): {err}"
+        );
+    }
     let err = client(&pool)
         .enqueue_job(NewJob::new(plain, Behave::tag("x")).queue("no spaces"))
         .await

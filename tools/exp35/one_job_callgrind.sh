@@ -6,6 +6,8 @@
 # transaction each. The server of URL (PGDATA: its data directory) is stopped for the run and
 # started again: use a throwaway one. EXTRA_SQL: a file applied to the database first (a
 # variant). OUT: keep callgrind's file there (read it with callgrind_annotate --inclusive=yes).
+# ENQUEUE=1: count instead N one-job enqueues, one transaction each (what a producer that
+# enqueues one job at a time pays; KEEP is then unused).
 #
 #   PGDATA=... tools/exp35/one_job_callgrind.sh URL REV KEEP [N]
 set -euo pipefail
@@ -30,7 +32,7 @@ SELECT count(*) FROM forge.jobs_enqueue('forge',
 VACUUM ANALYZE;
 CHECKPOINT;
 SQL
-runuser -u postgres -- "$BIN/pg_ctl" -D "$PGDATA" -w stop >/dev/null
+[ -n "${ENQUEUE:-}" ] || runuser -u postgres -- "$BIN/pg_ctl" -D "$PGDATA" -w stop >/dev/null
 restart() {
   runuser -u postgres -- "$BIN/pg_ctl" -D "$PGDATA" -l "$PGDATA/../log" -w start >/dev/null
   psql "$URL" -XAtq -c "DROP DATABASE IF EXISTS $DB" >/dev/null
@@ -38,6 +40,10 @@ restart() {
   rm -rf "$TMP"
 }
 trap restart EXIT
+if [ -n "${ENQUEUE:-}" ]; then
+  q -c "DELETE FROM forge.jobs" -c "VACUUM ANALYZE forge.jobs" -c "CHECKPOINT" >/dev/null
+  runuser -u postgres -- "$BIN/pg_ctl" -D "$PGDATA" -w stop >/dev/null
+fi
 cat > "$TMP/q.sql" <<SQL
 DO \$\$
 DECLARE ids bigint[] := '{}'; atts integer[] := '{}'; nids bigint[]; natts integer[];
@@ -58,7 +64,22 @@ END
 \$\$;
 
 SQL
+[ -z "${ENQUEUE:-}" ] || cat > "$TMP/q.sql" <<SQL
+DO \$\$
+BEGIN
+  FOR i IN 1..$N LOOP
+    PERFORM forge.jobs_enqueue('forge', ARRAY['default'], ARRAY['noop'], ARRAY['null'::jsonb],
+              ARRAY[0::smallint], ARRAY[NULL::timestamptz], ARRAY[NULL::bigint],
+              ARRAY[NULL::integer], ARRAY[NULL::bigint], ARRAY[NULL::text], ARRAY[NULL::text],
+              ARRAY[false], ARRAY[NULL::jsonb]);
+    COMMIT;
+  END LOOP;
+END
+\$\$;
+
+SQL
 runuser -u postgres -- valgrind --tool=callgrind --callgrind-out-file="$TMP/cg" \
     "$BIN/postgres" --single -j -D "$PGDATA" "$DB" < "$TMP/q.sql" >/dev/null 2>"$TMP/log"
 IR=$(grep -m1 '^summary:' "$TMP/cg" | awk '{ print $2 }')
+[ -z "${ENQUEUE:-}" ] || { echo "$REV${EXTRA_SQL:+ + $EXTRA_SQL}: $((IR / N)) instructions per one-job enqueue ($N)"; exit 0; }
 echo "$REV${EXTRA_SQL:+ + $EXTRA_SQL}, completed $([ "$KEEP" = true ] && echo kept || echo deleted): $((IR / N)) instructions per one-job round trip ($N)"
