@@ -62,23 +62,25 @@ for round in $(seq 1 "$rounds"); do
 done
 
 # The summary lines of each revision's rounds (those starting with a word in capitals), and per
-# summary line the median over the rounds of each of its "median N" figures, in order.
+# summary line the median over the rounds of each of its "median N" and "pNN N" figures (p50,
+# p99: a --quick round prints percentiles, not medians), in order.
 summary='^[A-Z][A-Z]+[ ,:]'
+figure='(median|p[0-9]+) [0-9.]+'
 echo "$bin ${args[*]}, $rounds alternating rounds each, $(date -u +%F), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in 0 1; do
     echo "== ${revs[$i]} ($(git rev-parse --short=9 "${revs[$i]}^{commit}"))"
     for round in $(seq 1 "$rounds"); do
-        grep -E "$summary" "$out/$i.$round" | grep -F median | sed "s/^/  round $round: /"
+        grep -E "$summary" "$out/$i.$round" | grep -E "$figure" | sed "s/^/  round $round: /"
     done
 done
-echo "== medians over the rounds of each summary line's \"median\" figures (A = ${revs[0]}, B = ${revs[1]})"
-cat "$out"/0.[0-9]* | grep -E "$summary" | grep -F median | sed -E 's/:.*//' | sort -u |
+echo "== medians over the rounds of each summary line's figures (A = ${revs[0]}, B = ${revs[1]})"
+cat "$out"/0.[0-9]* | grep -E "$summary" | grep -E "$figure" | sed -E 's/:.*//' | sort -u |
     while IFS= read -r label; do
         # Column k: the k-th "median N" of the line, one row per round.
         figures() {
             for f in "$out/$1".[0-9]*; do
                 case "$f" in *.err) continue ;; esac
-                grep -F "$label:" "$f" | head -1 | grep -Eo 'median [0-9.]+' | cut -d' ' -f2 | paste -sd' '
+                grep -F "$label:" "$f" | head -1 | grep -Eo "$figure" | cut -d' ' -f2 | paste -sd' '
             done
         }
         paste -d'|' <(figures 0) <(figures 1) | awk -F'|' -v l="$label" '
@@ -89,6 +91,7 @@ cat "$out"/0.[0-9]* | grep -E "$summary" | grep -F median | sed -E 's/:.*//' | s
                 for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
                 return (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2 }
             END { for (k = 1; k <= n; k++) { ma = med(A, k); mb = med(B, k);
-                  printf "  %s [%d]: A %.0f  B %.0f  B/A %.3f\n", l, k, ma, mb, (ma ? mb / ma : 0) } }'
+                  f = (ma < 100) ? "%.2f" : "%.0f";
+                  printf "  %s [%d]: A " f "  B " f "  B/A %.3f\n", l, k, ma, mb, (ma ? mb / ma : 0) } }'
     done
 echo "(rounds' full output: $out)"
