@@ -49,6 +49,15 @@ async fn enqueue_plain(pool: &PgPool, tag: &str, n: usize) -> Vec<i64> {
     ids
 }
 
+/// The phase of job `id` (migration 0016).
+async fn phase(pool: &PgPool, id: i64) -> String {
+    sqlx::query_scalar("SELECT phase FROM forge.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// The list of lane `default` of node `node`, sorted.
 async fn listed(pool: &PgPool, node: &str) -> Vec<i64> {
     let mut listed: Vec<i64> = sqlx::query_scalar(
@@ -353,11 +362,7 @@ async fn a_job_made_running_by_hand_is_busy_and_rescue_finds_it() {
     .execute(&pool)
     .await
     .unwrap();
-    let phase: String = sqlx::query_scalar("SELECT phase FROM forge.jobs WHERE id = $1")
-        .bind(id.0)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let phase = phase(&pool, id.0).await;
     assert_eq!(phase, "busy");
 
     let node = Node::builder(job_config(db.url(), "a"))
@@ -422,11 +427,7 @@ async fn every_state_written_by_hand_gets_its_phase() {
                 .execute(&pool)
                 .await
                 .unwrap();
-            let start: String = sqlx::query_scalar("SELECT phase FROM forge.jobs WHERE id = $1")
-                .bind(id)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
+            let start = phase(&pool, id).await;
             assert_eq!(
                 start, from_phase,
                 "the start ({from}, {from_phase}) of job {id}"
@@ -437,11 +438,7 @@ async fn every_state_written_by_hand_gets_its_phase() {
                 .execute(&pool)
                 .await
                 .unwrap();
-            let phase: String = sqlx::query_scalar("SELECT phase FROM forge.jobs WHERE id = $1")
-                .bind(id)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
+            let phase = phase(&pool, id).await;
             got.push(format!("{from}/{from_phase} -> {to}: {phase}"));
             // Running from a phase 'ready' keeps it (a claim's; by hand from available, the
             // one change the trigger cannot tell from a claim: see migration 0016).
@@ -469,11 +466,7 @@ async fn every_state_written_by_hand_gets_its_phase() {
         .execute(&pool)
         .await
         .unwrap();
-    let phase: String = sqlx::query_scalar("SELECT phase FROM forge.jobs WHERE id = $1")
-        .bind(id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let phase = phase(&pool, id).await;
     assert_eq!(phase, "dead");
 }
 
