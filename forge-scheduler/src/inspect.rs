@@ -412,7 +412,7 @@ impl Workload {
         {
             Change::Refused(reason)
         } else {
-            sqlx::query("DELETE FROM forge.jobs WHERE namespace = $1 AND id = $2")
+            sqlx::query("SELECT forge.jobs_delete($1, ARRAY[$2::bigint])")
                 .bind(&self.namespace)
                 .bind(id)
                 .execute(&mut *tx)
@@ -464,14 +464,12 @@ impl Workload {
     pub async fn delete_jobs(&self, filter: &JobFilter, by: &str) -> Result<u64> {
         self.bulk(filter, by, "delete_jobs", JobAction::Delete, |tx, ids| {
             Box::pin(async move {
-                let done = sqlx::query(
-                    "DELETE FROM forge.jobs WHERE namespace = $1 AND id = ANY ($2) AND state <> 'running'",
-                )
-                .bind(tx.1)
-                .bind(ids)
-                .execute(&mut *tx.0)
-                .await?;
-                Ok(done.rows_affected())
+                let done: i64 = sqlx::query_scalar("SELECT forge.jobs_delete($1, $2)")
+                    .bind(tx.1)
+                    .bind(ids)
+                    .fetch_one(&mut *tx.0)
+                    .await?;
+                Ok(done as u64)
             })
         })
         .await

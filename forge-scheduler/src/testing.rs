@@ -97,15 +97,26 @@ pub async fn run_job<J: Job>(pool: &PgPool, job: J, args: J::Args) -> Result<Job
         Err(err) if err.action() == crate::jobs::FailAction::Discard => "dead",
         Err(_) => "retryable",
     };
-    // As a worker records an outcome: only if the attempt still holds the job.
-    sqlx::query(
+    // As a worker records an outcome: only if the attempt still holds the job; an end counts
+    // in the job's children in the same transaction (see forge.jobs_parent_finished).
+    let mut tx = pool.begin().await?;
+    let parent: Option<bool> = sqlx::query_scalar(
         "UPDATE forge.jobs SET state = $2, finished_at = clock_timestamp()
-          WHERE id = $1 AND state = 'running' AND attempt = 1",
+          WHERE id = $1 AND state = 'running' AND attempt = 1
+         RETURNING has_children AND state <> 'retryable'",
     )
     .bind(id.0)
     .bind(outcome)
-    .execute(pool)
+    .fetch_optional(&mut *tx)
     .await?;
+    if parent == Some(true) {
+        sqlx::query("SELECT forge.jobs_parent_finished(ARRAY[$1::bigint], ARRAY[$2], false)")
+            .bind(id.0)
+            .bind(outcome)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
     let state: String = sqlx::query_scalar("SELECT state FROM forge.jobs WHERE id = $1")
         .bind(id.0)
         .fetch_optional(pool)

@@ -9,6 +9,7 @@ DECLARE
     v_state text;
     v_node  text;
     v_ns    text;
+    v_linked boolean;
 BEGIN
     -- The job can move between the statements (claimed, finished); each statement sees the
     -- latest committed state, so a few rounds settle it.
@@ -18,8 +19,13 @@ BEGIN
                errors = j.errors || jsonb_build_array(jsonb_build_object(
                    'at', clock_timestamp(), 'attempt', j.attempt, 'reason', 'cancelled',
                    'error', 'cancelled before it ran'))
-         WHERE j.id = p_id AND j.state IN ('pending', 'available', 'scheduled', 'retryable');
+         WHERE j.id = p_id AND j.state IN ('pending', 'available', 'scheduled', 'retryable')
+        RETURNING j.has_children INTO v_linked;
         IF FOUND THEN
+            IF v_linked THEN
+                -- Its children count its end (see forge.jobs_parent_finished).
+                PERFORM forge.jobs_parent_finished(ARRAY[p_id], ARRAY['cancelled'], false);
+            END IF;
             RETURN 'cancelled_now';
         END IF;
         UPDATE forge.jobs j SET cancel_requested = true

@@ -24,6 +24,8 @@ DECLARE
     v_node  text;
     v_attempt integer;
     v_mark  text;
+    v_done  boolean := false;
+    v_linked boolean;
 BEGIN
     IF p_role IS NOT NULL THEN
         PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
@@ -32,17 +34,24 @@ BEGIN
     v_mark := format('job %s %s', p_id, p_attempt);
     IF p_keep_completed THEN
         -- (Kept completed jobs move to forge.jobs_done, the row found locked first.)
-        PERFORM forge.jobs_move_done(ARRAY(
+        SELECT true, m.has_children INTO v_done, v_linked
+          FROM forge.jobs_move_done(ARRAY(
                     SELECT j.ctid FROM forge.jobs_live j
                      WHERE j.id = p_id AND j.attempt = p_attempt AND j.node_id = p_node
                        AND j.state = 'running'
-                       FOR NO KEY UPDATE), NULL, p_node);
+                       FOR NO KEY UPDATE), NULL, p_node) m;
     ELSE
         DELETE FROM forge.jobs_live j
          WHERE j.id = p_id AND j.attempt = p_attempt AND j.node_id = p_node
-           AND j.state = 'running';
+           AND j.state = 'running'
+        RETURNING true, j.has_children OR j.parents IS NOT NULL INTO v_done, v_linked;
     END IF;
-    IF FOUND THEN
+    IF v_done THEN
+        IF v_linked THEN
+            -- Its children count its end (see forge.jobs_parent_finished).
+            PERFORM forge.jobs_parent_finished(ARRAY[p_id], ARRAY['completed'],
+                                               NOT p_keep_completed);
+        END IF;
         PERFORM forge.tx_mark(v_mark);
         RETURN;
     END IF;

@@ -1,8 +1,10 @@
 -- The scheduler leader's pass, fenced by its tenure: rescue the running jobs of nodes that
 -- are down or stopped (membership says so, with evidence: see forge.nodes_watch) and of role
--- leaderships that ended, and promote due jobs. (Finished jobs are pruned by the log
--- compactor, queue figures sampled by the metrics aggregator.) Rows:
+-- leaderships that ended, count the ends of parent jobs that SQL outside FORGE wrote, and promote
+-- due jobs. (Finished jobs are pruned by the log compactor, queue figures sampled by the metrics
+-- aggregator.) Rows:
 --   ('rescued', queue, kind, new state, n)   jobs taken back
+--   ('settled', NULL, NULL, NULL, n)         parents whose end their children counted here
 --   ('next_due', NULL, NULL, NULL, ms, at)   how long until the next scheduled job is due, and
 --                                            the server's clock
 --
@@ -28,6 +30,9 @@ DECLARE
     v_kinds    text[];
     v_states   text[];
     v_promote  record;
+    v_ended    bigint[];
+    v_ends     text[];
+    v_gone     bigint[];
 BEGIN
     PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
     WITH lost AS (
@@ -69,6 +74,34 @@ BEGIN
           FROM unnest(v_states) AS x(state)
          WHERE x.state = 'locked'
         HAVING count(*) > 0;
+    END IF;
+
+    -- Parents whose end no writer counted in their children: FORGE's writers count it in the
+    -- transaction that ends the parent (forge.jobs_parent_finished), an operator's UPDATE or
+    -- DELETE does not. So: the parents of edges not counted yet that ended, locked (FOR SHARE:
+    -- a retry cannot make one run again before its children counted it; one another
+    -- transaction holds waits for the next pass), and those whose row is gone, counted as
+    -- deleted before they finished (and their edges deleted).
+    SELECT array_agg(p.id ORDER BY p.id), array_agg(p.state ORDER BY p.id) INTO v_ended, v_ends
+      FROM (SELECT p.id, p.state FROM forge.jobs p
+             WHERE p.id IN (SELECT e.parent_id FROM forge.job_edges e WHERE NOT e.resolved)
+               AND p.namespace = p_namespace AND p.state IN ('completed', 'dead', 'cancelled')
+               FOR SHARE SKIP LOCKED) p;
+    IF v_ended IS NOT NULL THEN
+        PERFORM forge.jobs_parent_finished(v_ended, v_ends, false);
+    END IF;
+    SELECT array_agg(e.parent_id) INTO v_gone
+      FROM (SELECT DISTINCT e.parent_id FROM forge.job_edges e WHERE NOT e.resolved) e
+     WHERE NOT EXISTS (SELECT 1 FROM forge.jobs p WHERE p.id = e.parent_id);
+    IF v_gone IS NOT NULL THEN
+        PERFORM forge.jobs_parent_finished(
+            v_gone, array_fill('deleted before it finished'::text, ARRAY[cardinality(v_gone)]),
+            true);
+    END IF;
+    IF v_ended IS NOT NULL OR v_gone IS NOT NULL THEN
+        RETURN QUERY SELECT 'settled', NULL::text, NULL::text, NULL::text,
+                            (coalesce(cardinality(v_ended), 0) + coalesce(cardinality(v_gone), 0))::double precision,
+                            NULL::timestamptz;
     END IF;
 
     SELECT * INTO v_promote FROM forge.jobs_promote(p_namespace, p_limit);

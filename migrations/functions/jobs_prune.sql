@@ -9,12 +9,19 @@
 -- cutoff finished after it. So a pass reads the completed jobs created before the cutoff: the
 -- ones it deletes, and the few kept longer (created before the cutoff, completed after it: a
 -- job scheduled far ahead, retried, or another namespace's with a longer retention). Dead and
--- cancelled jobs (forge.jobs_live) are found by jobs_finished.
+-- cancelled jobs (forge.jobs_live) are found by jobs_finished. A pruned row's dependency edges go
+-- with it (forge.jobs_parent_finished, which first counts an end an operator's SQL wrote and the
+-- scheduler's pass has not counted yet).
 CREATE OR REPLACE FUNCTION forge.jobs_prune(
     p_namespace text, p_states text[], p_retention_ms bigint, p_limit integer
 ) RETURNS bigint
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_n    bigint;
+    v_gone bigint[];
+    v_ends text[];
+BEGIN
     WITH old AS (
         SELECT f.id FROM forge.jobs_done f
          WHERE 'completed' = ANY (p_states)
@@ -29,7 +36,7 @@ AS $$
            FOR UPDATE SKIP LOCKED
     ), done AS (
         DELETE FROM forge.jobs_done j WHERE j.id IN (SELECT old.id FROM old)
-        RETURNING 1
+        RETURNING j.id, j.state, j.has_children OR j.parents IS NOT NULL AS linked
     ), live AS (
         DELETE FROM forge.jobs_live j
          WHERE j.id IN (SELECT f.id FROM forge.jobs_live f
@@ -37,6 +44,17 @@ AS $$
                            AND f.finished_at < clock_timestamp() - p_retention_ms * interval '1 millisecond'
                          LIMIT p_limit
                            FOR UPDATE SKIP LOCKED)
-        RETURNING 1
-    ) SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM live);
+        RETURNING j.id, j.state, j.has_children OR j.parents IS NOT NULL AS linked
+    ), gone AS (
+        SELECT * FROM done UNION ALL SELECT * FROM live
+    )
+    SELECT count(*), array_agg(gone.id) FILTER (WHERE gone.linked),
+           array_agg(gone.state) FILTER (WHERE gone.linked)
+      INTO v_n, v_gone, v_ends
+      FROM gone;
+    IF v_gone IS NOT NULL THEN
+        PERFORM forge.jobs_parent_finished(v_gone, v_ends, true);
+    END IF;
+    RETURN v_n;
+END;
 $$;

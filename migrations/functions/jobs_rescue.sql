@@ -34,6 +34,8 @@ DECLARE
     v_tids    tid[];
     v_reasons text[];
     v_counted boolean[];
+    v_ended   bigint[];
+    v_ends    text[];
 BEGIN
     -- Lock the rows still running this attempt, in the order given (with p_skip_locked, the
     -- ones another transaction holds are noted instead), and keep each one's tid: the update
@@ -107,13 +109,20 @@ BEGIN
           FROM unnest(v_tids, v_reasons, v_counted) AS l(tid, reason, counted)
          -- (`= ANY` makes it a TID scan: joined to l alone, PostgreSQL hashes the whole table.)
          WHERE j.ctid = ANY (v_tids) AND j.ctid = l.tid
-        RETURNING j.id, j.queue, j.kind, j.state, j.role, j.namespace
+        RETURNING j.id, j.queue, j.kind, j.state, j.role, j.namespace, j.has_children
     )
     SELECT array_agg(r.id), array_agg(r.queue), array_agg(r.kind), array_agg(r.state),
            array_agg(DISTINCT r.namespace || ' ' || CASE WHEN r.role IS NULL THEN r.queue ELSE '@' || r.role END)
-               FILTER (WHERE r.state = 'available')
-      INTO v_ids, v_queues, v_kinds, v_states, v_wake
+               FILTER (WHERE r.state = 'available'),
+           array_agg(r.id) FILTER (WHERE r.has_children AND r.state <> 'available'),
+           array_agg(r.state) FILTER (WHERE r.has_children AND r.state <> 'available')
+      INTO v_ids, v_queues, v_kinds, v_states, v_wake, v_ended, v_ends
       FROM r;
+    IF v_ended IS NOT NULL THEN
+        -- Parents that ended dead or cancelled: their children count it (see
+        -- forge.jobs_parent_finished).
+        PERFORM forge.jobs_parent_finished(v_ended, v_ends, false);
+    END IF;
     PERFORM pg_notify('forge_jobs', w) FROM unnest(v_wake) AS w;
     RETURN QUERY SELECT * FROM unnest(v_ids, v_queues, v_kinds, v_states)
                  UNION ALL

@@ -151,6 +151,12 @@ DECLARE
     v_states  text[];
     v_due     timestamptz;
     v_wake    text[];
+    -- Rows written that have dependencies (see forge.jobs_parent_finished): ended, with how,
+    -- and deleted.
+    v_linked  bigint[];
+    v_linked_ends text[];
+    v_gone    bigint[];
+    v_pass_linked bigint[];
     v_tids    tid[];
     v_written integer;
     v_creators xid[];
@@ -261,35 +267,63 @@ BEGIN
             -- (Two spellings of one lookup: plpgsql cannot choose a locking clause at run time
             -- but through EXECUTE, which would plan it at every call.)
             IF v_pass = 1 THEN
-                SELECT array_agg(x.tid), array_agg(x.creator) INTO v_tids, v_creators
+                SELECT array_agg(x.tid), array_agg(x.creator), array_agg(o.id) FILTER (WHERE x.linked)
+                  INTO v_tids, v_creators, v_pass_linked
                   FROM (SELECT o.id, o.attempt, 'running'::text AS running
                           FROM unnest(p_ids, p_attempts) AS o(id, attempt) OFFSET 0) o
-                 CROSS JOIN LATERAL (SELECT j.ctid AS tid, j.xmin AS creator FROM forge.jobs_live j
+                 CROSS JOIN LATERAL (SELECT j.ctid AS tid, j.xmin AS creator,
+                                            NOT p_keep_completed
+                                            AND (j.has_children OR j.parents IS NOT NULL) AS linked
+                                       FROM forge.jobs_live j
                                       WHERE j.id = o.id AND j.attempt = o.attempt
                                         AND j.node_id = p_node AND j.state = o.running
                                       LIMIT 1) x;
             ELSE
-                SELECT array_agg(x.tid), array_agg(x.creator) INTO v_tids, v_creators
+                SELECT array_agg(x.tid), array_agg(x.creator), array_agg(o.id) FILTER (WHERE x.linked)
+                  INTO v_tids, v_creators, v_pass_linked
                   FROM (SELECT o.id, o.attempt, 'running'::text AS running
                           FROM unnest(p_ids, p_attempts) AS o(id, attempt) OFFSET 0) o
-                 CROSS JOIN LATERAL (SELECT j.ctid AS tid, j.xmin AS creator FROM forge.jobs_live j
+                 CROSS JOIN LATERAL (SELECT j.ctid AS tid, j.xmin AS creator,
+                                            NOT p_keep_completed
+                                            AND (j.has_children OR j.parents IS NOT NULL) AS linked
+                                       FROM forge.jobs_live j
                                       WHERE j.id = o.id AND j.attempt = o.attempt
                                         AND j.node_id = p_node AND j.state = o.running
                                       LIMIT 1 FOR NO KEY UPDATE) x;
             END IF;
             IF p_keep_completed THEN
                 -- (Kept completed jobs move to forge.jobs_done.)
-                SELECT count(*) INTO v_written
-                  FROM forge.jobs_move_done(v_tids, v_creators, p_node);
+                SELECT count(*), array_agg(m.id) FILTER (WHERE m.has_children)
+                  INTO v_written, v_pass_linked
+                  FROM forge.jobs_move_done(v_tids, v_creators, p_node) m;
             ELSE
+                -- (No RETURNING: it would fetch each deleted row again. The rows with
+                -- dependencies were noted by the lookup.)
                 DELETE FROM forge.jobs_live j
                  WHERE j.ctid = ANY (v_tids) AND j.xmin = ANY (v_creators)
                    AND CASE WHEN j.state = 'running' AND j.node_id = p_node THEN true END;
                 GET DIAGNOSTICS v_written = ROW_COUNT;
             END IF;
+            v_linked := v_linked || v_pass_linked;
             v_applied := v_applied + v_written;
             EXIT WHEN v_written = coalesce(cardinality(v_tids), 0);
         END LOOP;
+        IF v_linked IS NOT NULL THEN
+            IF NOT p_keep_completed THEN
+                -- Of the rows with dependencies found, the ones gone now: deleted here (or by
+                -- another writer meanwhile, which counted them: they count nothing twice).
+                v_linked := ARRAY(SELECT DISTINCT l.id FROM unnest(v_linked) AS l(id)
+                                   WHERE NOT EXISTS (SELECT 1 FROM forge.jobs_live j
+                                                      WHERE j.id = l.id OFFSET 0));
+            END IF;
+            -- Parents completed (and rows deleted that have dependencies): their children
+            -- count it in this transaction (see forge.jobs_parent_finished).
+            IF cardinality(v_linked) > 0 THEN
+                PERFORM forge.jobs_parent_finished(
+                    v_linked, array_fill('completed'::text, ARRAY[cardinality(v_linked)]),
+                    NOT p_keep_completed);
+            END IF;
+        END IF;
         IF v_applied < cardinality(p_ids) THEN
             -- Not all were recorded: report the ones taken away from this node (a job its
             -- handler completed in its own transaction counts as recorded; when completed
@@ -322,7 +356,8 @@ BEGIN
              USING o
              WHERE NOT p_keep_completed AND o.state = 'completed'
                AND j.ctid = ANY (ARRAY(SELECT o.tid FROM o)) AND j.ctid = o.tid
-            RETURNING j.id, 'completed'::text AS state, j.run_at, j.queue, j.role
+            RETURNING j.id, 'completed'::text AS state, j.run_at, j.queue, j.role,
+                      j.has_children OR j.parents IS NOT NULL AS linked, true AS gone
         ), u AS (
             UPDATE forge.jobs_live j
                SET state = CASE
@@ -349,10 +384,12 @@ BEGIN
               FROM o
              WHERE o.state <> 'completed'
                AND j.ctid = ANY (ARRAY(SELECT o.tid FROM o)) AND j.ctid = o.tid
-            RETURNING j.id, j.state, j.run_at, j.queue, j.role
+            RETURNING j.id, j.state, j.run_at, j.queue, j.role, j.has_children AS linked,
+                      false AS gone
         ), m AS (
             -- Kept completed jobs move to forge.jobs_done (rows locked above: no creators).
-            SELECT m.id, 'completed'::text AS state, m.run_at, m.queue, m.role
+            SELECT m.id, 'completed'::text AS state, m.run_at, m.queue, m.role,
+                   m.has_children AS linked, false AS gone
               FROM forge.jobs_move_done(ARRAY(SELECT o.tid FROM o WHERE o.state = 'completed'
                                                                    AND p_keep_completed),
                                         NULL, p_node) m
@@ -362,9 +399,23 @@ BEGIN
         SELECT array_agg(a.id), array_agg(a.state),
                min(a.run_at) FILTER (WHERE a.state = 'retryable'),
                array_agg(DISTINCT CASE WHEN a.role IS NULL THEN a.queue ELSE '@' || a.role END)
-                   FILTER (WHERE a.state = 'available')
-          INTO v_ids, v_states, v_due, v_wake
+                   FILTER (WHERE a.state = 'available'),
+               array_agg(a.id) FILTER (WHERE a.linked AND NOT a.gone
+                                         AND a.state IN ('completed', 'dead', 'cancelled')),
+               array_agg(a.state) FILTER (WHERE a.linked AND NOT a.gone
+                                            AND a.state IN ('completed', 'dead', 'cancelled')),
+               array_agg(a.id) FILTER (WHERE a.linked AND a.gone)
+          INTO v_ids, v_states, v_due, v_wake, v_linked, v_linked_ends, v_gone
           FROM a;
+        -- Parents that ended, and rows deleted that have dependencies: their children count it
+        -- in this transaction (see forge.jobs_parent_finished).
+        IF v_linked IS NOT NULL THEN
+            PERFORM forge.jobs_parent_finished(v_linked, v_linked_ends, false);
+        END IF;
+        IF v_gone IS NOT NULL THEN
+            PERFORM forge.jobs_parent_finished(
+                v_gone, array_fill('completed'::text, ARRAY[cardinality(v_gone)]), true);
+        END IF;
         IF v_due IS NOT NULL THEN
             PERFORM pg_notify('forge_jobs_due',
                               p_namespace || ' ' || (extract(epoch FROM v_due) * 1000)::bigint);

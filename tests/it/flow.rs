@@ -245,16 +245,11 @@ async fn concurrent_ends_of_the_last_two_parents_make_the_child_available() {
             .unwrap();
         let mut t1 = pool.begin().await.unwrap();
         let mut t2 = pool.begin().await.unwrap();
-        let end = "UPDATE forge.jobs SET state = 'completed', finished_at = now() WHERE id = $1";
-        sqlx::query(end)
-            .bind(ids["p1"])
-            .execute(&mut *t1)
-            .await
-            .unwrap();
+        end_parent(&mut t1, ids["p1"]).await;
         // The second waits for the child's row, which the first holds.
         let p2 = ids["p2"];
         let second = tokio::spawn(async move {
-            sqlx::query(end).bind(p2).execute(&mut *t2).await.unwrap();
+            end_parent(&mut t2, p2).await;
             t2.commit().await.unwrap();
         });
         if round % 2 == 0 {
@@ -285,6 +280,263 @@ async fn concurrent_ends_of_the_last_two_parents_make_the_child_available() {
             "round {round}: {child:?}"
         );
     }
+}
+
+/// How a writer under test ends parent `p` (running attempt 1 on node `n`, with `q`, when it
+/// is `running`).
+enum End {
+    /// A round trip recording these outcomes of `p` (and `q`), completed jobs kept or not.
+    Step(&'static [&'static str], bool),
+    /// One statement of SQL, `$1` the parent's id.
+    Sql(String),
+    /// An operator's UPDATE to `dead` an hour ago (not counted), then the prune.
+    HandThenPrune,
+}
+
+struct Writer {
+    name: &'static str,
+    running: bool,
+    end: End,
+    /// Whether the parent counts as done (its children run) or failed (a child whose policy is
+    /// `cancel` is cancelled).
+    done: bool,
+    /// Whether the parent's row is gone afterwards.
+    deleted: bool,
+}
+
+/// A round trip of a worker that records outcomes and claims nothing (`p_limit` 0).
+const STEP: &str = "SELECT count(*) FROM forge.jobs_step($1, 'n', 'idle', NULL, NULL, NULL, 0, 0,
+    '{flow_step}', 0, 0, '{}', $2, $3, $4, $5, $6, 3, NULL, NULL, NULL, $7)";
+
+/// The parent's namespace, for the SQL that asks for it.
+const NAMESPACE: &str = "(SELECT namespace FROM forge.jobs WHERE id = $1)";
+
+/// Every writer of FORGE that ends a job or deletes its row counts the end in the job's
+/// children in its own transaction (`forge.jobs_parent_finished`; no trigger does it): each
+/// path of a round trip (completions only, mixed outcomes; completed jobs kept or deleted), a
+/// handler's own completion, a rescue into `dead`, a cancel, the admin API's delete, and the
+/// prune of a parent whose end an operator wrote by hand. A child whose policy is `cancel` is
+/// cancelled by a parent that did not complete, one whose policy is `run` runs; a deleted
+/// parent's edges go with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_writer_that_ends_a_parent_counts_it_in_its_children() {
+    let (_db, pool) = flow_setup().await;
+    let jobs = client(&pool);
+    let round_trip = |name, states, keep, done| Writer {
+        name,
+        running: true,
+        end: End::Step(states, keep),
+        done,
+        deleted: done && !keep,
+    };
+    let complete = |keep| {
+        format!("SELECT forge.jobs_complete($1, 1, 'n', {NAMESPACE}, NULL, NULL, NULL, {keep})")
+    };
+    let sql = |name, running, sql: String, done, deleted| Writer {
+        name,
+        running,
+        end: End::Sql(sql),
+        done,
+        deleted,
+    };
+    let writers = [
+        round_trip("round trip, completions, kept", &["completed"], true, true),
+        round_trip("round trip, completions, deleted", &["completed"], false, true),
+        round_trip("round trip, mixed, kept", &["completed", "dead"], true, true),
+        round_trip("round trip, mixed, deleted", &["completed", "dead"], false, true),
+        round_trip("round trip, dead", &["dead", "completed"], false, false),
+        round_trip("round trip, cancelled", &["cancelled"], true, false),
+        sql("handler's completion, kept", true, complete(true), true, false),
+        sql("handler's completion, deleted", true, complete(false), true, true),
+        sql(
+            "rescue, out of attempts",
+            true,
+            "SELECT count(*) FROM forge.jobs_rescue(ARRAY[$1::bigint], '{1}', '{gone}', '{true}', 1, false)"
+                .into(),
+            false,
+            false,
+        ),
+        sql("cancel", false, "SELECT forge.jobs_cancel($1)".into(), false, false),
+        sql(
+            "admin delete",
+            false,
+            format!("SELECT forge.jobs_delete({NAMESPACE}, ARRAY[$1::bigint])"),
+            false,
+            true,
+        ),
+        Writer {
+            name: "prune of a parent ended by hand",
+            running: false,
+            end: End::HandThenPrune,
+            done: false,
+            deleted: true,
+        },
+    ];
+    for writer in &writers {
+        let name = writer.name;
+        let ids = jobs
+            .enqueue_workflow(
+                Workflow::new()
+                    .step("p", NewJob::new(flow_step, step("p")).queue("idle"))
+                    .step("q", NewJob::new(flow_step, step("q")).queue("idle"))
+                    .step_after("c", NewJob::new(flow_step, step("c")).queue("idle"), ["p"])
+                    .step_after(
+                        "r",
+                        NewJob::new(flow_step, step("r"))
+                            .queue("idle")
+                            .on_parent_failure(ParentFailure::Run),
+                        ["p"],
+                    ),
+            )
+            .await
+            .unwrap();
+        let (p, q) = (ids["p"], ids["q"]);
+        if writer.running {
+            sqlx::query(
+                "UPDATE forge.jobs SET state = 'running', phase = 'busy', attempt = 1,
+                        node_id = 'n', max_attempts = 1, attempted_at = now(), started_at = now()
+                  WHERE id = ANY ($1)",
+            )
+            .bind(vec![p.0, q.0])
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        match &writer.end {
+            &End::Step(states, keep) => {
+                let n = states.len();
+                let namespace: String =
+                    sqlx::query_scalar("SELECT namespace FROM forge.jobs WHERE id = $1")
+                        .bind(p.0)
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                let not_as_asked: i64 = sqlx::query_scalar(STEP)
+                    .bind(namespace)
+                    .bind([p.0, q.0][..n].to_vec())
+                    .bind(vec![1_i32; n])
+                    .bind(states.to_vec())
+                    .bind(vec![None::<i64>; n])
+                    .bind(vec![None::<serde_json::Value>; n])
+                    .bind(keep)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                assert_eq!(not_as_asked, 0, "{name}: outcomes recorded as asked");
+            }
+            End::Sql(sql) => {
+                sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+                    .bind(p.0)
+                    .execute(&pool)
+                    .await
+                    .unwrap_or_else(|err| panic!("{name}: {err}"));
+            }
+            End::HandThenPrune => {
+                sqlx::query(
+                    "UPDATE forge.jobs SET state = 'dead', finished_at = now() - interval '1 hour'
+                      WHERE id = $1",
+                )
+                .bind(p.0)
+                .execute(&pool)
+                .await
+                .unwrap();
+                let pruned: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT forge.jobs_prune({NAMESPACE}, '{{dead}}', 1800000, 100)"
+                )))
+                .bind(p.0)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                assert_eq!(pruned, 1, "{name}");
+            }
+        }
+
+        let parent = jobs.get(p).await.unwrap();
+        assert_eq!(parent.is_none(), writer.deleted, "{name}: {parent:?}");
+        let c = jobs.get(ids["c"]).await.unwrap().unwrap();
+        let r = jobs.get(ids["r"]).await.unwrap().unwrap();
+        let c_state = if writer.done {
+            JobState::Available
+        } else {
+            JobState::Cancelled
+        };
+        assert_eq!(
+            (c.state, c.parents_left, r.state, r.parents_left),
+            (c_state, Some(0), JobState::Available, Some(0)),
+            "{name}: {c:?} {r:?}"
+        );
+        let (open, all): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE NOT resolved), count(*) FROM forge.job_edges
+              WHERE parent_id = $1",
+        )
+        .bind(p.0)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(open, 0, "{name}: every edge of the parent is counted");
+        assert_eq!(all == 0, writer.deleted, "{name}: {all} edges left");
+    }
+}
+
+/// Ends written by an operator's SQL (an UPDATE of the state, a DELETE), which no writer of
+/// FORGE counts, are counted in the children by the scheduler leader's pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ends_written_by_hand_are_counted_by_the_schedulers_pass() {
+    let (db, pool) = flow_setup().await;
+    let node = start(flow_config(db.url(), "n1")).await;
+    let jobs = client(&pool);
+    let mut children = Vec::new();
+    for (by_hand, expected) in [
+        (
+            "UPDATE forge.jobs SET state = 'completed', finished_at = now() WHERE id = $1",
+            JobState::Available,
+        ),
+        (
+            "UPDATE forge.jobs SET state = 'cancelled', finished_at = now() WHERE id = $1",
+            JobState::Cancelled,
+        ),
+        ("DELETE FROM forge.jobs WHERE id = $1", JobState::Cancelled),
+    ] {
+        let ids = jobs
+            .enqueue_workflow(
+                Workflow::new()
+                    .step("p", NewJob::new(flow_step, step("p")).queue("idle"))
+                    .step_after("c", NewJob::new(flow_step, step("c")).queue("idle"), ["p"]),
+            )
+            .await
+            .unwrap();
+        sqlx::query(by_hand)
+            .bind(ids["p"].0)
+            .execute(&pool)
+            .await
+            .unwrap();
+        children.push((ids["c"], expected, by_hand));
+    }
+    for (child, expected, by_hand) in children {
+        let job = wait_state(&pool, child, expected).await;
+        assert_eq!(job.parents_left, Some(0), "{by_hand}: {job:?}");
+    }
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM forge.job_edges WHERE NOT resolved")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(open, 0, "every edge is counted");
+    node.shutdown().await;
+}
+
+/// Completes a queued parent in `tx` the way FORGE's writers end a job: the row, then its
+/// children's count (`forge.jobs_parent_finished`) in the same transaction.
+async fn end_parent(tx: &mut sqlx::PgConnection, id: JobId) {
+    sqlx::query("UPDATE forge.jobs SET state = 'completed', finished_at = now() WHERE id = $1")
+        .bind(id.0)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SELECT forge.jobs_parent_finished(ARRAY[$1::bigint], '{completed}', false)")
+        .bind(id.0)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
 }
 
 /// The starts of a job's attempts (the database's clock), in order.

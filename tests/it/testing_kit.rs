@@ -96,6 +96,43 @@ async fn a_job_runs_inline_with_a_real_context_and_what_it_enqueued_is_seen() {
     assert!(run.enqueued.is_empty());
 }
 
+/// Enqueues a shipment that waits for this job, then succeeds or (`then` = "discard") fails.
+#[forge::job]
+async fn kit_followed(ctx: JobContext, args: Paid) -> Result<(), JobError> {
+    let follow_up =
+        forge::jobs::NewJob::new(kit_ship, Ship { order: args.order }).after([ctx.id()]);
+    ctx.jobs().enqueue_job(follow_up).await?;
+    match args.then.as_str() {
+        "discard" => Err(JobError::discard("no such order")),
+        _ => Ok(()),
+    }
+}
+
+/// An attempt run inline ends its job as a node's would: a job waiting for it becomes
+/// available when it completes, and is cancelled when it ends dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_run_inline_releases_or_cancels_the_jobs_waiting_for_it() {
+    let db = database().await.unwrap();
+    for (then, state) in [
+        ("ok", JobState::Available),
+        ("discard", JobState::Cancelled),
+    ] {
+        let paid = Paid {
+            order: 1,
+            then: then.into(),
+        };
+        let run = run_job(db.pool(), kit_followed, paid).await.unwrap();
+        assert_eq!(run.enqueued.len(), 1, "{then}");
+        let waiting: String =
+            forge::sqlx::query_scalar("SELECT state FROM forge.jobs WHERE id = $1")
+                .bind(run.enqueued[0].id)
+                .fetch_one(db.pool())
+                .await
+                .unwrap();
+        assert_eq!(JobState::parse(&waiting), Some(state), "{then}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_enqueue_assertions_look_inside_a_transaction_and_fail_when_wrong() {
     let db = database().await.unwrap();

@@ -6,8 +6,9 @@
 //! one is completed in a transaction of its own when its handler returns - its output written
 //! and `forge.jobs_complete` called in it, the guard of every completion - so the output and
 //! the completion are one commit; the worker's later `completed` outcome then counts as
-//! recorded. Readiness of waiting jobs is decided in SQL by the trigger of
-//! `forge.jobs_parent_finished`, in the transaction that records a parent's end.
+//! recorded. Readiness of waiting jobs is decided in SQL by `forge.jobs_parent_finished`, which
+//! every writer that ends or deletes a job calls in the transaction that records the end (the
+//! scheduler leader's pass calls it for ends that SQL outside FORGE wrote).
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -234,6 +234,11 @@ impl Maintenance {
                           "jobs to rescue are held by another transaction (a frozen node's, say); rescuing them at the next pass");
                     self.deferred = true;
                 }
+                Ok(MaintainEvent::Settled) => {
+                    let n = row.n.or_default() as u64;
+                    info!(target: "forge::job", parents = n,
+                          "counted in their children the ends of parent jobs that SQL outside FORGE wrote (an UPDATE or DELETE of forge.jobs)");
+                }
                 Ok(MaintainEvent::NextDue) => {
                     self.observe_clock(row.at.ok());
                     next_due = self.due_in(row.n.ok());
@@ -297,6 +302,9 @@ forge_core::sql_enum! {
         Rescued = "rescued",
         /// `n` jobs to rescue were held by another transaction: the next pass tries again.
         Deferred = "deferred",
+        /// The ends of `n` parent jobs that SQL outside FORGE wrote were counted in their
+        /// children.
+        Settled = "settled",
         /// The next scheduled job or retry is due in `n` ms; `at` is the server's clock.
         NextDue = "next_due",
     }
