@@ -11,7 +11,8 @@
 -- job scheduled far ahead, retried, or another namespace's with a longer retention). Dead and
 -- cancelled jobs (forge.jobs_live) are found by jobs_finished. A pruned row's dependency edges go
 -- with it (forge.jobs_parent_finished, which first counts an end an operator's SQL wrote and the
--- scheduler's pass has not counted yet).
+-- scheduler's pass has not counted yet). Each partition is deleted from by itself: through
+-- forge.jobs_delete, a delete of forge.jobs by id, each id would probe both partitions' keys.
 CREATE OR REPLACE FUNCTION forge.jobs_prune(
     p_namespace text, p_states text[], p_retention_ms bigint, p_limit integer
 ) RETURNS bigint
