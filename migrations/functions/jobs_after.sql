@@ -1,14 +1,15 @@
 -- Makes a job just enqueued (in this transaction: no worker can have claimed it) wait for its
 -- parents (NewJob::after). Called by the enqueueing statement for each row it inserted.
 --
--- The parents are locked (in id order, as the triggers lock children), so a parent finishing
--- at the same moment is counted either here (it is finished when the lock is granted) or by
--- its trigger (it sees has_children and the edge), never both and never neither. A parent
--- that already completed counts as done; one that ended dead or cancelled applies the child's
--- policy at once (cancel it, or count it as done with p_run_anyway). An id that names no job
--- of this namespace is refused (FG003): a job deleted by retention cannot be told from one
--- that never existed, so a child must be enqueued while its parents' rows exist. Returns the
--- child's state.
+-- The parents are locked (in id order, as forge.jobs_parent_finished locks children), so a
+-- parent finishing at the same moment is counted either here (it is finished when the lock is
+-- granted) or by the writer that ends it (which reads has_children from the row version it
+-- ends, written after this commits, and then finds the edge), never both and never neither.
+-- A parent that already completed counts as done; one that ended dead or cancelled applies the
+-- child's policy at once (cancel it, or count it as done with p_run_anyway). An id that names
+-- no job of this namespace is refused (FG003): a job deleted by retention cannot be told from
+-- one that never existed, so a child must be enqueued while its parents' rows exist. Returns
+-- the child's state.
 CREATE OR REPLACE FUNCTION forge.jobs_after(
     p_child     bigint,
     p_inserted  boolean,

@@ -19,7 +19,8 @@ BEGIN
                        ELSE 'deleted before it finished' END AS how,
                   j.has_children OR j.parents IS NOT NULL AS linked
     )
-    SELECT count(*), array_agg(d.id) FILTER (WHERE d.linked), array_agg(d.how) FILTER (WHERE d.linked)
+    SELECT count(*), array_agg(d.id) FILTER (WHERE d.linked),
+           array_agg(d.how) FILTER (WHERE d.linked)
       INTO v_n, v_gone, v_ends
       FROM d;
     IF v_gone IS NOT NULL THEN

@@ -100,7 +100,8 @@ BEGIN
     END IF;
     IF v_ended IS NOT NULL OR v_gone IS NOT NULL THEN
         RETURN QUERY SELECT 'settled', NULL::text, NULL::text, NULL::text,
-                            (coalesce(cardinality(v_ended), 0) + coalesce(cardinality(v_gone), 0))::double precision,
+                            (coalesce(cardinality(v_ended), 0)
+                             + coalesce(cardinality(v_gone), 0))::double precision,
                             NULL::timestamptz;
     END IF;
 

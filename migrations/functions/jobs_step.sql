@@ -267,7 +267,8 @@ BEGIN
             -- (Two spellings of one lookup: plpgsql cannot choose a locking clause at run time
             -- but through EXECUTE, which would plan it at every call.)
             IF v_pass = 1 THEN
-                SELECT array_agg(x.tid), array_agg(x.creator), array_agg(o.id) FILTER (WHERE x.linked)
+                SELECT array_agg(x.tid), array_agg(x.creator),
+                       array_agg(o.id) FILTER (WHERE x.linked)
                   INTO v_tids, v_creators, v_pass_linked
                   FROM (SELECT o.id, o.attempt, 'running'::text AS running
                           FROM unnest(p_ids, p_attempts) AS o(id, attempt) OFFSET 0) o
@@ -279,7 +280,8 @@ BEGIN
                                         AND j.node_id = p_node AND j.state = o.running
                                       LIMIT 1) x;
             ELSE
-                SELECT array_agg(x.tid), array_agg(x.creator), array_agg(o.id) FILTER (WHERE x.linked)
+                SELECT array_agg(x.tid), array_agg(x.creator),
+                       array_agg(o.id) FILTER (WHERE x.linked)
                   INTO v_tids, v_creators, v_pass_linked
                   FROM (SELECT o.id, o.attempt, 'running'::text AS running
                           FROM unnest(p_ids, p_attempts) AS o(id, attempt) OFFSET 0) o
