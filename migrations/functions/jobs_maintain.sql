@@ -33,6 +33,7 @@ DECLARE
     v_ended    bigint[];
     v_ends     text[];
     v_gone     bigint[];
+    v_lock_timeout text;
 BEGIN
     PERFORM forge.fence(p_namespace, p_role, p_epoch, p_tenure);
     WITH lost AS (
@@ -81,22 +82,37 @@ BEGIN
     -- DELETE does not. So: the parents of edges not counted yet that ended, locked (FOR SHARE:
     -- a retry cannot make one run again before its children counted it; one another
     -- transaction holds waits for the next pass), and those whose row is gone, counted as
-    -- deleted before they finished (and their edges deleted).
+    -- deleted before they finished (and their edges deleted). Counting them locks edges and
+    -- children, which another transaction may hold (a frozen one): the pass waits 250 ms at
+    -- most (lock_timeout, in a block whose failure undoes only the counting), then leaves
+    -- them to the next pass, so that rescue and promotion never wait behind them.
     SELECT array_agg(p.id ORDER BY p.id), array_agg(p.state ORDER BY p.id) INTO v_ended, v_ends
       FROM (SELECT p.id, p.state FROM forge.jobs p
              WHERE p.id IN (SELECT e.parent_id FROM forge.job_edges e WHERE NOT e.resolved)
                AND p.namespace = p_namespace AND p.state IN ('completed', 'dead', 'cancelled')
                FOR SHARE SKIP LOCKED) p;
-    IF v_ended IS NOT NULL THEN
-        PERFORM forge.jobs_parent_finished(v_ended, v_ends, false);
-    END IF;
     SELECT array_agg(e.parent_id) INTO v_gone
       FROM (SELECT DISTINCT e.parent_id FROM forge.job_edges e WHERE NOT e.resolved) e
      WHERE NOT EXISTS (SELECT 1 FROM forge.jobs p WHERE p.id = e.parent_id);
-    IF v_gone IS NOT NULL THEN
-        PERFORM forge.jobs_parent_finished(
-            v_gone, array_fill('deleted before it finished'::text, ARRAY[cardinality(v_gone)]),
-            true);
+    IF v_ended IS NOT NULL OR v_gone IS NOT NULL THEN
+        v_lock_timeout := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', '250ms', true);
+            IF v_ended IS NOT NULL THEN
+                PERFORM forge.jobs_parent_finished(v_ended, v_ends, false);
+            END IF;
+            IF v_gone IS NOT NULL THEN
+                PERFORM forge.jobs_parent_finished(
+                    v_gone,
+                    array_fill('deleted before it finished'::text, ARRAY[cardinality(v_gone)]),
+                    true);
+            END IF;
+            PERFORM set_config('lock_timeout', v_lock_timeout, true);
+        EXCEPTION WHEN lock_not_available THEN
+            -- (The block's setting is undone with it.) Counted at the next pass.
+            v_ended := NULL;
+            v_gone := NULL;
+        END;
     END IF;
     IF v_ended IS NOT NULL OR v_gone IS NOT NULL THEN
         RETURN QUERY SELECT 'settled', NULL::text, NULL::text, NULL::text,

@@ -479,12 +479,15 @@ async fn every_writer_that_ends_a_parent_counts_it_in_its_children() {
 }
 
 /// Ends written by an operator's SQL (an UPDATE of the state, a DELETE), which no writer of
-/// FORGE counts, are counted in the children by the scheduler leader's pass.
+/// FORGE counts, are counted in the children by the scheduler leader's pass; a child whose row
+/// another transaction holds is counted once the row is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ends_written_by_hand_are_counted_by_the_schedulers_pass() {
     let (db, pool) = flow_setup().await;
     let node = start(flow_config(db.url(), "n1")).await;
     let jobs = client(&pool);
+    let mut holder = pool.begin().await.unwrap();
+    let mut held = None;
     let mut children = Vec::new();
     for (by_hand, expected) in [
         (
@@ -505,6 +508,14 @@ async fn ends_written_by_hand_are_counted_by_the_schedulers_pass() {
             )
             .await
             .unwrap();
+        if held.is_none() {
+            sqlx::query("SELECT 1 FROM forge.jobs WHERE id = $1 FOR UPDATE")
+                .bind(ids["c"].0)
+                .execute(&mut *holder)
+                .await
+                .unwrap();
+            held = Some(ids["c"]);
+        }
         sqlx::query(by_hand)
             .bind(ids["p"].0)
             .execute(&pool)
@@ -512,6 +523,9 @@ async fn ends_written_by_hand_are_counted_by_the_schedulers_pass() {
             .unwrap();
         children.push((ids["c"], expected, by_hand));
     }
+    let held = jobs.get(held.unwrap()).await.unwrap().unwrap();
+    assert_eq!(held.state, JobState::Pending, "its row is held: {held:?}");
+    holder.rollback().await.unwrap();
     for (child, expected, by_hand) in children {
         let job = wait_state(&pool, child, expected).await;
         assert_eq!(job.parents_left, Some(0), "{by_hand}: {job:?}");
