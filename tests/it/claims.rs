@@ -159,6 +159,33 @@ async fn a_claim_without_the_held_jobs_keeps_the_listed_jobs_still_running() {
 /// lost) that the reconciliation cannot lock, because another transaction holds it, stays
 /// listed through the claims that follow, which name only what the worker holds, until a
 /// reconciliation settles it.
+/// A lane's list of a worker holding hundreds of jobs leaves its row: it is stored with lz4
+/// (migration 0019), or uncompressed out of line where the server has no lz4 - never with pglz,
+/// PostgreSQL's default, whose compression cost each claim 0.5 to 1 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_lane_list_is_stored_with_lz4_or_uncompressed_never_with_pglz() {
+    let (_db, pool) = setup().await;
+    enqueue_plain(&pool, "long", 2).await;
+    let held: Vec<i64> = (1_000_000..1_001_000).collect();
+    let claimed = step_holding(pool.clone(), "x", 2, Vec::new(), true, Some(&held)).await;
+    assert_eq!(claimed.len(), 2, "{claimed:?}");
+    assert_eq!(listed(&pool, "x").await.len(), 1002);
+    let (compression, storage): (Option<String>, String) = sqlx::query_as(
+        "SELECT pg_column_compression(l.running), a.attstorage::text
+           FROM forge.job_lanes l, pg_attribute a
+          WHERE l.node_id = 'x' AND l.lane = 'default'
+            AND a.attrelid = 'forge.job_lanes'::regclass AND a.attname = 'running'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    match compression.as_deref() {
+        Some("lz4") => {}
+        None => assert_eq!(storage, "e", "an uncompressed list is stored out of line"),
+        other => panic!("the lane's list is compressed with {other:?}, not lz4"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_the_reconciliation_could_not_lock_stays_listed_through_the_claims() {
     let (_db, pool) = setup().await;

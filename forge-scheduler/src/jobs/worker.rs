@@ -64,7 +64,7 @@ const CONNECTION_LINGER: Duration = Duration::from_secs(1);
 /// At most this many times the concurrency is claimed ahead of free slots. Each round trip has
 /// a cost of its own beside its jobs' (the call, its commit, the lane's list), so a backlog of
 /// short jobs drains faster in fewer, larger claims: a one-node drain of no-op jobs at
-/// concurrency 16 went from about 34,000 to 40,000 jobs/s (completed kept) and 41,000 to 44,000
+/// concurrency 16 went from about 34,700 to 38,500 jobs/s (completed kept) and 40,900 to 44,100
 /// (deleted) when this went from 32 to 64 (docs/src/experiments.md, "claim batches").
 const CLAIM_AHEAD_MAX: usize = 64;
 
