@@ -155,10 +155,6 @@ async fn a_claim_without_the_held_jobs_keeps_the_listed_jobs_still_running() {
     assert_eq!(listed(&pool, "x").await, ids[1..]);
 }
 
-/// An orphan of the lane (running on its node, not held by its worker: a claim whose reply was
-/// lost) that the reconciliation cannot lock, because another transaction holds it, stays
-/// listed through the claims that follow, which name only what the worker holds, until a
-/// reconciliation settles it.
 /// A lane's list of a worker holding hundreds of jobs leaves its row: it is stored with lz4
 /// (migration 0019), or uncompressed out of line where the server has no lz4 - never with pglz,
 /// PostgreSQL's default, whose compression cost each claim 0.5 to 1 ms.
@@ -170,11 +166,25 @@ async fn a_long_lane_list_is_stored_with_lz4_or_uncompressed_never_with_pglz() {
     let claimed = step_holding(pool.clone(), "x", 2, Vec::new(), true, Some(&held)).await;
     assert_eq!(claimed.len(), 2, "{claimed:?}");
     assert_eq!(listed(&pool, "x").await.len(), 1002);
-    let (compression, storage): (Option<String>, String) = sqlx::query_as(
-        "SELECT pg_column_compression(l.running), a.attstorage::text
-           FROM forge.job_lanes l, pg_attribute a
-          WHERE l.node_id = 'x' AND l.lane = 'default'
-            AND a.attrelid = 'forge.job_lanes'::regclass AND a.attname = 'running'",
+    let storage: String = sqlx::query_scalar(
+        "SELECT attstorage::text FROM pg_attribute
+          WHERE attrelid = 'forge.job_lanes'::regclass AND attname = 'running'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    if version < 140_000 {
+        // PostgreSQL 13 has neither lz4 nor pg_column_compression: stored out of line.
+        assert_eq!(storage, "e", "the list is stored uncompressed out of line");
+        return;
+    }
+    let compression: Option<String> = sqlx::query_scalar(
+        "SELECT pg_column_compression(running) FROM forge.job_lanes
+          WHERE node_id = 'x' AND lane = 'default'",
     )
     .fetch_one(&pool)
     .await
@@ -186,6 +196,10 @@ async fn a_long_lane_list_is_stored_with_lz4_or_uncompressed_never_with_pglz() {
     }
 }
 
+/// An orphan of the lane (running on its node, not held by its worker: a claim whose reply was
+/// lost) that the reconciliation cannot lock, because another transaction holds it, stays
+/// listed through the claims that follow, which name only what the worker holds, until a
+/// reconciliation settles it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_the_reconciliation_could_not_lock_stays_listed_through_the_claims() {
     let (_db, pool) = setup().await;
