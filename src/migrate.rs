@@ -24,7 +24,8 @@
 //! ```
 
 pub use forge_core::{
-    FUNCTIONS_TABLE, FunctionState, FunctionStatus, MigrationState, MigrationStatus,
+    FUNCTIONS_TABLE, FunctionState, FunctionStatus, MIGRATION_LOCK_PATIENCE,
+    MIGRATION_LOCK_TIMEOUT, MigrationState, MigrationStatus,
 };
 use forge_core::{FunctionSource, MigrationSource, Result};
 use sqlx::PgConnection;
@@ -92,7 +93,9 @@ pub async fn apply(conn: &mut PgConnection, migrator: &Migrator) -> Result<()> {
 }
 
 /// Brings FORGE's schema up to date exactly as a node does at start: its pending migrations
-/// (serialized on sqlx's migration lock), then, in one transaction under a lock of their own,
+/// (serialized on sqlx's migration lock; each statement waits at most
+/// [`MIGRATION_LOCK_TIMEOUT`] for a table lock, a migration that could not take one is rolled
+/// back and tried again for up to [`MIGRATION_LOCK_PATIENCE`]), then, in one transaction under a lock of their own,
 /// the function files whose state is due ([`FunctionState::is_due`]). Returns the names of the
 /// function files applied.
 pub async fn up(conn: &mut PgConnection) -> Result<Vec<&'static str>> {

@@ -55,8 +55,9 @@ pub use role::{Epoch, LockKey, LockNamespace, LockSlotError, NodeId, Role};
 pub use runtime::{Assembly, Component, NodeContext, Runtime, shutdown_signal};
 pub use schema::{
     APP_MIGRATIONS_TABLE, FUNCTIONS_TABLE, FunctionSource, FunctionState, FunctionStatus,
-    MIGRATIONS_TABLE, MigrationSource, MigrationState, MigrationStatus, Schema, apply_functions,
-    apply_schema, check_history, function_status, migration_status, migrator, schema_script,
+    MIGRATION_LOCK_PATIENCE, MIGRATION_LOCK_TIMEOUT, MIGRATIONS_TABLE, MigrationSource,
+    MigrationState, MigrationStatus, Schema, apply_functions, apply_schema, check_history,
+    function_status, migration_status, migrator, schema_script,
 };
 
 #[doc(hidden)]

@@ -13,12 +13,15 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::migrate::{Migrate, MigrateError, Migration, MigrationType, Migrator};
 use sqlx::{Connection, PgConnection, SqlSafeStr};
+
+use tracing::warn;
 
 use crate::error::{Error, Result};
 
@@ -80,21 +83,120 @@ pub fn migrator(sources: &[MigrationSource]) -> Migrator {
     migrator
 }
 
+/// How long one statement of a FORGE migration waits for a lock before the migration is rolled
+/// back and tried again ([`apply_schema`]). An `ALTER TABLE` asks for an ACCESS EXCLUSIVE lock,
+/// and every later statement on that table - every claim of every node, for `forge.jobs` -
+/// queues behind the request: waiting without a bound behind one long transaction (a frozen
+/// node inside a claim, an operator's open psql session) would stop the cluster's jobs for as
+/// long as that transaction lasts. Bounded, they wait at most this long per attempt.
+pub const MIGRATION_LOCK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long [`apply_schema`] goes on trying a migration whose locks it cannot take (pausing
+/// between attempts: 1 s, doubling up to 10 s) before it gives up with what to do.
+pub const MIGRATION_LOCK_PATIENCE: Duration = Duration::from_secs(300);
+
 /// Brings FORGE's schema up to date, as a node does at start: refuses a database migrated by
 /// another line of migrations ([`check_history`]), applies the pending migrations (several
-/// processes doing it at once serialize on sqlx's migration lock), then the function files
-/// ([`apply_functions`]). Returns the names of the function files it applied.
+/// processes doing it at once serialize on sqlx's migration lock, which this one waits for
+/// without a bound), then the function files ([`apply_functions`]). Returns the names of the
+/// function files it applied.
+///
+/// Each migration's statements wait at most [`MIGRATION_LOCK_TIMEOUT`] for a lock: a migration
+/// that cannot take one is rolled back whole (each runs in its own transaction), and tried again
+/// after a pause, for up to [`MIGRATION_LOCK_PATIENCE`]; each failed attempt is logged with the
+/// sessions that hold locks on FORGE's tables. Then the error says which migration, which
+/// sessions, and what to do; nothing was half applied.
 pub async fn apply_schema(
     conn: &mut PgConnection,
     migrations: &[MigrationSource],
     functions: &[FunctionSource],
 ) -> Result<Vec<&'static str>> {
-    let migrator = migrator(migrations);
+    let mut migrator = migrator(migrations);
     check_history(conn, &migrator).await?;
-    // run_direct rather than run: `run` is generic over Acquire, which makes the future
-    // non-Send for higher-ranked lifetimes, and Node::start must be spawnable.
-    migrator.run_direct(None, conn, false).await?;
+    // sqlx's migration lock, taken here, before the lock timeout: another process applying
+    // these migrations holds it for as long as they take, and nothing else queues behind it.
+    conn.lock().await?;
+    migrator.set_locking(false);
+    let applied = apply_migrations_bounded(conn, &migrator).await;
+    let unlocked = conn.unlock().await;
+    applied?;
+    unlocked?;
     apply_functions(conn, functions).await
+}
+
+/// Runs `migrator` (its lock already held) with [`MIGRATION_LOCK_TIMEOUT`] on the session,
+/// again after a pause each time a migration could not take a lock in time, for up to
+/// [`MIGRATION_LOCK_PATIENCE`].
+async fn apply_migrations_bounded(conn: &mut PgConnection, migrator: &Migrator) -> Result<()> {
+    let set = format!("SET lock_timeout = {}", MIGRATION_LOCK_TIMEOUT.as_millis());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(set))
+        .execute(&mut *conn)
+        .await?;
+    let began = Instant::now();
+    let mut pause = Duration::from_secs(1);
+    let result = loop {
+        // run_direct rather than run: `run` is generic over Acquire, which makes the future
+        // non-Send for higher-ranked lifetimes, and Node::start must be spawnable.
+        match migrator.run_direct(None, conn, false).await {
+            Err(MigrateError::ExecuteMigration(err, version)) if is_lock_timeout(&err) => {
+                let holders = lock_holders(conn).await;
+                if began.elapsed() + pause > MIGRATION_LOCK_PATIENCE {
+                    break Err(Error::Schema {
+                        message: format!(
+                            "FORGE's migration {version} could not take the locks it needs: for {} s every attempt waited over {} ms behind other sessions' transactions ({holders}). End them (SELECT pg_terminate_backend(pid)) or start this node again when they have finished; no migration was half applied",
+                            MIGRATION_LOCK_PATIENCE.as_secs(),
+                            MIGRATION_LOCK_TIMEOUT.as_millis()
+                        ),
+                        source: Some(err),
+                    });
+                }
+                warn!(target: "forge::node", version, holders = %holders, retry_in = ?pause,
+                      "a FORGE migration waited over its lock timeout behind other sessions' transactions: rolled back, trying again (claims queued behind it waited at most that long)");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(10));
+            }
+            other => break other.map_err(Error::from),
+        }
+    };
+    // The session's own setting again (the same connection goes on to apply the application's
+    // migrations, whose waits are the application's to bound).
+    let reset = sqlx::raw_sql("RESET lock_timeout")
+        .execute(&mut *conn)
+        .await;
+    result?;
+    reset?;
+    Ok(())
+}
+
+fn is_lock_timeout(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "55P03")
+}
+
+/// The other sessions holding locks on FORGE's tables in transactions older than the lock
+/// timeout, for the log and the error ("none seen" when they ended meanwhile).
+async fn lock_holders(conn: &mut PgConnection) -> String {
+    let holders: std::result::Result<Option<String>, sqlx::Error> = sqlx::query_scalar(
+        "SELECT string_agg(DISTINCT format('pid %s %s, %s since %s', a.pid,
+                                           coalesce(nullif(a.application_name, ''), a.usename),
+                                           a.state, to_char(a.xact_start, 'HH24:MI:SS')), '; ')
+           FROM pg_locks l
+           JOIN pg_stat_activity a ON a.pid = l.pid
+           JOIN pg_class c ON c.oid = l.relation
+          WHERE l.granted AND l.locktype = 'relation' AND l.pid <> pg_backend_pid()
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND c.relnamespace = 'forge'::regnamespace
+            AND a.xact_start < clock_timestamp() - $1 * interval '1 millisecond'",
+    )
+    .bind(MIGRATION_LOCK_TIMEOUT.as_millis() as f64)
+    .fetch_one(&mut *conn)
+    .await;
+    match holders {
+        Ok(Some(holders)) => holders,
+        Ok(None) => "none seen: they ended meanwhile".to_owned(),
+        Err(err) => format!("not read: {err}"),
+    }
 }
 
 /// Refuses a database whose FORGE migrations are another line than `migrator`'s: one of them

@@ -1,12 +1,15 @@
 //! FORGE's schema: the function files applied after the migrations (once, again when changed,
 //! never over a newer release's), what a node with `migrate = false` says of stale functions,
-//! and a database made before the pre-1.0 squash refused with what to do.
+//! a database made before the pre-1.0 squash refused with what to do, and a migration behind a
+//! long transaction holding up the table's other queries at most its lock timeout.
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use forge::migrate::{FunctionState, TABLE};
 use forge::{Error, Node};
+use forge_testkit::wait_until;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{Connection, PgConnection, SqlSafeStr};
 
@@ -200,4 +203,99 @@ async fn a_database_made_before_the_squash_is_refused_with_what_to_do() {
         .expect("a node starts on the recreated schema")
         .shutdown()
         .await;
+}
+
+/// A migration that cannot take its lock waits at most `MIGRATION_LOCK_TIMEOUT` per attempt,
+/// so the statements queued behind its lock request (every claim of every node, when it alters
+/// `forge.jobs`) wait no longer than that; it is rolled back, tried again, and applied once the
+/// lock's holder is done. (A migration of FORGE's own list, appended here, altering a table the
+/// test holds: a long transaction of an operator, or of a node frozen inside a claim.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_behind_a_long_transaction_holds_up_the_tables_queries_at_most_its_lock_timeout()
+ {
+    let db = fresh_db().await;
+    let mut conn = db.connect().await.unwrap();
+    forge::migrate::up(&mut conn).await.unwrap();
+    sqlx::raw_sql("CREATE TABLE forge.lock_probe (x integer)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let mut sources = forge::migrate::sources();
+    let probe = sources.last().unwrap().0 + 1;
+    sources.push((
+        probe,
+        "lock_probe",
+        "ALTER TABLE forge.lock_probe ADD COLUMN y integer",
+    ));
+
+    // The long transaction: it holds the table while the migration asks for it.
+    let mut holder = db.connect().await.unwrap();
+    sqlx::raw_sql("BEGIN; LOCK TABLE forge.lock_probe IN ROW EXCLUSIVE MODE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let url = db.url().to_owned();
+    let migrating = tokio::spawn(async move {
+        let mut conn = PgConnection::connect(&url).await.unwrap();
+        forge_core::apply_schema(&mut conn, &sources, &forge::migrate::functions()).await
+    });
+    wait_until(
+        "the migration waiting for its lock on forge.lock_probe",
+        SOON,
+        Duration::from_millis(5),
+        || {
+            let probe_conn = db.connect();
+            async move {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_locks
+                      WHERE NOT granted AND relation = 'forge.lock_probe'::regclass",
+                )
+                .fetch_one(&mut probe_conn.await.ok()?)
+                .await
+                .ok()?;
+                (waiting > 0).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // A reader that comes after the migration's request: without the bound it would wait
+    // behind that request for as long as the holder's transaction lasts (its own timeout,
+    // 20 s, would end it).
+    let mut reader = db.connect().await.unwrap();
+    sqlx::raw_sql("SET statement_timeout = '20s'")
+        .execute(&mut reader)
+        .await
+        .unwrap();
+    let began = Instant::now();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM forge.lock_probe")
+        .fetch_one(&mut reader)
+        .await
+        .expect("a read behind a waiting migration is held up at most its lock timeout");
+    assert_eq!(rows, 0);
+    let waited = began.elapsed();
+    assert!(
+        !migrating.is_finished(),
+        "the migration cannot have been applied while the table is held"
+    );
+
+    // The holder's transaction ends: the migration's next attempt is applied.
+    sqlx::raw_sql("COMMIT").execute(&mut holder).await.unwrap();
+    migrating
+        .await
+        .unwrap()
+        .expect("the migration is applied once the lock is free");
+    let applied: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM forge._sqlx_migrations WHERE version = $1)
+            AND EXISTS (SELECT 1 FROM information_schema.columns
+                         WHERE table_schema = 'forge' AND table_name = 'lock_probe'
+                           AND column_name = 'y')",
+    )
+    .bind(probe)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert!(applied, "the migration is recorded and its column is there");
+    println!("a read behind the waiting migration waited {waited:?}");
 }
