@@ -745,6 +745,10 @@ async fn the_dashboard_shows_every_page_a_sigkilled_leaders_failover_a_handoff_a
     )
     .await
     .unwrap();
+    // A step-down without a standby waiting asks to be forced (the role would go leaderless):
+    // the surviving standby may still be campaigning again after the failover on a loaded
+    // machine.
+    wait_standby(&pool, "log_compactor").await;
     browser.open(&format!("{writable}#/overview")).await;
     browser.wait_loaded("overview").await;
     let step_down = "#page tr[data-role=log_compactor] button[data-action=step-down]";
