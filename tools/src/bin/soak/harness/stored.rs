@@ -24,10 +24,14 @@ use crate::{ADMIN_TIMEOUT, BoxError, STORED_CRON, STORED_JOB};
 /// Made after FORGE's migrations: the job each stored-cron tick enqueues, tied to its tick by
 /// the transaction both are written in (the tick's row version carries that transaction's id).
 pub(super) const STORED_SQL: &str = r#"
+-- seq: when the job's transaction committed, in the order of the harness's own readings of
+-- the sequence (a clock of the database's would be stepped by the clock faults).
+CREATE SEQUENCE soak_stored_seq;
 CREATE TABLE soak_stored_jobs (
     job_id       bigint      PRIMARY KEY,
     scheduled_at timestamptz,
-    version      bigint
+    version      bigint,
+    seq          bigint      NOT NULL DEFAULT nextval('soak_stored_seq')
 );
 
 CREATE FUNCTION soak_stored_job_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -56,6 +60,9 @@ pub(super) struct StoredChange {
     pub(super) due: Instant,
     /// When it was asked and when it was answered (true times).
     pub(super) made: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// `soak_stored_seq` read just before it was asked: a job of a tick with a later `seq`
+    /// committed after that.
+    pub(super) seq_asked: Option<i64>,
     /// Why it was not made at the last try (the cron behind).
     pub(super) why_not: Option<String>,
 }
@@ -129,6 +136,20 @@ impl Harness {
         let Ok(cron) = stored_cron(2) else {
             return;
         };
+        // Which tick jobs committed before the change was asked: a forward step of the
+        // database's clock (a fault before this one) runs the ticks it stepped over at once
+        // (docs/src/architecture/crons.md), so ticks due after the change may have run before it,
+        // with the old arguments, as they must.
+        let seq_asked = match tokio::time::timeout(
+            ADMIN_TIMEOUT,
+            sqlx::query_scalar::<_, i64>("SELECT nextval('soak_stored_seq')")
+                .fetch_one(&self.admin),
+        )
+        .await
+        {
+            Ok(Ok(seq)) => seq,
+            _ => return,
+        };
         let asked = Utc::now();
         let workload = self.workload();
         match tokio::time::timeout(ADMIN_TIMEOUT, workload.upsert_cron(&cron, "forge-soak")).await {
@@ -136,6 +157,7 @@ impl Harness {
                 let answered = Utc::now();
                 if let Some(change) = &mut self.stored_change {
                     change.made = Some((asked, answered));
+                    change.seq_asked = Some(seq_asked);
                 }
                 self.note("the stored cron's arguments changed (version 2)");
             }
@@ -218,22 +240,32 @@ impl Harness {
                 format!("every job of the stored cron's ticks completed: {not_completed} not"),
             ),
         ];
-        match self.stored_change.as_ref().and_then(|c| c.made) {
-            Some((asked, answered)) => {
+        match self
+            .stored_change
+            .as_ref()
+            .and_then(|c| c.made.zip(c.seq_asked))
+        {
+            Some(((asked, answered), seq_asked)) => {
                 // The first tick due after the change follows it (docs/src/crons.md); a tick
-                // due within a second of the answer may have been claimed just before it.
-                let (old_after, new_before): (i64, i64) = sqlx::query_as(
-                    "SELECT count(*) FILTER (WHERE version = 1 AND scheduled_at > $2 + interval '1 second'),
+                // due within a second of the answer may have been claimed just before it, and
+                // one that ran before the change was asked (early, after a forward step of the
+                // database's clock) kept the old arguments, as it must.
+                let (old_after, ran_before, new_before): (i64, i64, i64) = sqlx::query_as(
+                    "SELECT count(*) FILTER (WHERE version = 1 AND scheduled_at > $2 + interval '1 second'
+                                               AND seq > $3),
+                            count(*) FILTER (WHERE version = 1 AND scheduled_at > $2 + interval '1 second'
+                                               AND seq < $3),
                             count(*) FILTER (WHERE version = 2 AND scheduled_at <= $1)
                        FROM soak_stored_jobs",
                 )
                 .bind(asked)
                 .bind(answered)
+                .bind(seq_asked)
                 .fetch_one(db)
                 .await?;
                 let _ = writeln!(
                     out,
-                    "  changed at {} (answered {}): ticks due over 1 s after it with the old arguments {old_after}, ticks due before it with the new ones {new_before}",
+                    "  changed at {} (answered {}): ticks due over 1 s after it with the old arguments {old_after} (besides {ran_before} that ran before the change, early after a forward step of the database's clock), ticks due before it with the new ones {new_before}",
                     asked.format("%H:%M:%S%.3f"),
                     answered.format("%H:%M:%S%.3f")
                 );
