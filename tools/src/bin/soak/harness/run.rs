@@ -36,7 +36,6 @@ impl Harness {
         self.stored_change = Some(StoredChange {
             due: Instant::now() + Duration::from_secs_f64(minutes * 30.0),
             made: None,
-            seq_asked: None,
             why_not: None,
         });
         let mut next_fault = Instant::now() + self.rng.secs(self.interval.0, self.interval.1);

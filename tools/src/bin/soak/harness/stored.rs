@@ -58,11 +58,9 @@ CREATE CONSTRAINT TRIGGER soak_stored_job_inserted AFTER INSERT ON forge.jobs_li
 pub(super) struct StoredChange {
     /// When to make it (it waits for a moment with no fault of several steps under way).
     pub(super) due: Instant,
-    /// When it was asked and when it was answered (true times).
-    pub(super) made: Option<(DateTime<Utc>, DateTime<Utc>)>,
-    /// `soak_stored_seq` read just before it was asked: a job of a tick with a later `seq`
-    /// committed after that.
-    pub(super) seq_asked: Option<i64>,
+    /// When it was asked and when it was answered (true times), and `soak_stored_seq` read just
+    /// before it was asked (a tick's job with a later `seq` committed after that).
+    pub(super) made: Option<(DateTime<Utc>, DateTime<Utc>, i64)>,
     /// Why it was not made at the last try (the cron behind).
     pub(super) why_not: Option<String>,
 }
@@ -156,8 +154,7 @@ impl Harness {
             Ok(Ok(_)) => {
                 let answered = Utc::now();
                 if let Some(change) = &mut self.stored_change {
-                    change.made = Some((asked, answered));
-                    change.seq_asked = Some(seq_asked);
+                    change.made = Some((asked, answered, seq_asked));
                 }
                 self.note("the stored cron's arguments changed (version 2)");
             }
@@ -201,7 +198,7 @@ impl Harness {
         // Ticks due in the 30 s before the change that never ran (no ledger row): a change
         // does not catch them up (docs/src/crons.md), so they are counted apart.
         let across: i64 = match self.stored_change.as_ref().and_then(|c| c.made) {
-            Some((asked, _)) => {
+            Some((asked, _, _)) => {
                 sqlx::query_scalar(
                     "SELECT count(*) FROM generate_series(date_trunc('second', $1::timestamptz)
                                                           - interval '30 seconds', $1, interval '1 second') s
@@ -240,12 +237,8 @@ impl Harness {
                 format!("every job of the stored cron's ticks completed: {not_completed} not"),
             ),
         ];
-        match self
-            .stored_change
-            .as_ref()
-            .and_then(|c| c.made.zip(c.seq_asked))
-        {
-            Some(((asked, answered), seq_asked)) => {
+        match self.stored_change.as_ref().and_then(|c| c.made) {
+            Some((asked, answered, seq_asked)) => {
                 // The first tick due after the change follows it (docs/src/crons.md); a tick
                 // due within a second of the answer may have been claimed just before it, and
                 // one that ran before the change was asked (early, after a forward step of the
